@@ -1,0 +1,193 @@
+"""ModelConfig: every architectural choice of a decodelab Transformer, validated in one place.
+
+The config is a frozen dataclass so it can be hashed, stored next to a checkpoint and compared.
+Optional fields left as ``None`` resolve to their conventional defaults in ``__post_init__``
+(``n_kv_heads = n_heads``, ``head_dim = d_model // n_heads``, ``d_ff = 4 * d_model``), so a config
+read back from a checkpoint is always fully explicit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+# The names a config may use; each registry in the model package is keyed by exactly these names
+# (a test checks the two agree), so the config never imports the model.
+POSITIONS = ("learned", "sinusoidal", "t5", "alibi", "rope", "nope")
+ROPE_SCALINGS = ("none", "linear", "ntk", "yarn")
+NORMS = ("rms", "layer")
+MLPS = ("swiglu", "gelu")
+DTYPES = ("float32", "bfloat16")
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+def _positive_int(name: str, value: Any) -> None:
+    _require(
+        isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+        f"{name} must be a positive int, got {value!r}",
+    )
+
+
+def _one_of(name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    _require(value in allowed, f"{name} must be one of {allowed}, got {value!r}")
+
+
+def _positive_float(name: str, value: Any) -> None:
+    _require(
+        isinstance(value, (int, float)) and not isinstance(value, bool)
+        and math.isfinite(value) and value > 0,
+        f"{name} must be a finite number > 0, got {value!r}",
+    )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """Architecture of a decoder-only Transformer. Dimension letters follow DESIGN.md §3."""
+
+    # V: vocabulary size; token ids are in [0, V).
+    vocab_size: int
+    # D: model (residual stream) width.
+    d_model: int
+    # L: number of Transformer blocks.
+    n_layers: int
+    # N: query heads.
+    n_heads: int
+    # K: key/value heads (N for multi-head, 1 for multi-query, between for grouped-query).
+    n_kv_heads: int | None = None
+    # H: per-head width; defaults to D // N.
+    head_dim: int | None = None
+    # F: MLP hidden width; defaults to 4 * D.
+    d_ff: int | None = None
+    # Training context length; the `learned` table has exactly this many rows.
+    max_seq_len: int = 256
+    # Position encoding, one of POSITIONS.
+    position: str = "rope"
+    # RoPE base frequency.
+    rope_theta: float = 10000.0
+    # Context-extension rule applied to RoPE frequencies, one of ROPE_SCALINGS.
+    rope_scaling: str = "none"
+    # Extension factor s for linear / ntk / yarn (1.0 means no change).
+    rope_scaling_factor: float = 1.0
+    # Context length the RoPE model was trained at (YaRN's correction range); defaults to max_seq_len.
+    rope_original_max_len: int | None = None
+    # YaRN ramp bounds in rotations (Peng et al. 2023 defaults).
+    yarn_beta_fast: float = 32.0
+    yarn_beta_slow: float = 1.0
+    # T5 relative attention: number of buckets and the distance beyond which all share one bucket.
+    t5_num_buckets: int = 32
+    t5_max_distance: int = 128
+    # Normalisation before each sub-block and at the end, one of NORMS.
+    norm: str = "rms"
+    norm_eps: float = 1e-6
+    # MLP variant, one of MLPS.
+    mlp: str = "swiglu"
+    # Share the token embedding with the output projection.
+    tie_embeddings: bool = True
+    # Computation dtype (parameters are always float32), one of DTYPES.
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len",
+                     "t5_num_buckets", "t5_max_distance"):
+            _positive_int(name, getattr(self, name))
+        for name in ("n_kv_heads", "head_dim", "d_ff", "rope_original_max_len"):
+            if getattr(self, name) is not None:
+                _positive_int(name, getattr(self, name))
+        if self.head_dim is None:
+            _require(
+                self.d_model % self.n_heads == 0,
+                f"d_model must be divisible by n_heads when head_dim is not given, "
+                f"got d_model={self.d_model}, n_heads={self.n_heads}",
+            )
+            object.__setattr__(self, "head_dim", self.d_model // self.n_heads)
+        if self.n_kv_heads is None:
+            object.__setattr__(self, "n_kv_heads", self.n_heads)
+        _require(
+            self.n_heads % self.n_kv_heads == 0,
+            f"n_heads must be divisible by n_kv_heads, got n_heads={self.n_heads}, "
+            f"n_kv_heads={self.n_kv_heads}",
+        )
+        if self.d_ff is None:
+            object.__setattr__(self, "d_ff", 4 * self.d_model)
+        if self.rope_original_max_len is None:
+            object.__setattr__(self, "rope_original_max_len", self.max_seq_len)
+
+        _one_of("position", self.position, POSITIONS)
+        _one_of("rope_scaling", self.rope_scaling, ROPE_SCALINGS)
+        _one_of("norm", self.norm, NORMS)
+        _one_of("mlp", self.mlp, MLPS)
+        _one_of("dtype", self.dtype, DTYPES)
+        for name in ("rope_theta", "norm_eps", "yarn_beta_fast", "yarn_beta_slow"):
+            _positive_float(name, getattr(self, name))
+        _positive_float("rope_scaling_factor", self.rope_scaling_factor)
+        _require(
+            self.rope_scaling_factor >= 1.0,
+            f"rope_scaling_factor must be >= 1.0 (it extends the context), got "
+            f"{self.rope_scaling_factor!r}",
+        )
+        _require(
+            self.yarn_beta_fast > self.yarn_beta_slow,
+            f"yarn_beta_fast must be > yarn_beta_slow, got {self.yarn_beta_fast} <= "
+            f"{self.yarn_beta_slow}",
+        )
+        _require(
+            isinstance(self.tie_embeddings, bool),
+            f"tie_embeddings must be a bool, got {self.tie_embeddings!r}",
+        )
+        if self.position == "rope":
+            _require(
+                self.head_dim % 2 == 0,
+                f"head_dim must be even for position='rope' (dimensions rotate in pairs), "
+                f"got head_dim={self.head_dim}",
+            )
+        if self.position == "sinusoidal":
+            _require(
+                self.d_model % 2 == 0,
+                f"d_model must be even for position='sinusoidal', got d_model={self.d_model}",
+            )
+        if self.rope_scaling != "none":
+            _require(
+                self.position == "rope",
+                f"rope_scaling={self.rope_scaling!r} needs position='rope', "
+                f"got position={self.position!r}",
+            )
+
+    @property
+    def n_groups(self) -> int:
+        """G = N // K: query heads that share one key/value head."""
+        return self.n_heads // self.n_kv_heads
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        """A copy with some fields changed, validated again."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, fields: dict[str, Any]) -> ModelConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(fields) - known)
+        _require(not unknown, f"ModelConfig fields must be among {sorted(known)}, got {unknown}")
+        return cls(**fields)
+
+    def num_params(self) -> int:
+        """Parameter count, embeddings included (matches the Transformer it builds)."""
+        D, F, L, V = self.d_model, self.d_ff, self.n_layers, self.vocab_size
+        N, K, H = self.n_heads, self.n_kv_heads, self.head_dim
+        attn = D * N * H + 2 * D * K * H + N * H * D
+        mlp = (3 if self.mlp == "swiglu" else 2) * D * F
+        norm = D if self.norm == "rms" else 2 * D
+        total = V * D + L * (attn + mlp + 2 * norm) + norm
+        if not self.tie_embeddings:
+            total += D * V
+        if self.position == "learned":
+            total += self.max_seq_len * D
+        if self.position == "t5":
+            total += self.t5_num_buckets * N
+        return total

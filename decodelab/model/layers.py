@@ -1,0 +1,69 @@
+"""Norms and MLPs, each chosen from a registry by a ModelConfig field."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from decodelab.config import ModelConfig
+
+
+def normal(stddev: float) -> Callable:
+    return nnx.initializers.normal(stddev)
+
+
+def rms_norm(cfg: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
+    return nnx.RMSNorm(cfg.d_model, epsilon=cfg.norm_eps, dtype=jnp.dtype(cfg.dtype), rngs=rngs)
+
+
+def layer_norm(cfg: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
+    return nnx.LayerNorm(cfg.d_model, epsilon=cfg.norm_eps, dtype=jnp.dtype(cfg.dtype), rngs=rngs)
+
+
+NORMS: dict[str, Callable[[ModelConfig, nnx.Rngs], nnx.Module]] = {
+    "rms": rms_norm,
+    "layer": layer_norm,
+}
+
+
+def residual_init(cfg: ModelConfig, fan_in: int) -> Callable:
+    """Init for a projection back into the residual stream: fan-in scaled, shrunk by sqrt(2L)
+    so the stream's variance at init does not grow with depth (GPT-2)."""
+    return normal(1.0 / math.sqrt(fan_in * 2 * cfg.n_layers))
+
+
+class SwiGLU(nnx.Module):
+    """``down(silu(gate(x)) * up(x))`` (Shazeer 2020); x: [B, T, D] -> [B, T, D]."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        D, F, dtype = cfg.d_model, cfg.d_ff, jnp.dtype(cfg.dtype)
+        self.gate = nnx.Einsum("BTD,DF->BTF", (D, F), dtype=dtype,
+                               kernel_init=normal(D**-0.5), rngs=rngs)
+        self.up = nnx.Einsum("BTD,DF->BTF", (D, F), dtype=dtype,
+                             kernel_init=normal(D**-0.5), rngs=rngs)
+        self.down = nnx.Einsum("BTF,FD->BTD", (F, D), dtype=dtype,
+                               kernel_init=residual_init(cfg, F), rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.down(jax.nn.silu(self.gate(x)) * self.up(x))
+
+
+class GeluMLP(nnx.Module):
+    """``down(gelu(up(x)))`` with the tanh approximation (GPT-2); x: [B, T, D] -> [B, T, D]."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        D, F, dtype = cfg.d_model, cfg.d_ff, jnp.dtype(cfg.dtype)
+        self.up = nnx.Einsum("BTD,DF->BTF", (D, F), dtype=dtype,
+                             kernel_init=normal(D**-0.5), rngs=rngs)
+        self.down = nnx.Einsum("BTF,FD->BTD", (F, D), dtype=dtype,
+                               kernel_init=residual_init(cfg, F), rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.down(jax.nn.gelu(self.up(x), approximate=True))
+
+
+MLPS: dict[str, type[nnx.Module]] = {"swiglu": SwiGLU, "gelu": GeluMLP}

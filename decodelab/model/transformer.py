@@ -1,0 +1,124 @@
+"""Transformer: token ids -> logits, a decoder-only stack of pre-norm blocks.
+
+``model(tokens)`` runs a full causal forward pass at positions ``0 .. T-1`` and returns logits.
+``model(tokens, cache=cache)`` appends the block at each row's own cache length (positions
+``lengths[b] .. lengths[b] + T - 1``) and returns ``(logits, cache)``; ``num_valid[b]`` (default
+``T``) says how many leading tokens of row b are real, the rest being padding that is written but
+not counted, so the next block overwrites it. Logits are float32 whatever the compute dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from decodelab.cache import KVCache
+from decodelab.config import ModelConfig
+from decodelab.model.attention import Attention
+from decodelab.model.layers import MLPS, NORMS
+from decodelab.model.positions import POSITION_ENCODINGS, PositionEncoding
+
+
+class Block(nnx.Module):
+    """``x + attn(norm(x))`` then ``h + mlp(norm(h))``."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.attn_norm = NORMS[cfg.norm](cfg, rngs)
+        self.attn = Attention(cfg, rngs=rngs)
+        self.mlp_norm = NORMS[cfg.norm](cfg, rngs)
+        self.mlp = MLPS[cfg.mlp](cfg, rngs=rngs)
+
+    def __call__(self, x, positions: PositionEncoding, q_pos, k_pos, bias, cache, layer):
+        attn_out, cache = self.attn(self.attn_norm(x), positions, q_pos, k_pos, bias, cache, layer)
+        h = x + attn_out
+        return h + self.mlp(self.mlp_norm(h)), cache
+
+
+def _check_tokens(tokens: jax.Array, vocab_size: int) -> None:
+    if tokens.ndim != 2:
+        raise ValueError(f"tokens must have shape [B, T], got shape {tokens.shape}")
+    if not jnp.issubdtype(tokens.dtype, jnp.integer):
+        raise ValueError(f"tokens must be integer ids, got dtype {tokens.dtype}")
+    if isinstance(tokens, jax.core.Tracer):
+        return
+    ids = np.asarray(tokens)
+    if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+        bad = ids[(ids < 0) | (ids >= vocab_size)][0]
+        raise ValueError(f"tokens must be ids in [0, {vocab_size}), got {int(bad)}")
+
+
+class Transformer(nnx.Module):
+    """Embedding -> position encoding -> L blocks -> final norm -> logits ``[B, T, V]``."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.config = cfg
+        dtype = jnp.dtype(cfg.dtype)
+        # Unit-variance logits at init: embeddings have std 1/sqrt(D) and the final norm's output
+        # has unit RMS, so a tied projection gives logits of std ~1.
+        self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, dtype=dtype,
+                               embedding_init=nnx.initializers.normal(cfg.d_model**-0.5), rngs=rngs)
+        self.positions = POSITION_ENCODINGS[cfg.position](cfg, rngs=rngs)
+        self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.n_layers)])
+        self.final_norm = NORMS[cfg.norm](cfg, rngs)
+        if not cfg.tie_embeddings:
+            self.lm_head = nnx.Einsum("BTD,DV->BTV", (cfg.d_model, cfg.vocab_size), dtype=dtype,
+                                      kernel_init=nnx.initializers.normal(cfg.d_model**-0.5),
+                                      rngs=rngs)
+
+    def __call__(
+        self,
+        tokens: jax.Array,  # [B, T] int
+        *,
+        cache: KVCache | None = None,
+        num_valid: jax.Array | None = None,  # [B] int, only with a cache
+    ):
+        cfg = self.config
+        tokens = jnp.asarray(tokens)
+        _check_tokens(tokens, cfg.vocab_size)
+        B, T = tokens.shape
+        if cache is None:
+            if num_valid is not None:
+                raise ValueError("num_valid is only meaningful with a cache, got cache=None")
+            q_pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+            k_pos, reach = q_pos, T
+        else:
+            if cache.batch_size != B:
+                raise ValueError(
+                    f"tokens batch size must equal the cache's, got {B} and {cache.batch_size}")
+            num_valid = (jnp.full((B,), T, jnp.int32) if num_valid is None
+                         else jnp.asarray(num_valid, jnp.int32))
+            if num_valid.shape != (B,):
+                raise ValueError(f"num_valid must have shape ({B},), got {num_valid.shape}")
+            cache.check_room(num_valid)
+            q_pos = cache.positions(T)
+            k_pos = jnp.broadcast_to(jnp.arange(cache.max_len, dtype=jnp.int32), (B, cache.max_len))
+            reach = cache.max_len
+        limit = self.positions.max_positions
+        if limit is not None and reach > limit:
+            raise ValueError(
+                f"position={cfg.position!r} has {limit} positions (max_seq_len) but this call can "
+                f"reach position {reach - 1} ({'cache max_len' if cache else 'sequence length'} "
+                f"{reach}); use a shorter input or an encoding without a table")
+
+        x = self.embed(tokens)  # [B, T, D]
+        x = self.positions.embed(x, q_pos)
+        bias = self.positions.bias(q_pos, k_pos)  # [B, N, T, S] or None, shared by all layers
+        for layer, block in enumerate(self.blocks):
+            x, cache = block(x, self.positions, q_pos, k_pos, bias, cache, layer)
+        x = self.final_norm(x)
+        if cfg.tie_embeddings:
+            logits = self.embed.attend(x)
+        else:
+            logits = self.lm_head(x)
+        logits = logits.astype(jnp.float32)  # [B, T, V]
+        if cache is None:
+            return logits
+        return logits, cache.advance(num_valid)
+
+
+def param_count(model: nnx.Module) -> int:
+    return sum(math.prod(p.shape) for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
