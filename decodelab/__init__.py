@@ -3,8 +3,24 @@
 # Configuration
 from decodelab.config import ModelConfig
 
+# Text: tokenizer
+from decodelab.tokenizer import Tokenizer
+
 # Model and cache
 from decodelab.cache import KVCache
 from decodelab.model import Transformer, param_count
 
-__all__ = ["KVCache", "ModelConfig", "Transformer", "param_count"]
+# Training and checkpoints
+from decodelab.checkpoint import load_checkpoint, save_checkpoint
+from decodelab.train import TrainConfig  # the loop itself: decodelab.train.train
+
+__all__ = [
+    "KVCache",
+    "ModelConfig",
+    "Tokenizer",
+    "TrainConfig",
+    "Transformer",
+    "load_checkpoint",
+    "param_count",
+    "save_checkpoint",
+]

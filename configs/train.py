@@ -1,0 +1,30 @@
+"""python -m experiments.train --config=configs/train.py --workdir=runs/train
+
+Train a SentencePiece tokenizer and a model on the bundled Shakespeare corpus, report validation
+perplexity and print greedy continuations of held-out prompts. The argument after the file name
+picks the model preset (``configs/train.py:tiny``); every field can be overridden, e.g.
+``--config.model.position=alibi --config.train.steps=2000``.
+"""
+
+from ml_collections import config_dict
+
+from decodelab.presets import model_section
+
+
+def get_config(arg: str | None = None) -> config_dict.ConfigDict:
+    config = config_dict.ConfigDict()
+    # Tokenizer trained on the training plays: vocabulary size and SentencePiece algorithm.
+    config.tokenizer = config_dict.ConfigDict(dict(vocab_size=4096, model_type="bpe"))
+    # Model architecture: a named preset, each field overridable.
+    config.model = model_section(arg or "small")
+    # Optimisation (see decodelab.train.TrainConfig for each field).
+    config.train = config_dict.ConfigDict(dict(
+        steps=600, batch_size=16, seq_len=128, learning_rate=3e-3, warmup_steps=60,
+        final_lr_fraction=0.1, weight_decay=0.1, grad_clip=1.0, b1=0.9, b2=0.95, seed=0,
+        checkpoint_every=200, log_every=10,
+    ))
+    # Report: validation batches, held-out prompts for greedy continuations.
+    config.report = config_dict.ConfigDict(dict(
+        eval_batch_size=32, num_prompts=3, prompt_tokens=24, new_tokens=40,
+    ))
+    return config

@@ -1,0 +1,253 @@
+"""Training: a jit-compiled AdamW step over packed token windows, validation perplexity, and
+resumable Orbax checkpoints.
+
+Determinism is the contract that makes ``resume`` exact: there is no dropout, the batch at step
+``i`` is a pure function of ``(seed, i)`` (``data.PackedBatches``), and a checkpoint holds the
+parameters and the optimizer state (whose step count drives the learning-rate schedule). A run
+stopped at step k and resumed therefore reaches the same parameters as one that never stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from tqdm.auto import tqdm
+
+from decodelab import checkpoint
+from decodelab.config import ModelConfig
+from decodelab.data import PackedBatches
+from decodelab.model import Transformer
+from decodelab.tokenizer import Tokenizer
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """Optimisation settings. The schedule is linear warmup then cosine decay to a floor."""
+
+    # Optimiser steps in the whole run.
+    steps: int = 1000
+    # Sequences per step.
+    batch_size: int = 16
+    # Tokens per training sequence (the model sees positions 0 .. seq_len-1).
+    seq_len: int = 128
+    # Peak learning rate, reached at the end of warmup.
+    learning_rate: float = 3e-3
+    # Linear warmup steps from 0 to the peak.
+    warmup_steps: int = 100
+    # Final learning rate as a fraction of the peak.
+    final_lr_fraction: float = 0.1
+    # AdamW decoupled weight decay, applied to matrices only (not norms).
+    weight_decay: float = 0.1
+    # Clip the global gradient norm to this value.
+    grad_clip: float = 1.0
+    # Adam moment decay rates.
+    b1: float = 0.9
+    b2: float = 0.95
+    # Seed for the initial parameters and the data order.
+    seed: int = 0
+    # Save a checkpoint every this many steps (and at the end).
+    checkpoint_every: int = 200
+    # Refresh the progress bar's loss every this many steps (fetching it syncs the device).
+    log_every: int = 10
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "seq_len", "checkpoint_every", "log_every"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if not isinstance(self.warmup_steps, int) or not 0 <= self.warmup_steps <= self.steps:
+            raise ValueError(f"warmup_steps must be an int in [0, steps={self.steps}], "
+                             f"got {self.warmup_steps!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise ValueError(f"seed must be an int, got {self.seed!r}")
+        def finite(name: str) -> float:
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
+            return value
+
+        for name in ("learning_rate", "grad_clip"):
+            if finite(name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        if finite("weight_decay") < 0:
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
+        for name in ("final_lr_fraction", "b1", "b2"):
+            if not 0 <= finite(name) <= 1:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def make_optimizer(tc: TrainConfig) -> optax.GradientTransformation:
+    schedule = optax.warmup_cosine_decay_schedule(
+        init_value=0.0, peak_value=tc.learning_rate, warmup_steps=tc.warmup_steps,
+        decay_steps=tc.steps, end_value=tc.learning_rate * tc.final_lr_fraction,
+    )
+    decay_matrices = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)  # noqa: E731
+    return optax.chain(
+        optax.clip_by_global_norm(tc.grad_clip),
+        optax.adamw(schedule, b1=tc.b1, b2=tc.b2, weight_decay=tc.weight_decay,
+                    mask=decay_matrices),
+    )
+
+
+def token_nll(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """Negative log-likelihood in nats of ``targets: [B, T]`` under ``logits: [B, T, V]``."""
+    return optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+
+
+def _sequence_nll(graphdef, params, windows):  # windows [B, T+1] -> [B, T]
+    model = nnx.merge(graphdef, params)
+    return token_nll(model(windows[:, :-1]), windows[:, 1:])
+
+
+def make_train_step(graphdef, tx: optax.GradientTransformation):
+    """``step(params, opt_state, batch [B, T+1]) -> (params, opt_state, metrics)``, jitted, with
+    the old parameters and optimizer state donated (updated in place)."""
+
+    def loss_fn(params, batch):
+        return _sequence_nll(graphdef, params, batch).mean()
+
+    @functools.partial(jax.jit, donate_argnums=(0, 1))
+    def step(params, opt_state, batch):
+        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        return params, opt_state, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
+
+    return step
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _masked_nll_sum(graphdef, params, windows, weights):  # weights [B]: 1 real row, 0 padding
+    nll = _sequence_nll(graphdef, params, windows)
+    return (nll.sum(axis=1) * weights).sum()
+
+
+def evaluate(model: Transformer, windows: np.ndarray, batch_size: int = 16) -> dict[str, float]:
+    """Mean token loss (nats) and perplexity over ``windows: [N, T+1]`` (each window's first T
+    tokens predict its last T). The last batch is padded and masked, so every window counts once."""
+    windows = np.asarray(windows, np.int32)
+    if windows.ndim != 2 or windows.shape[0] == 0 or windows.shape[1] < 2:
+        raise ValueError(f"windows must have shape [N >= 1, T+1 >= 2], got {windows.shape}")
+    graphdef, params = nnx.split(model)
+    total = 0.0
+    for start in range(0, len(windows), batch_size):
+        chunk = windows[start:start + batch_size]
+        weights = np.zeros((batch_size,), np.float32)
+        weights[:len(chunk)] = 1.0
+        padded = np.zeros((batch_size, windows.shape[1]), np.int32)
+        padded[:len(chunk)] = chunk
+        total += float(_masked_nll_sum(graphdef, params, padded, weights))
+    tokens = windows.shape[0] * (windows.shape[1] - 1)
+    loss = total / tokens
+    return {"loss": loss, "perplexity": math.exp(loss), "tokens": tokens}
+
+
+@dataclasses.dataclass
+class TrainResult:
+    model: Transformer
+    step: int
+    history: list[dict[str, float]]  # one entry per log interval: step, loss, tokens_per_s
+    resumed_from: int | None
+
+
+def train(
+    model_cfg: ModelConfig,
+    tc: TrainConfig,
+    train_stream: np.ndarray,
+    *,
+    tokenizer: Tokenizer | None = None,
+    checkpoint_dir=None,
+    resume: bool = False,
+    stop_after: int | None = None,
+    progress: bool = True,
+    extra_meta: dict[str, Any] | None = None,
+) -> TrainResult:
+    """Train a Transformer of ``model_cfg`` on ``train_stream`` (int token ids ``[N]``).
+
+    With ``checkpoint_dir`` (which needs ``tokenizer``, stored with every checkpoint), checkpoints
+    are written every ``tc.checkpoint_every`` steps and at the end. ``resume=True`` continues from
+    the latest checkpoint there; a directory that already holds checkpoints without ``resume`` is
+    an error rather than a silent overwrite. ``stop_after`` ends the run early at that step (as an
+    interruption would), for tests and for splitting a run.
+    """
+    if checkpoint_dir is not None and tokenizer is None:
+        raise ValueError("tokenizer must be given with checkpoint_dir (checkpoints embed it)")
+    if stop_after is not None and not 1 <= stop_after <= tc.steps:
+        raise ValueError(f"stop_after must be in [1, steps={tc.steps}], got {stop_after!r}")
+    if model_cfg.position == "learned" and tc.seq_len > model_cfg.max_seq_len:
+        raise ValueError(f"seq_len must be <= max_seq_len={model_cfg.max_seq_len} for a learned "
+                         f"position table, got {tc.seq_len}")
+    batches = PackedBatches(train_stream, tc.batch_size, tc.seq_len, tc.seed)
+    tx = make_optimizer(tc)
+    model = Transformer(model_cfg, rngs=nnx.Rngs(tc.seed))
+    graphdef, params = nnx.split(model)
+    opt_state = tx.init(params)
+    start, resumed_from, manager = 0, None, None
+
+    if checkpoint_dir is not None:
+        manager = checkpoint.open_manager(checkpoint_dir)
+        latest = manager.latest_step()
+        if latest is not None and not resume:
+            raise ValueError(f"checkpoint_dir {str(checkpoint_dir)!r} already holds checkpoints (latest "
+                             f"step {latest}); pass resume=True to continue it or use a new directory")
+        if latest is not None:
+            meta = checkpoint.restore_meta(manager, latest)
+            saved = ModelConfig.from_dict(meta["model_config"])
+            if saved != model_cfg:
+                raise ValueError(f"model config differs from the checkpoint's in {str(checkpoint_dir)!r}:"
+                                 f" got {model_cfg}, saved {saved}")
+            if meta.get("train_config") not in (None, tc.to_dict()):
+                raise ValueError(f"train config differs from the checkpoint's: got {tc.to_dict()}, "
+                                 f"saved {meta['train_config']}")
+            restored, opt_state = checkpoint.restore(
+                manager, latest, model_cfg, jax.eval_shape(tx.init, params))
+            params = nnx.state(restored)
+            start = resumed_from = latest
+
+    def save(step_done: int) -> None:
+        if manager is not None:
+            meta = checkpoint.make_meta(model_cfg, tokenizer, step_done, train_config=tc.to_dict(),
+                                        **(extra_meta or {}))
+            checkpoint.save(manager, step_done, params, meta, opt_state)
+
+    train_step = make_train_step(graphdef, tx)
+    end = tc.steps if stop_after is None else stop_after
+    history: list[dict[str, float]] = []
+    bar = tqdm(total=tc.steps, initial=start, disable=not progress, desc="train", unit="step",
+               dynamic_ncols=True)
+    tokens_per_step = tc.batch_size * tc.seq_len
+    last_time, last_step = time.perf_counter(), start
+    step = start
+    try:
+        for step in range(start, end):
+            params, opt_state, metrics = train_step(params, opt_state, batches.batch(step))
+            done = step + 1
+            if done % tc.log_every == 0 or done == end:
+                loss = float(metrics["loss"])  # syncs: the rate below is honest
+                now = time.perf_counter()
+                rate = (done - last_step) * tokens_per_step / max(now - last_time, 1e-9)
+                last_time, last_step = now, done
+                history.append({"step": done, "loss": loss, "tokens_per_s": rate})
+                bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{rate:,.0f}")
+            bar.update(1)
+            if done % tc.checkpoint_every == 0 or done == end:
+                save(done)
+        step = end
+    finally:
+        bar.close()
+        if manager is not None:
+            manager.close()
+    return TrainResult(model=nnx.merge(graphdef, params), step=step, history=history,
+                       resumed_from=resumed_from)

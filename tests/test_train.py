@@ -1,0 +1,146 @@
+"""Training: loss falls, evaluation is exact about padding, resume equals an uninterrupted run,
+checkpoints round-trip, and bad settings are refused by name."""
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+import decodelab as dl
+from decodelab import data, train
+from decodelab.tokenizer import Tokenizer
+
+TINY = dict(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=256, max_seq_len=64)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("tok")
+    path = directory / "play.txt"
+    path.write_text(data.split_documents("train")["hamlet"], encoding="utf-8")
+    return Tokenizer.train([path], vocab_size=512, model_type="bpe")
+
+
+@pytest.fixture(scope="module")
+def stream(tokenizer):
+    text = data.split_documents("train")["hamlet"]
+    return np.asarray(tokenizer.encode(text, add_bos=True, add_eos=True), np.int32)
+
+
+@pytest.fixture(scope="module")
+def model_cfg(tokenizer):
+    return dl.ModelConfig(vocab_size=tokenizer.vocab_size, position="rope", **TINY)
+
+
+def small_run(**changes):
+    fields = dict(steps=12, batch_size=4, seq_len=32, learning_rate=3e-3, warmup_steps=2,
+                  checkpoint_every=4, log_every=1)
+    fields.update(changes)
+    return train.TrainConfig(**fields)
+
+
+def params_of(model):
+    return [np.asarray(x) for x in jax.tree.leaves(nnx.state(model, nnx.Param))]
+
+
+def test_loss_falls_on_real_text(model_cfg, stream):
+    result = train.train(model_cfg, small_run(steps=60, warmup_steps=5), stream, progress=False)
+    losses = [h["loss"] for h in result.history]
+    assert len(losses) == 60
+    # From ~ln(512) = 6.2 at init, a working step must gain well over a nat in 60 steps.
+    assert np.mean(losses[-5:]) < losses[0] - 1.5, losses
+
+
+def test_resume_reaches_the_same_parameters_as_an_uninterrupted_run(model_cfg, stream, tokenizer,
+                                                                      tmp_path):
+    tc = small_run()
+    whole = train.train(model_cfg, tc, stream, tokenizer=tokenizer,
+                        checkpoint_dir=tmp_path / "whole", progress=False)
+    first = train.train(model_cfg, tc, stream, tokenizer=tokenizer,
+                        checkpoint_dir=tmp_path / "split", stop_after=5, progress=False)
+    assert first.step == 5
+    resumed = train.train(model_cfg, tc, stream, tokenizer=tokenizer,
+                          checkpoint_dir=tmp_path / "split", resume=True, progress=False)
+    assert resumed.resumed_from == 5 and resumed.step == 12
+    for a, b in zip(params_of(whole.model), params_of(resumed.model), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_resume_of_a_finished_run_trains_nothing(model_cfg, stream, tokenizer, tmp_path):
+    tc = small_run(steps=4)
+    done = train.train(model_cfg, tc, stream, tokenizer=tokenizer, checkpoint_dir=tmp_path,
+                       progress=False)
+    again = train.train(model_cfg, tc, stream, tokenizer=tokenizer, checkpoint_dir=tmp_path,
+                        resume=True, progress=False)
+    assert again.resumed_from == 4 and again.history == []
+    for a, b in zip(params_of(done.model), params_of(again.model), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_existing_checkpoints_without_resume_are_refused(model_cfg, stream, tokenizer, tmp_path):
+    train.train(model_cfg, small_run(steps=4), stream, tokenizer=tokenizer,
+                checkpoint_dir=tmp_path, progress=False)
+    with pytest.raises(ValueError, match="resume=True"):
+        train.train(model_cfg, small_run(steps=4), stream, tokenizer=tokenizer,
+                    checkpoint_dir=tmp_path, progress=False)
+
+
+def test_resume_with_a_different_model_config_is_refused(model_cfg, stream, tokenizer, tmp_path):
+    train.train(model_cfg, small_run(steps=4), stream, tokenizer=tokenizer,
+                checkpoint_dir=tmp_path, progress=False)
+    with pytest.raises(ValueError, match="model config differs"):
+        train.train(model_cfg.replace(position="alibi"), small_run(steps=4), stream,
+                    tokenizer=tokenizer, checkpoint_dir=tmp_path, resume=True, progress=False)
+
+
+def test_evaluate_counts_every_window_once_whatever_the_batch_size(model_cfg, stream):
+    model = dl.Transformer(model_cfg, rngs=nnx.Rngs(0))
+    windows = data.eval_windows(stream[:2000], 32)
+    a = train.evaluate(model, windows, batch_size=3)
+    b = train.evaluate(model, windows, batch_size=64)
+    assert a["tokens"] == b["tokens"] == windows.shape[0] * 32
+    assert a["loss"] == pytest.approx(b["loss"], abs=1e-5)
+    assert a["perplexity"] == pytest.approx(np.exp(a["loss"]), rel=1e-12)
+
+
+def test_checkpoint_round_trip_gives_identical_logits_and_tokenizer(model_cfg, tokenizer, tmp_path):
+    model = dl.Transformer(model_cfg, rngs=nnx.Rngs(3))
+    dl.save_checkpoint(tmp_path / "ckpt", model, tokenizer)
+    loaded, loaded_tok = dl.load_checkpoint(tmp_path / "ckpt")
+    assert loaded.config == model_cfg
+    assert loaded_tok.serialized_model() == tokenizer.serialized_model()
+    tokens = np.asarray([tokenizer.encode("To be, or not to be: that is the question.")], np.int32)
+    np.testing.assert_array_equal(np.asarray(model(tokens)), np.asarray(loaded(tokens)))
+
+
+def test_load_checkpoint_errors_name_the_problem(tmp_path, model_cfg, tokenizer):
+    with pytest.raises(ValueError, match="path must be an existing checkpoint directory"):
+        dl.load_checkpoint(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="no checkpoint found"):
+        dl.load_checkpoint(tmp_path / "empty")
+    dl.save_checkpoint(tmp_path / "one", dl.Transformer(model_cfg, rngs=nnx.Rngs(0)), tokenizer)
+    with pytest.raises(ValueError, match=r"step must be one of the saved steps \[0\], got 7"):
+        dl.load_checkpoint(tmp_path / "one", step=7)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("steps", 0, "steps must be a positive int"),
+    ("batch_size", -1, "batch_size must be a positive int"),
+    ("warmup_steps", 20, r"warmup_steps must be an int in \[0, steps=12\]"),
+    ("learning_rate", 0.0, "learning_rate must be > 0"),
+    ("learning_rate", float("nan"), "learning_rate must be a finite number"),
+    ("grad_clip", -1.0, "grad_clip must be > 0"),
+    ("weight_decay", -0.1, "weight_decay must be >= 0"),
+    ("b2", 1.5, r"b2 must be in \[0, 1\]"),
+    ("final_lr_fraction", 2.0, r"final_lr_fraction must be in \[0, 1\]"),
+])
+def test_train_config_rejects_bad_fields_by_name(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        small_run(**{field: value})
+
+
+def test_train_refuses_sequences_longer_than_a_learned_table(tokenizer, stream):
+    cfg = dl.ModelConfig(vocab_size=tokenizer.vocab_size, position="learned", **TINY)
+    with pytest.raises(ValueError, match="seq_len must be <= max_seq_len=64"):
+        train.train(cfg, small_run(seq_len=128), stream, progress=False)
