@@ -19,12 +19,10 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
     config.model = model_section(arg or "small")
     # Optimisation (see decodelab.train.TrainConfig for each field).
     config.train = config_dict.ConfigDict(dict(
-        steps=600, batch_size=16, seq_len=128, learning_rate=3e-3, warmup_steps=60,
+        steps=1500, batch_size=16, seq_len=128, learning_rate=3e-3, warmup_steps=100,
         final_lr_fraction=0.1, weight_decay=0.1, grad_clip=1.0, b1=0.9, b2=0.95, seed=0,
-        checkpoint_every=200, log_every=10,
+        checkpoint_every=250, log_every=10,
     ))
-    # Report: validation batches, held-out prompts for greedy continuations.
-    config.report = config_dict.ConfigDict(dict(
-        eval_batch_size=32, num_prompts=3, prompt_tokens=24, new_tokens=40,
-    ))
+    # Report: validation batch size; one held-out prompt per test play, continued greedily.
+    config.report = config_dict.ConfigDict(dict(eval_batch_size=32, prompt_tokens=32, new_tokens=48))
     return config

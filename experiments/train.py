@@ -10,7 +10,7 @@ import json
 import pathlib
 import tempfile
 
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 from decodelab import data, decode, train
@@ -36,17 +36,20 @@ def tokenizer_for(workdir: pathlib.Path, vocab_size: int, model_type: str) -> To
     return tokenizer
 
 
-def held_out_prompts(tokenizer: Tokenizer, count: int, prompt_tokens: int, new_tokens: int):
-    """(prompt ids, true continuation ids) from evenly spaced places in the test plays."""
-    stream = data.token_stream(tokenizer, "test")
-    span = prompt_tokens + new_tokens
-    starts = [int(i * (len(stream) - span) / max(count, 1)) for i in range(count)]
-    return [(stream[s:s + prompt_tokens].tolist(), stream[s + prompt_tokens:s + span].tolist())
-            for s in starts]
+def held_out_prompts(tokenizer: Tokenizer, prompt_tokens: int, new_tokens: int):
+    """One (prompt ids, true continuation ids) pair per test play, starting at the paragraph
+    nearest the middle of the play (the opening is a title page and a cast list)."""
+    pairs = []
+    for name, text in sorted(data.split_documents("test").items()):
+        start = text.find("\n\n", len(text) // 2) + 2
+        ids = tokenizer.encode(text[start:start + 50 * (prompt_tokens + new_tokens)])
+        pairs.append((ids[:prompt_tokens], ids[prompt_tokens:prompt_tokens + new_tokens]))
+    return pairs
 
 
 def main(argv) -> None:
     del argv
+    logging.set_verbosity(logging.WARNING)  # Orbax logs every checkpoint step at INFO
     config = _CONFIG.value
     workdir = pathlib.Path(_WORKDIR.value)
     if workdir.exists() and not workdir.is_dir():
@@ -66,8 +69,7 @@ def main(argv) -> None:
     print(f"validation: loss {metrics['loss']:.4f} nats/token, perplexity {metrics['perplexity']:.2f}"
           f" over {metrics['tokens']:,} tokens at context {train_cfg.seq_len}")
 
-    pairs = held_out_prompts(tokenizer, config.report.num_prompts, config.report.prompt_tokens,
-                             config.report.new_tokens)
+    pairs = held_out_prompts(tokenizer, config.report.prompt_tokens, config.report.new_tokens)
     outputs = decode.greedy(result.model, [p for p, _ in pairs], config.report.new_tokens)
     samples = []
     for (prompt, truth), out in zip(pairs, outputs):
