@@ -140,7 +140,8 @@ class PackedBatches:
     (seed, e). The batches run through that order continuously, a batch may span two epochs, and
     the remainder of the stream (fewer than seq_len + 1 tokens) is never used. `batch(step)` depends
     only on (stream, batch_size, seq_len, seed, step), so a run resumed at step s sees the same data
-    as one that never stopped.
+    as one that never stopped (with the same NumPy: NEP 19 lets a feature release change the
+    permutations `np.random.Generator` draws).
     """
 
     def __init__(self, stream: np.ndarray, batch_size: int, seq_len: int, seed: int):
@@ -155,7 +156,9 @@ class PackedBatches:
                 f"stream must hold at least one window of seq_len + 1 = {seq_len + 1} tokens, "
                 f"got {len(stream)}"
             )
-        self._windows = stream[: num_windows * (seq_len + 1)].reshape(num_windows, seq_len + 1)
+        # A copy: later in-place edits of the caller's array must not change the batches.
+        windows = stream[: num_windows * (seq_len + 1)].reshape(num_windows, seq_len + 1)
+        self._windows = windows.copy()  # [W, seq_len + 1]
         self.batch_size = batch_size
         self.seq_len = seq_len
         self.seed = seed
@@ -178,6 +181,8 @@ class PackedBatches:
 
     def epoch_order(self, epoch: int) -> np.ndarray:
         """int64 [windows_per_epoch]: the window indices in the order epoch `epoch` visits them."""
+        if not isinstance(epoch, (int, np.integer)) or isinstance(epoch, bool) or epoch < 0:
+            raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
         rng = np.random.default_rng([self.seed, epoch])
         return rng.permutation(self.windows_per_epoch)
 

@@ -224,7 +224,17 @@ def test_packed_batches_rejects_bad_arguments(kwargs, message):
 
 
 @pytest.mark.parametrize("step", [-1, 1.5, True])
-def test_batch_rejects_bad_step(step):
+def test_batch_and_epoch_order_reject_bad_indices(step):
     batches = data.PackedBatches(STREAM, batch_size=2, seq_len=SEQ_LEN, seed=0)
-    with pytest.raises(ValueError, match="step must be an int >= 0"):
+    with pytest.raises(ValueError, match=f"step must be an int >= 0, got {step}"):
         batches.batch(step)
+    with pytest.raises(ValueError, match=f"epoch must be an int >= 0, got {step}"):
+        batches.epoch_order(step)
+
+
+def test_batches_do_not_change_when_the_stream_is_edited():
+    stream = STREAM.copy()
+    batches = data.PackedBatches(stream, batch_size=2, seq_len=SEQ_LEN, seed=0)
+    before = batches.batch(3)
+    stream[:] = 0
+    np.testing.assert_array_equal(batches.batch(3), before)
