@@ -163,7 +163,10 @@ class Tokenizer:
     @classmethod
     def load(cls, path: str | os.PathLike) -> Tokenizer:
         """Reads a model written by `save` (a standard SentencePiece `.model` file)."""
-        return cls.from_serialized(pathlib.Path(path).read_bytes())
+        path = pathlib.Path(path)
+        if not path.is_file():
+            raise ValueError(f"path must be an existing tokenizer model file, got {str(path)!r}")
+        return cls.from_serialized(path.read_bytes())
 
     def save(self, path: str | os.PathLike) -> None:
         pathlib.Path(path).write_bytes(self.serialized_model())

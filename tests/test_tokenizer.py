@@ -157,6 +157,11 @@ def test_save_then_load_gives_the_same_model(tokenizer, tmp_path):
     assert Tokenizer.load(tmp_path / "tok.model").serialized_model() == tokenizer.serialized_model()
 
 
+def test_load_of_a_missing_file_names_the_path(tmp_path):
+    with pytest.raises(ValueError, match="path must be an existing tokenizer model file.*nope.model"):
+        Tokenizer.load(tmp_path / "nope.model")
+
+
 def test_reported_vocab_bounds_are_exact(tmp_path):
     path = tmp_path / "tiny.txt"
     path.write_text("hello world\nhello there\n")
