@@ -55,7 +55,9 @@ class Learned(PositionEncoding):
         )
 
     def embed(self, x, positions):
-        return x + self.table(positions)
+        # The model bounds every real position by the table; only block padding can lie past it,
+        # and clipping keeps its (ignored) logits finite where an out-of-range take gives NaN.
+        return x + self.table(jnp.minimum(positions, self.max_positions - 1))
 
 
 def sinusoid(positions: jax.Array, width: int, base: float = 10000.0) -> jax.Array:
@@ -64,7 +66,8 @@ def sinusoid(positions: jax.Array, width: int, base: float = 10000.0) -> jax.Arr
     ``positions: [...]`` -> ``[..., width]`` float32, defined for any position.
     """
     inv_freq = base ** (-np.arange(0, width, 2, dtype=np.float64) / width)  # [width/2]
-    angles = positions[..., None].astype(jnp.float32) * inv_freq.astype(np.float32)
+    inv_freq = inv_freq.astype(np.float32).reshape((1,) * positions.ndim + (-1,))  # [1.., width/2]
+    angles = positions[..., None].astype(jnp.float32) * inv_freq  # [..., width/2]
     return jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1).reshape(*positions.shape, width)
 
 
@@ -138,7 +141,8 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray, factor:
     Pairs are (i, i + H/2) ("rotate half", the GPT-NeoX / Llama layout used by Hugging Face
     checkpoints), rotated counter-clockwise by ``position * inv_freq[i]`` as in RoFormer.
     """
-    angles = positions[..., None].astype(jnp.float32) * jnp.asarray(inv_freq, jnp.float32)  # [B,T,H/2]
+    inv_freq = jnp.asarray(inv_freq, jnp.float32)[None, None, :]  # [1, 1, H/2]
+    angles = positions[..., None].astype(jnp.float32) * inv_freq  # [B, T, H/2]
     cos = (jnp.cos(angles) * factor)[:, :, None, :]  # [B, T, 1, H/2]
     sin = (jnp.sin(angles) * factor)[:, :, None, :]
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
@@ -203,8 +207,8 @@ def alibi_slopes(n_heads: int) -> np.ndarray:
     next power of two."""
 
     def power_of_two(n: int) -> list[float]:
-        start = 2.0 ** (-8.0 / n)
-        return [start ** (i + 1) for i in range(n)]
+        # 2^(-8(i+1)/n) directly, not start**(i+1): repeated rounding of start drifts by ulps.
+        return [2.0 ** (-8.0 * (i + 1) / n) for i in range(n)]
 
     closest = 2 ** int(math.floor(math.log2(n_heads)))
     slopes = power_of_two(closest)

@@ -93,6 +93,11 @@ class Transformer(nnx.Module):
                          else jnp.asarray(num_valid, jnp.int32))
             if num_valid.shape != (B,):
                 raise ValueError(f"num_valid must have shape ({B},), got {num_valid.shape}")
+            if not isinstance(num_valid, jax.core.Tracer):
+                counts = np.asarray(num_valid)
+                if (counts < 0).any() or (counts > T).any():
+                    raise ValueError(
+                        f"num_valid must be in [0, T={T}] per row, got {counts.tolist()}")
             cache.check_room(num_valid)
             q_pos = cache.positions(T)
             k_pos = jnp.broadcast_to(jnp.arange(cache.max_len, dtype=jnp.int32), (B, cache.max_len))

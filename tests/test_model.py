@@ -1,0 +1,466 @@
+"""Transformer, position encodings and KVCache: the cache path equals the full forward pass.
+
+The central check (maxtext's best test) is cache parity: for every position encoding and attention
+layout, the logits of a full causal forward pass equal those of a ragged prefill followed by
+chunked blocks and single-token decode steps through the KV cache, at float32 atol 1e-5.
+
+Each model is built and jitted once per module (``build``); its functions take the parameters as an
+argument, so each test case compiles one program per input shape and the tests share them.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import decodelab as dl
+from decodelab.model.positions import (
+    ALiBi,
+    alibi_slopes,
+    apply_rope,
+    rope_frequencies,
+    sinusoid,
+    t5_relative_bucket,
+)
+
+ATOL = 1e-5  # float32: cache and full forward differ only in summation order
+
+# Every position encoding, each RoPE scaling, every attention layout (the tiny config is GQA with
+# 4 query and 2 kv heads), and the GPT-2-style layer-norm / GELU / untied variant.
+CASES = {
+    "learned": dict(position="learned"),
+    "sinusoidal": dict(position="sinusoidal"),
+    "t5": dict(position="t5"),
+    "alibi": dict(position="alibi"),
+    "rope": dict(position="rope"),
+    "nope": dict(position="nope"),
+    "rope-linear": dict(position="rope", rope_scaling="linear", rope_scaling_factor=4.0),
+    "rope-ntk": dict(position="rope", rope_scaling="ntk", rope_scaling_factor=4.0),
+    "rope-yarn": dict(position="rope", rope_scaling="yarn", rope_scaling_factor=4.0),
+    "mqa": dict(n_kv_heads=1),
+    "mha": dict(n_kv_heads=4),
+    "layernorm-gelu-untied": dict(norm="layer", mlp="gelu", tie_embeddings=False),
+}
+UNBOUNDED = [name for name in CASES if name != "learned"]
+
+# Three rows of one true token sequence each; prompts of different lengths share one prefill block
+# of width BLOCK, padded at the end with tokens that differ from the true ones.
+V = 512
+B, SEQ_LEN, BLOCK, MAX_LEN = 3, 24, 12, 32
+SEQ = np.random.default_rng(0).integers(0, V, (B, SEQ_LEN)).astype(np.int32)  # [B, SEQ_LEN]
+PROMPT_LENS = np.array([5, 12, 9], np.int32)
+ONES = np.ones(B, np.int32)
+
+
+def padded_block(start: np.ndarray, counts: np.ndarray, width: int) -> np.ndarray:
+    """``[B, width]``: row b holds ``SEQ[b, start[b] : start[b] + counts[b]]``, then padding."""
+    index = np.minimum(start[:, None] + np.arange(width)[None, :], SEQ_LEN - 1)  # [B, width]
+    true = np.take_along_axis(SEQ, index, axis=1)
+    wrong = (true + 1) % V  # never the true token, so attending padding would show
+    return np.where(np.arange(width)[None, :] < counts[:, None], true, wrong)
+
+
+def assert_rows_match(logits, full, start, counts):
+    """``logits[b, :counts[b]]`` equals ``full[b, start[b] : start[b] + counts[b]]``."""
+    for b in range(len(counts)):
+        np.testing.assert_allclose(
+            logits[b, : counts[b]], full[b, start[b] : start[b] + counts[b]], rtol=0, atol=ATOL,
+            err_msg=f"row {b}",
+        )
+
+
+class Compiled:
+    """A model plus its forward pass, jitted with the parameters as an argument (DESIGN.md §3)."""
+
+    def __init__(self, cfg: dl.ModelConfig):
+        self.cfg = cfg
+        self.model = dl.Transformer(cfg, rngs=nnx.Rngs(0))
+        graphdef, self.state = nnx.split(self.model)
+
+        def forward(state, tokens):
+            return nnx.merge(graphdef, state)(tokens)
+
+        def extend(state, tokens, cache, num_valid):
+            return nnx.merge(graphdef, state)(tokens, cache=cache, num_valid=num_valid)
+
+        self._forward = jax.jit(forward)
+        self._extend = jax.jit(extend)
+
+    def forward(self, tokens) -> np.ndarray:
+        return np.asarray(self._forward(self.state, jnp.asarray(tokens)))
+
+    def extend(self, tokens, cache, num_valid) -> tuple[np.ndarray, dl.KVCache]:
+        logits, cache = self._extend(self.state, jnp.asarray(tokens), cache,
+                                     jnp.asarray(num_valid, jnp.int32))
+        return np.asarray(logits), cache
+
+    def prefill(self) -> tuple[np.ndarray, dl.KVCache]:
+        """The ragged prompts ``SEQ[b, :PROMPT_LENS[b]]`` in one padded block."""
+        cache = dl.KVCache.init(self.cfg, batch_size=B, max_len=MAX_LEN)
+        return self.extend(padded_block(np.zeros(B, np.int32), PROMPT_LENS, BLOCK), cache,
+                           PROMPT_LENS)
+
+
+@pytest.fixture(scope="module")
+def build(tiny_config):
+    """``build(case)``: the case's Compiled model, built once per module."""
+    built = {}
+
+    def get(case: str) -> Compiled:
+        if case not in built:
+            built[case] = Compiled(tiny_config.replace(**CASES[case]))
+        return built[case]
+
+    return get
+
+
+# --- Cache parity ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_ragged_prefill_then_decode_matches_full_forward(build, case):
+    m = build(case)
+    full = m.forward(SEQ)
+    logits, cache = m.prefill()
+    assert_rows_match(logits, full, np.zeros(B, np.int32), PROMPT_LENS)
+    np.testing.assert_array_equal(cache.lengths, PROMPT_LENS)
+    for _ in range(8):
+        start = np.asarray(cache.lengths)
+        logits, cache = m.extend(padded_block(start, ONES, 1), cache, ONES)
+        assert_rows_match(logits, full, start, ONES)
+    np.testing.assert_array_equal(cache.lengths, PROMPT_LENS + 8)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_chunked_prefill_then_decode_matches_full_forward(build, case):
+    m = build(case)
+    full = m.forward(SEQ)
+    _, cache = m.prefill()
+    chunk = np.array([4, 2, 7], np.int32)  # a second ragged block, padded to width BLOCK
+    logits, cache = m.extend(padded_block(PROMPT_LENS, chunk, BLOCK), cache, chunk)
+    assert_rows_match(logits, full, PROMPT_LENS, chunk)
+    for _ in range(2):  # decode overwrites the chunk's padding
+        start = np.asarray(cache.lengths)
+        logits, cache = m.extend(padded_block(start, ONES, 1), cache, ONES)
+        assert_rows_match(logits, full, start, ONES)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_rewind_then_rewrite_matches_full_forward(build, case):
+    """Speculative rollback: rejected draft tokens are dropped by moving each row's length back."""
+    m = build(case)
+    full = m.forward(SEQ)
+    _, cache = m.prefill()
+    accepted = np.array([1, 3, 0], np.int32)  # row b keeps its first accepted[b] of 4 draft tokens
+    draft = padded_block(PROMPT_LENS, accepted, BLOCK)  # true tokens, then wrong ones
+    _, cache = m.extend(draft, cache, np.full(B, 4, np.int32))
+    cache = cache.rewind(PROMPT_LENS + accepted)
+    counts = np.full(B, 4, np.int32)
+    logits, cache = m.extend(padded_block(PROMPT_LENS + accepted, counts, BLOCK), cache, counts)
+    assert_rows_match(logits, full, PROMPT_LENS + accepted, counts)
+
+
+def test_row_logits_do_not_depend_on_batch_mates(build):
+    m = build("rope")
+    batch_logits, batch_cache = m.prefill()
+    step = padded_block(PROMPT_LENS, ONES, 1)
+    batch_step, _ = m.extend(step, batch_cache, ONES)
+
+    row = 0  # shortest prompt: padded in the batch, alone it has other padding and no mates
+    cache = dl.KVCache.init(m.cfg, batch_size=1, max_len=MAX_LEN)
+    alone, cache = m.extend(padded_block(np.zeros(B, np.int32), PROMPT_LENS, BLOCK)[row:row + 1],
+                            cache, PROMPT_LENS[row:row + 1])
+    alone_step, _ = m.extend(step[row:row + 1], cache, ONES[:1])
+    n = PROMPT_LENS[row]
+    np.testing.assert_allclose(alone[0, :n], batch_logits[row, :n], rtol=0, atol=ATOL)
+    np.testing.assert_allclose(alone_step[0], batch_step[row], rtol=0, atol=ATOL)
+
+
+def test_jitted_write_past_max_len_is_dropped_not_wrapped(build):
+    m = build("rope")
+    cache = dl.KVCache.init(m.cfg, batch_size=B, max_len=MAX_LEN).advance(
+        jnp.full((B,), MAX_LEN - 2, jnp.int32))
+    # Inside jit the room check cannot run: a block of 4 at length 30 has 2 slots left.
+    _, cache = m.extend(padded_block(np.zeros(B, np.int32), np.full(B, 4), BLOCK), cache,
+                        np.full(B, 4, np.int32))
+    k = np.asarray(cache.k)  # [L, B, S, K, H]
+    np.testing.assert_array_equal(k[:, :, : MAX_LEN - 2], 0.0)  # slots 0..29 untouched
+    assert (np.abs(k[:, :, MAX_LEN - 2 :]).sum(axis=(-2, -1)) > 0).all()  # the 2 slots left
+
+
+# --- Positions beyond the training length ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", UNBOUNDED)
+def test_positions_run_past_max_seq_len(build, case):
+    m = build(case)
+    tokens = np.random.default_rng(1).integers(0, V, (1, 2 * m.cfg.max_seq_len)).astype(np.int32)
+    assert np.isfinite(m.forward(tokens)).all()
+
+
+def test_padding_past_the_learned_table_gives_finite_logits(build):
+    m = build("learned")  # a cache of max_seq_len slots, 4 left: the block's padding runs past 64
+    cache = dl.KVCache.init(m.cfg, batch_size=1, max_len=m.cfg.max_seq_len).advance(jnp.array([60]))
+    logits, cache = m.model(jnp.ones((1, 12), jnp.int32), cache=cache, num_valid=jnp.array([4]))
+    assert np.isfinite(logits).all()
+    np.testing.assert_array_equal(cache.lengths, [64])
+
+
+def test_learned_positions_reject_a_longer_sequence(build):
+    m = build("learned")
+    tokens = jnp.zeros((1, m.cfg.max_seq_len + 1), jnp.int32)
+    with pytest.raises(ValueError,
+                       match=r"position='learned' has 64 positions.*sequence length 65"):
+        m.model(tokens)
+
+
+def test_learned_positions_reject_a_longer_cache(build):
+    m = build("learned")
+    cache = dl.KVCache.init(m.cfg, batch_size=1, max_len=m.cfg.max_seq_len + 1)
+    with pytest.raises(ValueError, match=r"position='learned' has 64 positions.*cache max_len 65"):
+        m.model(jnp.zeros((1, 1), jnp.int32), cache=cache)
+
+
+# --- RoPE -----------------------------------------------------------------------------------------
+
+
+def _rope_scores(cfg, q, k, q_pos, k_pos) -> np.ndarray:
+    """``q . k`` after rotating q to each of ``q_pos`` and k to each of ``k_pos`` ([P] each)."""
+    inv_freq, factor = rope_frequencies(cfg)
+    P, H = len(q_pos), cfg.head_dim
+
+    def rotated(x, pos):
+        x = jnp.broadcast_to(jnp.asarray(x, jnp.float32), (1, P, 1, H))  # [B=1, T=P, 1, H]
+        return apply_rope(x, jnp.asarray(pos, jnp.int32)[None, :], inv_freq, factor)
+
+    return np.asarray(jnp.sum(rotated(q, q_pos) * rotated(k, k_pos), axis=-1))[0, :, 0]  # [P]
+
+
+@pytest.fixture(scope="module")
+def unit_qk(tiny_config):
+    rng = np.random.default_rng(2)
+    q, k = rng.standard_normal((2, tiny_config.head_dim))
+    return q / np.linalg.norm(q), k / np.linalg.norm(k)
+
+
+@pytest.mark.parametrize("scaling", ["none", "linear", "ntk", "yarn"])
+def test_rope_scores_depend_only_on_relative_position(tiny_config, unit_qk, scaling):
+    cfg = tiny_config.replace(rope_scaling=scaling,
+                              rope_scaling_factor=1.0 if scaling == "none" else 4.0)
+    shifts = np.array([0, 1, 7, 64, 100, 1000])  # max_seq_len is 64
+    scores = _rope_scores(cfg, *unit_qk, q_pos=9 + shifts, k_pos=4 + shifts)
+    # Unit vectors, so |q . k| <= 1; float32 angles up to ~1000 rad leave errors of ~1e-6.
+    np.testing.assert_allclose(scores, scores[0], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("scaling", ["none", "linear", "ntk", "yarn"])
+def test_rope_scores_differ_for_different_relative_positions(tiny_config, unit_qk, scaling):
+    cfg = tiny_config.replace(rope_scaling=scaling,
+                              rope_scaling_factor=1.0 if scaling == "none" else 4.0)
+    distances = np.arange(6)
+    scores = _rope_scores(cfg, *unit_qk, q_pos=np.full(6, 9), k_pos=9 - distances)
+    gaps = np.abs(scores[:, None] - scores[None, :])[np.triu_indices(6, k=1)]
+    assert gaps.min() > 1e-4, scores  # 100x the float32 noise of the invariance test
+
+
+def test_rope_linear_divides_every_frequency_by_the_factor(tiny_config):
+    base, _ = rope_frequencies(tiny_config)
+    linear, factor = rope_frequencies(tiny_config.replace(rope_scaling="linear",
+                                                          rope_scaling_factor=4.0))
+    np.testing.assert_allclose(linear, base / 4.0, rtol=1e-15)
+    assert factor == 1.0
+
+
+def test_rope_ntk_keeps_the_highest_and_interpolates_the_lowest_frequency(tiny_config):
+    base, _ = rope_frequencies(tiny_config)
+    ntk, factor = rope_frequencies(tiny_config.replace(rope_scaling="ntk", rope_scaling_factor=4.0))
+    assert ntk[0] == base[0] == 1.0
+    np.testing.assert_allclose(ntk[-1], base[-1] / 4.0, rtol=1e-12)
+    assert factor == 1.0
+
+
+def test_rope_yarn_keeps_fast_dims_interpolates_slow_dims_and_scales_by_its_factor(tiny_config):
+    base, _ = rope_frequencies(tiny_config)
+    yarn, factor = rope_frequencies(tiny_config.replace(rope_scaling="yarn",
+                                                        rope_scaling_factor=4.0))
+    # H=16, theta=1e4, original length 64: the ramp runs from dim 0 (32 rotations) to dim 3 (1).
+    np.testing.assert_allclose(yarn[0], base[0], rtol=1e-12)
+    np.testing.assert_allclose(yarn[3:], base[3:] / 4.0, rtol=1e-12)
+    np.testing.assert_allclose(yarn[1:3], base[1:3] * (1 - np.array([1, 2]) / 3 * 0.75),
+                               rtol=1e-12)
+    assert factor == pytest.approx(0.1 * math.log(4.0) + 1.0, rel=1e-15)
+
+
+# --- Sinusoids, ALiBi, T5 ------------------------------------------------------------------------
+
+
+def test_sinusoid_interleaves_sin_and_cos_of_position_times_frequency():
+    table = np.asarray(sinusoid(jnp.array([0, 1, 5]), 4))  # frequencies 1 and 10000^(-1/2)
+    expected = np.array([[math.sin(p), math.cos(p), math.sin(p / 100), math.cos(p / 100)]
+                         for p in (0, 1, 5)])
+    np.testing.assert_allclose(table, expected, rtol=0, atol=1e-6)
+
+
+def test_alibi_slopes_for_8_heads():
+    np.testing.assert_array_equal(alibi_slopes(8), [2.0**-k for k in range(1, 9)])
+
+
+def test_alibi_slopes_for_12_heads_follow_the_paper():
+    # Press et al.: the 8-head slopes, then every other slope of 16 heads: 2^-0.5, 2^-1.5, ...
+    expected = [2.0**-k for k in range(1, 9)] + [2.0**-0.5, 2.0**-1.5, 2.0**-2.5, 2.0**-3.5]
+    np.testing.assert_array_equal(alibi_slopes(12), expected)
+
+
+def test_alibi_bias_is_minus_slope_times_distance(tiny_config):
+    bias = ALiBi(tiny_config.replace(position="alibi"), rngs=nnx.Rngs(0)).bias(
+        jnp.array([[3]]), jnp.array([[0, 1, 2, 3]]))  # [B=1, N=4, T=1, S=4]
+    slopes = np.array([2.0**-2, 2.0**-4, 2.0**-6, 2.0**-8])  # 4 heads
+    expected = -slopes[:, None] * np.array([3, 2, 1, 0])[None, :]
+    np.testing.assert_array_equal(np.asarray(bias)[0, :, 0], expected)
+
+
+# Mesh TensorFlow / T5 `_relative_position_bucket`, bidirectional=False, 32 buckets, max distance
+# 128: n < 16 is its own bucket, else min(31, 16 + floor(ln(n / 16) / ln(8) * 16)).
+T5_BUCKETS = {
+    0: 0,
+    1: 1,
+    15: 15,
+    16: 16,  # ln(1) = 0
+    20: 17,  # ln(1.25) / ln(8) * 16 = 1.72
+    23: 18,  # ln(1.4375) / ln(8) * 16 = 2.79
+    32: 21,  # 1/3 * 16 = 5.33
+    45: 23,  # ln(2.8125) / ln(8) * 16 = 7.96
+    64: 26,  # 2/3 * 16 = 10.67
+    100: 30,  # ln(6.25) / ln(8) * 16 = 14.10
+    127: 31,  # ln(7.9375) / ln(8) * 16 = 15.94
+    128: 31,  # 16 + 16 = 32, clipped to the last bucket
+    1000: 31,
+}
+
+
+def test_t5_buckets_match_the_published_function():
+    distances = np.array(list(T5_BUCKETS))
+    buckets = t5_relative_bucket(jnp.asarray(-distances), num_buckets=32, max_distance=128)
+    np.testing.assert_array_equal(buckets, list(T5_BUCKETS.values()))
+
+
+def test_t5_future_keys_use_bucket_zero():
+    buckets = t5_relative_bucket(jnp.array([1, 5, 16, 200]), num_buckets=32, max_distance=128)
+    np.testing.assert_array_equal(buckets, [0, 0, 0, 0])
+
+
+# --- KVCache --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cache_init_shapes_and_dtypes(tiny_config, dtype):
+    cache = dl.KVCache.init(tiny_config.replace(dtype=dtype), batch_size=3, max_len=10)
+    assert cache.k.shape == cache.v.shape == (2, 3, 10, 2, 16)  # [L, B, S, K, H]
+    assert cache.k.dtype == cache.v.dtype == jnp.dtype(dtype)
+    assert cache.lengths.dtype == jnp.int32
+    np.testing.assert_array_equal(cache.lengths, [0, 0, 0])
+    assert (cache.batch_size, cache.max_len) == (3, 10)
+
+
+def test_cache_init_dtype_argument_overrides_config(tiny_config):
+    assert dl.KVCache.init(tiny_config, 1, 4, dtype=jnp.bfloat16).k.dtype == jnp.bfloat16
+
+
+@pytest.mark.parametrize("name", ["batch_size", "max_len"])
+@pytest.mark.parametrize("value", [0, -1, True, 2.0])
+def test_cache_init_rejects_bad_sizes(tiny_config, name, value):
+    sizes = {"batch_size": 2, "max_len": 8, name: value}
+    with pytest.raises(ValueError, match=f"^{name} must be a positive int"):
+        dl.KVCache.init(tiny_config, **sizes)
+
+
+def test_cache_positions_start_at_each_rows_length(tiny_config):
+    cache = dl.KVCache.init(tiny_config, 2, 8).advance(jnp.array([0, 2]))
+    np.testing.assert_array_equal(cache.positions(3), [[0, 1, 2], [2, 3, 4]])
+
+
+def test_cache_rewind_sets_lengths_back_per_row(tiny_config):
+    cache = dl.KVCache.init(tiny_config, 3, 8).advance(jnp.array([5, 6, 7]))
+    np.testing.assert_array_equal(cache.rewind(jnp.array([2, 6, 0])).lengths, [2, 6, 0])
+    np.testing.assert_array_equal(cache.rewind(4).lengths, [4, 4, 4])
+
+
+@pytest.mark.parametrize(
+    "lengths", [[6, 6, 6], [5, 6, 8], [-1, 0, 0]], ids=["forward", "one-row-forward", "negative"])
+def test_cache_rewind_outside_zero_to_current_length_is_rejected(tiny_config, lengths):
+    cache = dl.KVCache.init(tiny_config, 3, 8).advance(jnp.array([5, 6, 7]))
+    with pytest.raises(ValueError, match=r"^rewind lengths must be in \[0, current length\]"):
+        cache.rewind(jnp.array(lengths))
+
+
+def test_cache_write_inside_jit_drops_out_of_range_slots(tiny_config):
+    cache = dl.KVCache.init(tiny_config, 2, 8).advance(jnp.array([6, 0]))
+    # [B, T, K, H]: token t carries the value t + 1; row 0 has 2 slots left for 3 tokens.
+    k = jnp.broadcast_to(jnp.arange(1.0, 4.0)[None, :, None, None], (2, 3, 2, 16))
+    cache = jax.jit(lambda c, k, v: c.write(1, k, v))(cache, k, 2 * k)
+    written = np.asarray(cache.k[1, :, :, 0, 0])  # [B, S]
+    np.testing.assert_array_equal(written, [[0, 0, 0, 0, 0, 0, 1, 2], [1, 2, 3, 0, 0, 0, 0, 0]])
+    np.testing.assert_array_equal(cache.v[1, :, :, 0, 0], 2 * written)
+    np.testing.assert_array_equal(cache.k[0], 0.0)  # other layers untouched
+    np.testing.assert_array_equal(cache.lengths, [6, 0])  # write does not advance
+
+
+def test_block_past_max_len_is_rejected_as_cache_full(build):
+    m = build("rope")
+    cache = dl.KVCache.init(m.cfg, batch_size=2, max_len=8).advance(jnp.array([3, 6]))
+    with pytest.raises(ValueError,
+                       match=r"^cache is full: row 1 has length 6 and the block adds 3"):
+        m.model(jnp.zeros((2, 3), jnp.int32), cache=cache)
+
+
+# --- Bad inputs -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", [-1, 512])
+def test_tokens_out_of_vocab_are_rejected(build, bad):
+    with pytest.raises(ValueError, match=rf"^tokens must be ids in \[0, 512\), got {bad}"):
+        build("rope").model(jnp.array([[0, bad, 1]]))
+
+
+def test_float_tokens_are_rejected(build):
+    with pytest.raises(ValueError, match="^tokens must be integer ids"):
+        build("rope").model(jnp.zeros((1, 3), jnp.float32))
+
+
+def test_batch_size_different_from_the_caches_is_rejected(build):
+    m = build("rope")
+    cache = dl.KVCache.init(m.cfg, batch_size=3, max_len=8)
+    with pytest.raises(ValueError, match="^tokens batch size must equal the cache's, got 2 and 3"):
+        m.model(jnp.zeros((2, 1), jnp.int32), cache=cache)
+
+
+@pytest.mark.parametrize("num_valid", [[-1, 2], [2, 5]])
+def test_num_valid_outside_zero_to_block_length_is_rejected(build, num_valid):
+    m = build("rope")
+    cache = dl.KVCache.init(m.cfg, batch_size=2, max_len=8)
+    with pytest.raises(ValueError, match=r"^num_valid must be in \[0, T=4\] per row"):
+        m.model(jnp.zeros((2, 4), jnp.int32), cache=cache, num_valid=jnp.array(num_valid))
+
+
+def test_num_valid_without_cache_is_rejected(build):
+    with pytest.raises(ValueError, match="^num_valid is only meaningful with a cache"):
+        build("rope").model(jnp.zeros((2, 4), jnp.int32), num_valid=jnp.array([4, 4]))
+
+
+# --- bfloat16 -------------------------------------------------------------------------------------
+
+
+def test_bfloat16_logits_are_finite_and_close_to_float32(build):
+    m32 = build("rope")
+    m16 = Compiled(m32.cfg.replace(dtype="bfloat16"))  # same seed: the same float32 parameters
+    assert {p.dtype for p in jax.tree.leaves(m16.state)} == {jnp.dtype("float32")}
+    full32, full16 = m32.forward(SEQ), m16.forward(SEQ)
+    assert full16.dtype == np.float32 and np.isfinite(full16).all()
+    # Logits have std ~1; bf16 keeps 8 mantissa bits (relative error 2^-9 per rounding) and two
+    # layers round a few dozen times, so expect ~0.05 and allow 0.1 (10% of the logit std).
+    np.testing.assert_allclose(full16, full32, rtol=0, atol=0.1)
+    logits, cache = m16.prefill()
+    assert cache.k.dtype == jnp.bfloat16 and np.isfinite(logits).all()
