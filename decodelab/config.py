@@ -162,8 +162,20 @@ class ModelConfig:
         """G = N // K: query heads that share one key/value head."""
         return self.n_heads // self.n_kv_heads
 
+    def _derived_defaults(self) -> dict[str, Any]:
+        return {"n_kv_heads": self.n_heads, "head_dim": self.d_model // self.n_heads,
+                "d_ff": 4 * self.d_model, "rope_original_max_len": self.max_seq_len}
+
     def replace(self, **changes: Any) -> ModelConfig:
-        """A copy with some fields changed, validated again."""
+        """A copy with some fields changed, validated again.
+
+        A derived field still at its default (e.g. ``d_ff == 4 * d_model``) is derived again from
+        the new values unless ``changes`` sets it, so ``replace(d_model=128)`` scales ``head_dim``
+        and ``d_ff`` along instead of keeping the old ones.
+        """
+        for name, default in self._derived_defaults().items():
+            if name not in changes and getattr(self, name) == default:
+                changes[name] = None
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:

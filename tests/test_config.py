@@ -16,9 +16,16 @@ from decodelab.model import layers, positions
 
 
 def test_d_model_not_divisible_by_n_heads_is_rejected(tiny_config):
-    # head_dim=None: the tiny config's head_dim is already resolved, and a given one is kept.
     with pytest.raises(ValueError, match="^d_model must be divisible by n_heads"):
-        tiny_config.replace(d_model=66, head_dim=None)
+        tiny_config.replace(d_model=66)
+
+
+def test_replace_derives_defaulted_fields_again_and_keeps_given_ones(tiny_config):
+    wider = dl.ModelConfig(vocab_size=512, d_model=64, n_layers=2, n_heads=4).replace(d_model=128)
+    assert (wider.head_dim, wider.d_ff, wider.n_kv_heads) == (32, 512, 4)
+    longer = wider.replace(max_seq_len=512)
+    assert longer.rope_original_max_len == 512
+    assert tiny_config.replace(d_ff=100).replace(d_model=128).d_ff == 100
 
 
 def test_d_model_need_not_divide_when_head_dim_is_given(tiny_config):
