@@ -1,0 +1,409 @@
+"""Experiments: sweeps expand and shard exactly, overrides are checked by name, rows carry their
+provenance and are written whole, a killed sweep resumes to every point exactly once, and every bad
+input is refused with the culprit named.
+
+Program-level behaviour (flags, kill and resume) runs tests/fixtures/toy_experiment.py in a
+subprocess; everything else calls the library in-process with tiny point functions.
+"""
+
+import hashlib
+import json
+import math
+import os
+import pathlib
+import runpy
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from ml_collections import config_dict
+
+from decodelab import experiment
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+TOY = ["tests/fixtures/toy_experiment.py", "--config=tests/fixtures/toy_config.py"]
+
+
+def toy_config(**changes) -> config_dict.ConfigDict:
+    fields = dict(experiment="toy", seed=0, model=dict(width=8, position="rope"),
+                  eval=dict(length=16))
+    config = config_dict.ConfigDict({**fields, **changes})
+    config.lock()
+    return config
+
+
+def measure(config, ctx):
+    """A point function: a closed form of the config."""
+    return {"loss": config.model.width + config.eval.length / 16, "name": config.model.position}
+
+
+def start_toy(*args, workdir):
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    return subprocess.Popen([sys.executable, *TOY, f"--workdir={workdir}", *args], cwd=REPO,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def run_toy(*args, workdir, config=None):
+    command = [sys.executable, *TOY, f"--workdir={workdir}", *args]
+    if config is not None:
+        command[2] = f"--config={config}"
+    return subprocess.run(command, cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu"),
+                          capture_output=True, text=True, timeout=60)
+
+
+def toy_sweep_hashes(**overrides) -> set[str]:
+    """The config hashes of the toy program's default sweep (tests/fixtures/toy_config.py)."""
+    config = experiment.apply_overrides(_toy_fixture_config(), overrides)
+    sweep = experiment.load_sweep(REPO / "tests/fixtures/toy_config.py")
+    return {p.config_hash for p in experiment.expand(config, sweep)}
+
+
+def _toy_fixture_config():
+    config = runpy.run_path(str(REPO / "tests/fixtures/toy_config.py"))["get_config"]()
+    config.lock()
+    return config
+
+
+def lines_of(workdir) -> list[str]:
+    text = (pathlib.Path(workdir) / "rows.jsonl").read_text()
+    assert text.endswith("\n")
+    return text.splitlines()
+
+
+# --- Sweeps as data ------------------------------------------------------------------------------
+
+
+def test_product_varies_the_last_axis_fastest():
+    assert experiment.product({"model.position": ["rope", "alibi"]}, seed=[0, 1]) == [
+        {"model.position": "rope", "seed": 0}, {"model.position": "rope", "seed": 1},
+        {"model.position": "alibi", "seed": 0}, {"model.position": "alibi", "seed": 1}]
+
+
+def test_zipped_pairs_the_ith_values():
+    assert experiment.zipped({"a.b": [1, 2]}, c=["x", "y"]) == [{"a.b": 1, "c": "x"},
+                                                                 {"a.b": 2, "c": "y"}]
+
+
+def test_cross_merges_one_point_of_each_sweep():
+    positions = experiment.product(p=["learned"]) + experiment.product(p=["rope"], s=["yarn"])
+    assert experiment.cross(positions, experiment.product(n=[1, 2])) == [
+        {"p": "learned", "n": 1}, {"p": "learned", "n": 2},
+        {"p": "rope", "s": "yarn", "n": 1}, {"p": "rope", "s": "yarn", "n": 2}]
+
+
+@pytest.mark.parametrize("build, message", [
+    (lambda: experiment.zipped(a=[1, 2], b=[1]), "zipped axes must have equal lengths"),
+    (lambda: experiment.product(a="rope"), "axis 'a' must be a list of values"),
+    (lambda: experiment.product(a=[]), "axis 'a' must have at least one value"),
+    (lambda: experiment.product({"a": [1]}, a=[2]), "axis 'a' is given twice"),
+    (lambda: experiment.cross([{"a": 1}], [{"a": 2}]), r"disjoint keys, got \['a'\]"),
+])
+def test_malformed_sweeps_are_refused(build, message):
+    with pytest.raises(ValueError, match=message):
+        build()
+
+
+# --- Configs and points --------------------------------------------------------------------------
+
+
+def test_overrides_set_dotted_keys_on_a_copy():
+    base = toy_config()
+    point = experiment.apply_overrides(base, {"model.position": "alibi", "eval.length": 64})
+    assert (point.model.position, point.eval.length) == ("alibi", 64)
+    assert (base.model.position, base.eval.length) == ("rope", 16)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"model.postion": "alibi"}, r"'model.postion' does not exist.*no field 'postion'"),
+    ({"modle.width": 3}, r"override key 'modle.width' does not exist.*no field 'modle'"),
+    ({"model.width.x": 3}, r"'model.width.x' does not exist.*model.width is a value"),
+    ({"model": {"width": 3}}, "override key 'model' names a section"),
+    ({"model.width": "wide"}, r"override model.width='wide' has the wrong type"),
+    ({"experiment": "other"}, "must not override 'experiment'"),
+])
+def test_a_bad_override_is_refused_by_name(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        experiment.apply_overrides(toy_config(), overrides)
+
+
+def test_config_hash_is_sha256_of_canonical_json():
+    expected = hashlib.sha256(b'{"a":1,"b":{"c":[1,2],"d":0.5}}').hexdigest()[:16]
+    assert experiment.config_hash({"b": {"d": 0.5, "c": [1, 2]}, "a": 1}) == expected
+    assert experiment.config_hash(config_dict.ConfigDict({"a": 1, "b": {"c": [1, 2], "d": 0.5}})) \
+        == expected
+
+
+def test_the_same_config_reached_two_ways_has_one_hash():
+    a = experiment.apply_overrides(toy_config(), {"eval.length": 32})
+    b = experiment.apply_overrides(toy_config(eval=dict(length=32)), {})
+    assert experiment.config_hash(a) == experiment.config_hash(b)
+
+
+def test_expand_refuses_two_points_with_one_config():
+    with pytest.raises(ValueError, match="sweep points 0 and 1 give the same config"):
+        experiment.expand(toy_config(), [{"model.width": 8}, {}])
+
+
+def test_a_sweep_point_naming_a_missing_key_is_refused_with_its_index():
+    with pytest.raises(ValueError, match=r"sweep point 1 .*'eval.lenght' does not exist"):
+        experiment.expand(toy_config(), [{"eval.length": 8}, {"eval.lenght": 9}])
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(experiment="has space"), "config.experiment must be a name"),
+    (dict(seed="0"), "config.seed must be an int"),
+])
+def test_base_config_needs_an_experiment_name_and_an_int_seed(changes, message):
+    with pytest.raises(ValueError, match=message):
+        experiment.expand(toy_config(**changes), [{}])
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 5, 12])
+def test_shards_partition_the_sweep(count):
+    points = experiment.expand(toy_config(), experiment.product(
+        {"model.width": [1, 2, 3], "eval.length": [8, 16, 32, 64]}))
+    shards = [experiment.shard(points, i, count) for i in range(count)]
+    indices = [p.index for s in shards for p in s]
+    assert sorted(indices) == list(range(12))  # the union is the sweep, no point twice
+    assert all(p.index % count == i for i, s in enumerate(shards) for p in s)
+
+
+@pytest.mark.parametrize("text", ["2/2", "3/2", "-1/2", "0/0", "1", "a/b", "1/2/3", ""])
+def test_a_bad_shard_is_refused(text):
+    with pytest.raises(ValueError, match="sweep_shard"):
+        experiment.parse_shard(text)
+
+
+def test_load_sweep_without_get_sweep_is_the_base_config(tmp_path):
+    path = tmp_path / "plain.py"
+    path.write_text("def get_config(arg=None):\n    return None\n")
+    assert experiment.load_sweep(path) == [{}]
+
+
+def test_load_sweep_passes_the_config_argument(tmp_path):
+    path = tmp_path / "argued.py"
+    path.write_text("def get_sweep(arg='none'):\n    return [{'seed': int(arg)}]\n")
+    assert experiment.load_sweep(path, "7") == [{"seed": 7}]
+
+
+# --- Runner, rows and provenance -----------------------------------------------------------------
+
+
+def test_rows_carry_every_provenance_field(tmp_path):
+    sweep = experiment.product(**{"model.position": ["rope", "alibi"]})
+    rows = experiment.run(toy_config(), sweep, measure, tmp_path, progress=False,
+                          command="python -m experiments.toy --workdir=w")
+    assert len(rows) == 2 and lines_of(tmp_path) == [json.dumps(r) for r in rows]
+    row = rows[1]
+    assert set(experiment.ROW_FIELDS) <= set(row)
+    assert set(row["provenance"]) == set(experiment.PROVENANCE_FIELDS)
+    assert row["experiment"] == "toy" and row["seed"] == 0 and row["sweep_index"] == 1
+    assert row["overrides"] == {"model.position": "alibi"}
+    assert row["config"]["model"] == {"width": 8, "position": "alibi"}
+    assert row["config_hash"] == experiment.config_hash(row["config"])
+    assert row["metrics"] == {"loss": 9.0, "name": "alibi"}
+    assert row["wall_time_s"] >= 0 and row["start_time"].endswith("+00:00")
+    prov = row["provenance"]
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
+    assert prov["git_commit"] == head and isinstance(prov["git_dirty"], bool)
+    assert prov["command"] == "python -m experiments.toy --workdir=w"
+    assert prov["backend"] == "cpu" and prov["device_kind"] and prov["cpu_count"] == os.cpu_count()
+    assert all(prov[f"{n}_version"] for n in ("python", "jax", "jaxlib", "flax"))
+
+
+def test_git_state_outside_a_repository_is_unknown(tmp_path):
+    assert experiment.git_state(tmp_path) == ("unknown", None)
+
+
+def test_rerunning_skips_points_that_have_rows(tmp_path):
+    calls = []
+
+    def counting(config, ctx):
+        calls.append(ctx.point.index)
+        return measure(config, ctx)
+
+    sweep = experiment.product({"eval.length": [8, 16, 32]})
+    experiment.run(toy_config(), sweep[:2], counting, tmp_path, progress=False)
+    rows = experiment.run(toy_config(), sweep, counting, tmp_path, progress=False)
+    assert calls == [0, 1, 2]
+    assert [r["overrides"]["eval.length"] for r in rows] == [8, 16, 32]
+
+
+def test_metrics_are_converted_to_plain_json_values(tmp_path):
+    def numpy_metrics(config, ctx):
+        return {"f": np.float32(0.5), "i": np.int64(3), "none": None, "flag": np.bool_(True)}
+
+    (row,) = experiment.run(toy_config(), [{}], numpy_metrics, tmp_path, progress=False)
+    assert row["metrics"] == {"f": 0.5, "i": 3, "none": None, "flag": True}
+    assert type(row["metrics"]["i"]) is int
+
+
+@pytest.mark.parametrize("metrics, message", [
+    ([1.0], "point_fn must return a dict of metrics, got list"),
+    ({"loss": math.inf}, "metric 'loss' must be finite, got inf"),
+    ({"loss": [1, 2]}, "metric 'loss' must be a number, str, bool or None, got list"),
+])
+def test_bad_metrics_are_refused_and_nothing_is_written(tmp_path, metrics, message):
+    with pytest.raises(ValueError, match=message):
+        experiment.run(toy_config(), [{}], lambda config, ctx: metrics, tmp_path, progress=False)
+    assert experiment.read_rows(tmp_path) == []
+
+
+def test_a_workdir_that_is_a_file_is_refused(tmp_path):
+    path = tmp_path / "file"
+    path.write_text("")
+    with pytest.raises(ValueError, match="workdir must be a directory, got a file"):
+        experiment.run(toy_config(), [{}], measure, path, progress=False)
+
+
+def test_rows_of_another_experiment_in_the_workdir_are_refused(tmp_path):
+    experiment.run(toy_config(experiment="other"), [{}], measure, tmp_path, progress=False)
+    with pytest.raises(ValueError, match=r"holds rows of experiment \['other'\], not 'toy'"):
+        experiment.run(toy_config(), [{}], measure, tmp_path, progress=False)
+
+
+def test_reading_refuses_a_torn_line_with_its_number(tmp_path):
+    experiment.run(toy_config(), [{}], measure, tmp_path, progress=False)
+    with open(tmp_path / "rows.jsonl", "a") as f:
+        f.write('{"experiment": "toy", "config')
+    with pytest.raises(ValueError, match=r"rows.jsonl:2 is not a JSON row"):
+        experiment.read_rows(tmp_path)
+
+
+def test_reading_refuses_a_line_that_is_not_a_row(tmp_path):
+    (tmp_path / "rows.jsonl").write_text('{"experiment": "toy"}\n')
+    with pytest.raises(ValueError, match=r"rows.jsonl:1 is not a result row: it lacks"):
+        experiment.read_rows(tmp_path)
+
+
+def test_a_leftover_temporary_file_is_removed_by_the_next_write(tmp_path):
+    stale = tmp_path / ".rows.jsonl.killed.tmp"
+    stale.write_text('{"half a row')
+    experiment.run(toy_config(), [{}], measure, tmp_path, progress=False)
+    assert not stale.exists() and len(experiment.read_rows(tmp_path)) == 1
+
+
+def test_merge_rows_keeps_each_hash_once_and_refuses_two_experiments(tmp_path):
+    sweep = experiment.product({"eval.length": [8, 16, 32]})
+    a = experiment.run(toy_config(), sweep, measure, tmp_path / "a", shard_index=0, shard_count=2,
+                       progress=False)
+    b = experiment.run(toy_config(), sweep, measure, tmp_path / "b", shard_index=1, shard_count=2,
+                       progress=False)
+    merged = experiment.merge_rows(a, b, a)
+    assert sorted(r["sweep_index"] for r in merged) == [0, 1, 2]
+    assert experiment.add_rows(tmp_path / "merged", merged) == 3
+    assert experiment.add_rows(tmp_path / "merged", b) == 0
+    other = experiment.run(toy_config(experiment="other"), [{}], measure, tmp_path / "c",
+                           progress=False)
+    with pytest.raises(ValueError, match=r"one experiment to merge, got \['other', 'toy'\]"):
+        experiment.merge_rows(a, other)
+
+
+def test_concurrent_writers_sharing_a_workdir_lose_no_row(tmp_path):
+    template = experiment.run(toy_config(), [{}], measure, tmp_path / "template", progress=False)[0]
+    (tmp_path / "template.json").write_text(json.dumps(template))
+    writer = (
+        "import json, sys\n"
+        "from decodelab import experiment\n"
+        f"row = json.load(open({str(tmp_path / 'template.json')!r}))\n"
+        "for i in range(15):\n"
+        "    experiment.add_rows(sys.argv[1], [dict(row, config_hash=f'{sys.argv[2]}-{i}')])\n"
+    )
+    writers = [subprocess.Popen([sys.executable, "-c", writer, str(tmp_path / "shared"), str(w)])
+               for w in range(4)]
+    assert all(w.wait(timeout=60) == 0 for w in writers)
+    hashes = [r["config_hash"] for r in experiment.read_rows(tmp_path / "shared")]
+    assert sorted(hashes) == sorted(f"{w}-{i}" for w in range(4) for i in range(15))
+
+
+# --- The program: flags, bad input, kill and resume ----------------------------------------------
+
+
+def test_command_line_overrides_reach_every_point(tmp_path):
+    done = run_toy("--config.model.width=3", "--sweep_shard=1/4", workdir=tmp_path)
+    assert done.returncode == 0, done.stderr
+    rows = experiment.read_rows(tmp_path)
+    assert [r["sweep_index"] for r in rows] == [1, 5]
+    assert all(r["metrics"]["width"] == 3 for r in rows)
+    assert {r["config_hash"] for r in rows} <= toy_sweep_hashes(**{"model.width": 3})
+    assert "--config.model.width=3" in rows[0]["provenance"]["command"]
+
+
+@pytest.mark.parametrize("args, config, message", [
+    (["--config.experiment_typo=1"], None, "experiment_typo"),
+    (["--config.model.widht=3"], None, "widht"),
+    ([], "tests/fixtures/no_such_config.py", "tests/fixtures/no_such_config.py"),
+    ([], "tests/fixtures/toy_config.py:bad_key", "'model.depth' does not exist"),
+    (["--sweep_shard=2/2"], None, "sweep_shard i/n must have n >= 1 and i in 0..n-1, got '2/2'"),
+    (["--sweep_shard=half"], None, "sweep_shard must look like i/n"),
+])
+def test_bad_program_input_fails_naming_the_culprit(tmp_path, args, config, message):
+    done = run_toy(*args, workdir=tmp_path / "w", config=config)
+    assert done.returncode != 0
+    assert message in done.stderr
+    assert not (tmp_path / "w" / "rows.jsonl").exists()
+
+
+def test_the_program_refuses_a_workdir_that_is_a_file(tmp_path):
+    (tmp_path / "file").write_text("")
+    done = run_toy(workdir=tmp_path / "file")
+    assert done.returncode != 0 and "workdir must be a directory, got a file" in done.stderr
+
+
+def test_the_program_refuses_rows_of_another_experiment(tmp_path):
+    experiment.run(toy_config(experiment="other"), [{}], measure, tmp_path, progress=False)
+    done = run_toy(workdir=tmp_path)
+    assert done.returncode != 0 and "holds rows of experiment ['other']" in done.stderr
+
+
+def wait_for_rows(workdir, count, process, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rows_file = pathlib.Path(workdir) / "rows.jsonl"
+        if rows_file.exists() and len(lines_of(workdir)) >= count:
+            return
+        assert process.poll() is None, process.communicate()
+        time.sleep(0.05)
+    raise AssertionError(f"no {count} rows within {timeout} s")
+
+
+def test_a_killed_sweep_resumes_to_every_point_exactly_once(tmp_path):
+    args = ["--config.sleep_s=0.4"]
+    process = start_toy(*args, workdir=tmp_path)
+    wait_for_rows(tmp_path, 2, process)
+    process.send_signal(signal.SIGKILL)
+    process.communicate()
+    before = lines_of(tmp_path)
+    assert 2 <= len(before) < 6
+    done = run_toy(*args, workdir=tmp_path)
+    assert done.returncode == 0, done.stderr
+    after = lines_of(tmp_path)
+    assert after[:len(before)] == before  # finished points were kept, not rerun
+    rows = [json.loads(line) for line in after]  # every line is a whole row
+    assert sorted(r["sweep_index"] for r in rows) == list(range(6))
+    assert {r["config_hash"] for r in rows} == toy_sweep_hashes(sleep_s=0.4)
+
+
+def test_ctrl_c_keeps_finished_points_and_says_how_to_continue(tmp_path):
+    process = start_toy("--config.sleep_s=0.4", workdir=tmp_path)
+    wait_for_rows(tmp_path, 1, process)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 130
+    assert "run the same command again to continue" in stderr
+    assert len(experiment.read_rows(tmp_path)) >= 1
+
+
+def test_shards_sharing_a_workdir_together_run_the_whole_sweep(tmp_path):
+    shards = [start_toy("--config.sleep_s=0.1", f"--sweep_shard={i}/3", workdir=tmp_path)
+              for i in range(3)]
+    for process in shards:
+        _, stderr = process.communicate(timeout=60)
+        assert process.returncode == 0, stderr
+    rows = experiment.read_rows(tmp_path)
+    assert sorted(r["sweep_index"] for r in rows) == list(range(6))
+    assert {r["config_hash"] for r in rows} == toy_sweep_hashes(sleep_s=0.1)
