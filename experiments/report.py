@@ -1,0 +1,35 @@
+"""Render the tables and plots of an experiment from its rows.jsonl alone.
+
+    python -m experiments.report --workdir=runs/extrapolation [--workdir=DIR2 ...] [--out=results]
+
+Several --workdir (e.g. one per sweep shard) are merged by config hash. If `experiments.<experiment>`
+defines `report(rows, out_dir)`, that renders the study's page; otherwise a generic table of every
+point (swept keys and metrics) is written to `<out>/<experiment>.md` and `.csv`.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+from absl import app, flags
+
+from decodelab import results
+
+_WORKDIR = flags.DEFINE_multi_string("workdir", None, "Folder holding rows.jsonl; repeat to merge "
+                                     "shards.", required=True)
+_OUT = flags.DEFINE_string("out", None, "Output folder; default <first workdir>/report.")
+
+
+def main(argv) -> None:
+    del argv
+    rows = results.load_rows(*_WORKDIR.value)
+    out_dir = pathlib.Path(_OUT.value or pathlib.Path(_WORKDIR.value[0]) / "report")
+    name = rows[0]["experiment"]
+    study = results.study_report(name)
+    written = study(rows, out_dir) if study else results.generic_report(rows, out_dir)
+    for path in written or []:
+        print(path)
+
+
+if __name__ == "__main__":
+    app.run(main)

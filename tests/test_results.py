@@ -1,0 +1,184 @@
+"""Results: tables and plots come from rows alone, missing values read n/a, ambiguous cells are
+refused, and every page states the commands, commit and machine behind it."""
+
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+from ml_collections import config_dict
+
+from decodelab import experiment, results
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def measure(config, ctx):
+    """Pretend perplexity: learned positions have no value past length 16."""
+    if config.model.position == "learned" and config.eval.length > 16:
+        return {"perplexity": None, "note": "past the table"}
+    return {"perplexity": 10.0 * len(config.model.position) + config.eval.length, "note": "ok"}
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("rows")
+    config = config_dict.ConfigDict(dict(experiment="toy", seed=0, model=dict(position="rope"),
+                                         eval=dict(length=16)))
+    sweep = experiment.product({"model.position": ["rope", "learned", "alibi"],
+                                "eval.length": [64, 16, 32]})
+    experiment.run(config, sweep, measure, workdir, progress=False,
+                   command="python -m experiments.toy --workdir=runs/toy")
+    return workdir
+
+
+@pytest.fixture(scope="module")
+def rows(workdir):
+    return results.load_rows(workdir)
+
+
+def test_pivot_puts_one_key_down_another_across_and_missing_as_n_a(rows):
+    table = results.pivot_table(rows, index="model.position", columns="eval.length",
+                                values="perplexity")
+    assert table.columns == ["model.position \\ eval.length", "16", "32", "64"]
+    assert table.rows == [["rope", 56.0, 72.0, 104.0],
+                          ["learned", 86.0, None, None],
+                          ["alibi", 66.0, 82.0, 114.0]]
+    assert table.to_markdown().splitlines()[3] == "| learned | 86 | n/a | n/a |"
+
+
+def test_pivot_fills_absent_cells_with_n_a(rows):
+    table = results.pivot_table(rows, index="model.position", columns="eval.length",
+                                values="perplexity",
+                                where=lambda r: r["overrides"] != {"model.position": "alibi",
+                                                                   "eval.length": 16})
+    assert table.rows[2] == ["alibi", None, 82.0, 114.0]
+
+
+def test_pivot_refuses_two_values_for_one_cell(rows):
+    with pytest.raises(ValueError, match="two rows give 'perplexity' at model.position='rope'"):
+        results.pivot_table(rows, index="model.position", columns="seed", values="perplexity")
+
+
+def test_where_filters_by_key_values(rows):
+    table = results.pivot_table(rows, index="model.position", columns="eval.length",
+                                values="perplexity", where={"model.position": "alibi"})
+    assert table.rows == [["alibi", 66.0, 82.0, 114.0]]
+
+
+def test_csv_keeps_full_precision_and_leaves_missing_cells_empty():
+    table = results.Table(["a", "b"], [[1 / 3, None], ["x,y", 2]])
+    assert table.to_csv() == 'a,b\n0.3333333333333333,\n"x,y",2\n'
+    assert table.to_markdown() == "| a | b |\n|---|---|\n| 0.3333 | n/a |\n| x,y | 2 |\n"
+
+
+def test_keys_resolve_to_config_metrics_then_row_fields():
+    row = {"config": {"model": {"position": "rope"}, "loss": 1}, "metrics": {"loss": 2.0, "ppl": 3},
+           "wall_time_s": 4.0}
+    assert results.row_value(row, "model.position") == "rope"
+    assert results.row_value(row, "ppl") == 3
+    assert results.row_value(row, "wall_time_s") == 4.0
+    assert results.row_value(row, "absent") is None
+    assert results.row_value(row, "metrics.loss") == 2.0
+    assert results.row_value(row, "config.loss") == 1
+    with pytest.raises(ValueError, match="key 'loss' is both a config key and a metric"):
+        results.row_value(row, "loss")
+
+
+def test_points_table_lists_swept_keys_and_metrics_in_sweep_order(rows):
+    table = results.points_table(rows)
+    assert table.columns == ["model.position", "eval.length", "perplexity", "note", "wall_time_s"]
+    assert [r[:4] for r in table.rows[:4]] == [["rope", 64, 104.0, "ok"], ["rope", 16, 56.0, "ok"],
+                                              ["rope", 32, 72.0, "ok"],
+                                              ["learned", 64, None, "past the table"]]
+
+
+def test_line_plot_writes_a_png(rows, tmp_path):
+    path = results.line_plot(rows, tmp_path / "ppl.png", x="eval.length", y="perplexity",
+                             group="model.position", logx=True, logy=True, title="toy")
+    assert path.read_bytes().startswith(PNG_MAGIC)
+
+
+def test_line_plot_refuses_a_non_numeric_y(rows, tmp_path):
+    with pytest.raises(ValueError, match="y must name a numeric value, got note='ok'"):
+        results.line_plot(rows, tmp_path / "x.png", x="eval.length", y="note")
+
+
+def test_provenance_lines_name_the_commands_commit_and_machine(rows):
+    prov = rows[0]["provenance"]
+    lines = results.provenance_lines(rows, command="python -m experiments.report --workdir=w")
+    assert lines[0] == ("Regenerate: `python -m experiments.toy --workdir=runs/toy` (rows), then "
+                        "`python -m experiments.report --workdir=w` (this page).")
+    assert prov["git_commit"][:12] in lines[1]
+    assert f"{prov['backend']} backend, device {prov['device_kind']!r}, {prov['cpu_count']} CPUs" \
+        in lines[1]
+    assert lines[2].startswith("9 points run ")
+
+
+def test_provenance_lines_tally_rows_from_different_commits(rows):
+    other = [dict(r, provenance=dict(r["provenance"], git_commit="f" * 40, git_dirty=False))
+             for r in rows[:2]]
+    lines = results.provenance_lines(list(rows[2:]) + other, command="c")
+    assert "Commit: mixed: " in lines[1] and "ffffffffffff (2 rows)" in lines[1]
+
+
+def test_the_report_renders_from_rows_alone(workdir, tmp_path):
+    fresh = tmp_path / "copy"
+    fresh.mkdir()
+    shutil.copy(workdir / "rows.jsonl", fresh / "rows.jsonl")
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "experiments.report", f"--workdir={fresh}", f"--out={out}"]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert done.returncode == 0, done.stderr
+    page = (out / "toy.md").read_text()
+    assert f"`python -m experiments.report --workdir={fresh} --out={out}` (this page)" in page
+    assert "`python -m experiments.toy --workdir=runs/toy` (rows)" in page
+    assert "| learned | 64 | n/a | past the table |" in page
+    assert (out / "toy.csv").read_text().splitlines()[0] == \
+        "model.position,eval.length,perplexity,note,wall_time_s"
+    assert (out / "toy_perplexity.png").read_bytes().startswith(PNG_MAGIC)
+    assert "![perplexity against eval.length](toy_perplexity.png)" in page
+
+
+def test_the_report_merges_shards_given_as_several_workdirs(workdir, tmp_path):
+    rows = experiment.read_rows(workdir)
+    experiment.add_rows(tmp_path / "a", rows[:4])
+    experiment.add_rows(tmp_path / "b", rows[3:])
+    assert results.load_rows(tmp_path / "a", tmp_path / "b") == rows
+
+
+def test_load_rows_refuses_a_folder_without_rows(tmp_path):
+    with pytest.raises(ValueError, match="workdirs must each hold a rows.jsonl"):
+        results.load_rows(tmp_path)
+
+
+def test_a_study_module_report_function_is_found(tmp_path, monkeypatch):
+    package = tmp_path / "studies"
+    package.mkdir()
+    (package / "with_report.py").write_text("def report(rows, out_dir):\n    return ['done']\n")
+    (package / "without_report.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert results.study_report("with_report", package="studies")([], tmp_path) == ["done"]
+    assert results.study_report("without_report", package="studies") is None
+    assert results.study_report("absent", package="studies") is None
+    assert results.study_report("absent", package="no_such_package") is None
+
+
+def test_a_page_holds_text_tables_and_images_under_its_provenance(rows, tmp_path):
+    table = results.pivot_table(rows, index="model.position", columns="eval.length",
+                                values="perplexity")
+    plot = results.line_plot(rows, tmp_path / "ppl.png", x="eval.length", y="perplexity",
+                             group="model.position")
+    page = (results.Page("Toy study", rows, command="python -m experiments.report")
+            .text("What the numbers show.")
+            .table(table, tmp_path / "ppl.csv", caption="Perplexity by length.")
+            .image(plot, "perplexity against length")
+            .write(tmp_path / "toy.md")).read_text()
+    assert page.startswith("# Toy study\n\n- Regenerate: ")
+    assert page.index("Regenerate") < page.index("What the numbers") < page.index("| rope |")
+    assert "CSV: [ppl.csv](ppl.csv)" in page and "![perplexity against length](ppl.png)" in page
+    assert (tmp_path / "ppl.csv").exists()
