@@ -8,32 +8,19 @@ from __future__ import annotations
 
 import json
 import pathlib
-import tempfile
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from decodelab import data, decode, train
-from decodelab.presets import build_model_config
+from decodelab import data, decode, pipeline, train
 from decodelab.tokenizer import Tokenizer
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/train.py", "Training config file.",
                                           lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", "runs/train", "Folder for the tokenizer, checkpoints "
-                               "and summary.")
-_RESUME = flags.DEFINE_bool("resume", False, "Continue from the latest checkpoint in --workdir.")
-
-
-def tokenizer_for(workdir: pathlib.Path, vocab_size: int, model_type: str) -> Tokenizer:
-    """The workdir's tokenizer, trained on the training plays the first time."""
-    path = workdir / "tokenizer.model"
-    if path.exists():
-        return Tokenizer.load(path)
-    with tempfile.TemporaryDirectory() as tmp:
-        files = data.write_split_files("train", tmp)
-        tokenizer = Tokenizer.train(files, vocab_size=vocab_size, model_type=model_type)
-    tokenizer.save(path)
-    return tokenizer
+_WORKDIR = flags.DEFINE_string("workdir", "runs/train", "Folder for the summary and the cached "
+                               "tokenizer and checkpoints (see decodelab/pipeline.py).")
+_RESUME = flags.DEFINE_bool("resume", False, "Reuse or continue this config's checkpoints in "
+                            "--workdir (without it, existing checkpoints are an error).")
 
 
 def held_out_prompts(tokenizer: Tokenizer, prompt_tokens: int, new_tokens: int):
@@ -56,13 +43,12 @@ def main(argv) -> None:
         raise ValueError(f"--workdir must be a directory, got a file: {str(workdir)!r}")
     workdir.mkdir(parents=True, exist_ok=True)
 
-    tokenizer = tokenizer_for(workdir, config.tokenizer.vocab_size, config.tokenizer.model_type)
-    model_cfg = build_model_config(config.model, tokenizer.vocab_size)
     train_cfg = train.TrainConfig(**config.train.to_dict())
-    stream = data.token_stream(tokenizer, "train")
-    print(f"train tokens: {len(stream):,}; model: {model_cfg.num_params():,} parameters")
-    result = train.train(model_cfg, train_cfg, stream, tokenizer=tokenizer,
-                         checkpoint_dir=workdir / "checkpoints", resume=_RESUME.value)
+    result = pipeline.load_or_train(config.tokenizer, config.model, train_cfg, workdir,
+                                    resume=_RESUME.value)
+    tokenizer, model_cfg = result.tokenizer, result.model.config
+    print(f"model: {model_cfg.num_params():,} parameters, trained {result.step} steps; "
+          f"checkpoints in {result.directory}")
 
     windows = data.eval_windows(data.token_stream(tokenizer, "validation"), train_cfg.seq_len)
     metrics = train.evaluate(result.model, windows, config.report.eval_batch_size)

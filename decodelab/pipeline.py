@@ -1,0 +1,189 @@
+"""Trained tokenizers and models, cached in a workdir under the hash of what determines them.
+
+Layout::
+
+    <workdir>/tokenizers/<tokenizer key>/tokenizer.model   trained on the training plays
+    <workdir>/models/<model key>/spec.json                 the configs behind the key (for people)
+    <workdir>/models/<model key>/history.json              training log of the runs that returned
+    <workdir>/models/<model key>/checkpoints/              Orbax checkpoints of train.train
+
+The tokenizer key hashes the tokenizer config and the corpus (its checksums and its split); the model
+key hashes the tokenizer key, the resolved ModelConfig and the TrainConfig. A finished model is loaded
+instead of retrained, an interrupted one continues from its last checkpoint (exactly: see train.py),
+and processes sharing a workdir (sweep shards) take a lock per entry, so each is built once.
+
+The keys do not cover the code: after changing the model or the training code, use a new workdir.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import inspect
+import json
+import os
+import pathlib
+import tempfile
+from collections.abc import Mapping
+from typing import Any
+
+from ml_collections import config_dict
+
+from decodelab import checkpoint, data, train
+from decodelab.config import ModelConfig
+from decodelab.experiment import config_hash
+from decodelab.model import Transformer
+from decodelab.presets import build_model_config
+from decodelab.tokenizer import Tokenizer
+
+_TOKENIZER_ARGS = tuple(inspect.signature(Tokenizer.train).parameters)[1:]  # after `files`
+
+
+def _as_dict(name: str, section: Any) -> dict[str, Any]:
+    if isinstance(section, config_dict.ConfigDict):
+        return section.to_dict()
+    if isinstance(section, Mapping):
+        return dict(section)
+    raise ValueError(f"{name} must be a ConfigDict section or a dict, got {type(section).__name__}")
+
+
+def _tokenizer_args(tokenizer_cfg: Any) -> dict[str, Any]:
+    args = _as_dict("tokenizer_cfg", tokenizer_cfg)
+    unknown = sorted(set(args) - set(_TOKENIZER_ARGS))
+    if unknown:
+        raise ValueError(f"tokenizer_cfg fields must be arguments of Tokenizer.train "
+                         f"{list(_TOKENIZER_ARGS)}, got unknown {unknown}")
+    if "vocab_size" not in args:
+        raise ValueError(f"tokenizer_cfg must set vocab_size, got {args}")
+    return args
+
+
+def tokenizer_key(tokenizer_cfg: Any) -> str:
+    """The cache key of a tokenizer: its config and the training text it is trained on."""
+    corpus = (data.CORPUS_DIR / "SHA256SUMS").read_text(encoding="utf-8")
+    return config_hash({"tokenizer": _tokenizer_args(tokenizer_cfg), "corpus": corpus,
+                        "held_out": [list(data.VALIDATION_DOCS), list(data.TEST_DOCS)]})
+
+
+def model_key(tokenizer_cfg: Any, model_cfg: ModelConfig, train_cfg: train.TrainConfig) -> str:
+    """The cache key of a trained model: its tokenizer's key, model config and training config."""
+    return config_hash({"tokenizer": tokenizer_key(tokenizer_cfg), "model": model_cfg.to_dict(),
+                        "train": train_cfg.to_dict()})
+
+
+@contextlib.contextmanager
+def _lock(path: pathlib.Path):
+    """Hold an exclusive lock on the file ``path`` (created if needed)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _write_atomic(path: pathlib.Path, payload: bytes) -> None:
+    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(temp, 0o644)
+        os.replace(temp, path)
+    except BaseException:
+        pathlib.Path(temp).unlink(missing_ok=True)
+        raise
+
+
+def _check_workdir(workdir: str | os.PathLike) -> pathlib.Path:
+    workdir = pathlib.Path(workdir)
+    if workdir.exists() and not workdir.is_dir():
+        raise ValueError(f"workdir must be a directory, got a file: {str(workdir)!r}")
+    return workdir
+
+
+def trained_tokenizer(tokenizer_cfg: Any, workdir: str | os.PathLike) -> Tokenizer:
+    """The tokenizer of ``tokenizer_cfg`` (fields: arguments of ``Tokenizer.train``), trained on the
+    training plays the first time and loaded from ``<workdir>/tokenizers/<key>/`` after."""
+    args = _tokenizer_args(tokenizer_cfg)
+    directory = _check_workdir(workdir) / "tokenizers" / tokenizer_key(args)
+    path = directory / "tokenizer.model"
+    with _lock(directory.with_suffix(".lock")):
+        if path.exists():
+            return Tokenizer.load(path)
+        with tempfile.TemporaryDirectory() as tmp:
+            tokenizer = Tokenizer.train(data.write_split_files("train", tmp), **args)
+        directory.mkdir(parents=True, exist_ok=True)
+        _write_atomic(path, tokenizer.serialized_model())
+    return tokenizer
+
+
+@dataclasses.dataclass
+class TrainedModel:
+    model: Transformer
+    tokenizer: Tokenizer
+    # <workdir>/models/<model key>
+    directory: pathlib.Path
+    # Steps the model has been trained for (train_cfg.steps).
+    step: int
+    # The checkpoint step this call started from (None: trained from scratch; == step: reused).
+    resumed_from: int | None
+    # One entry per log interval (step, loss, tokens_per_s) of every run of this model that
+    # returned; a killed run leaves a gap from its resume point to the next run's.
+    history: list[dict[str, float]]
+
+
+def load_or_train(tokenizer_cfg: Any, model_cfg_section: Any, train_cfg: Any,
+                  workdir: str | os.PathLike, *, resume: bool = True,
+                  progress: bool = True) -> TrainedModel:
+    """The model of these configs: loaded if finished, continued if interrupted, else trained.
+
+    ``model_cfg_section`` holds every ModelConfig field but ``vocab_size`` (``presets.model_section``);
+    ``train_cfg`` is a TrainConfig or its fields. ``resume=False`` refuses to reuse or continue
+    existing checkpoints (as ``train.train`` does), for programs that want a fresh run made explicit.
+    """
+    tokenizer = trained_tokenizer(tokenizer_cfg, workdir)
+    model_cfg = build_model_config(_as_dict("model_cfg_section", model_cfg_section),
+                                   tokenizer.vocab_size)
+    if not isinstance(train_cfg, train.TrainConfig):
+        train_cfg = train.TrainConfig(**_as_dict("train_cfg", train_cfg))
+    directory = pathlib.Path(workdir) / "models" / model_key(tokenizer_cfg, model_cfg, train_cfg)
+    checkpoints = directory / "checkpoints"
+    with _lock(directory.with_suffix(".lock")):
+        directory.mkdir(parents=True, exist_ok=True)
+        spec = {"tokenizer": _tokenizer_args(tokenizer_cfg), "model": model_cfg.to_dict(),
+                "train": train_cfg.to_dict()}
+        _write_atomic(directory / "spec.json", json.dumps(spec, indent=2).encode("utf-8"))
+        history_path = directory / "history.json"
+        history = json.loads(history_path.read_text()) if history_path.exists() else []
+        manager = checkpoint.open_manager(checkpoints)
+        try:
+            latest = manager.latest_step()
+            if latest is not None and not resume:
+                raise ValueError(f"{str(checkpoints)!r} already holds checkpoints of this model "
+                                 f"(step {latest} of {train_cfg.steps}); pass resume=True "
+                                 "(--resume) to reuse or continue it")
+            if latest == train_cfg.steps:
+                model, _ = checkpoint.restore(manager, latest, model_cfg)
+                return TrainedModel(model, tokenizer, directory, latest, latest, history)
+        finally:
+            manager.close()
+        result = train.train(model_cfg, train_cfg, data.token_stream(tokenizer, "train"),
+                             tokenizer=tokenizer, checkpoint_dir=checkpoints,
+                             resume=latest is not None, progress=progress)
+        history += result.history
+        _write_atomic(history_path, json.dumps(history).encode("utf-8"))
+    return TrainedModel(result.model, tokenizer, directory, result.step, result.resumed_from,
+                        history)
+
+
+def trained_model(tokenizer_cfg: Any, model_cfg_section: Any, train_cfg: Any,
+                  workdir: str | os.PathLike, *, progress: bool = True
+                  ) -> tuple[Transformer, Tokenizer]:
+    """``(model, tokenizer)`` of ``load_or_train`` (trained once, then reused from the workdir)."""
+    trained = load_or_train(tokenizer_cfg, model_cfg_section, train_cfg, workdir,
+                            progress=progress)
+    return trained.model, trained.tokenizer
