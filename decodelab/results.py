@@ -136,6 +136,10 @@ class Table:
         return out.getvalue()
 
 
+def _short(key: str) -> str:
+    return key.removeprefix("metrics.").removeprefix("config.")
+
+
 def pivot_table(rows: Sequence[Mapping[str, Any]], *, index: str, columns: str, values: str,
                 where: Where = None) -> Table:
     """One table row per value of ``index``, one column per value of ``columns``, cells ``values``.
@@ -156,7 +160,7 @@ def pivot_table(rows: Sequence[Mapping[str, Any]], *, index: str, columns: str, 
         cells[at] = value
     row_keys = _ordered([row_value(r, index) for r in chosen])
     col_keys = _ordered([row_value(r, columns) for r in chosen])
-    header = [f"{index} \\ {columns}"] + [format_value(c) for c in col_keys]
+    header = [f"{_short(index)} \\ {_short(columns)}"] + [format_value(c) for c in col_keys]
     body = [[r] + [cells.get((r, c)) for c in col_keys] for r in row_keys]
     return Table(header, body)
 

@@ -1,6 +1,6 @@
 """The decodelab Transformer and its parts."""
 
 from decodelab.model.positions import POSITION_ENCODINGS, PositionEncoding
-from decodelab.model.transformer import Transformer, param_count
+from decodelab.model.transformer import Transformer, param_count, with_config
 
-__all__ = ["POSITION_ENCODINGS", "PositionEncoding", "Transformer", "param_count"]
+__all__ = ["POSITION_ENCODINGS", "PositionEncoding", "Transformer", "param_count", "with_config"]

@@ -127,3 +127,16 @@ class Transformer(nnx.Module):
 
 def param_count(model: nnx.Module) -> int:
     return sum(math.prod(p.shape) for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+
+def with_config(model: Transformer, cfg: ModelConfig) -> Transformer:
+    """``model``'s parameters under ``cfg``, a config that may differ only in fields that hold no
+    parameters (e.g. RoPE scaling at inference time). The parameters are shared, not copied."""
+    fresh = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+    graphdef, abstract = nnx.split(fresh)
+    state = nnx.state(model)
+    shapes = lambda tree: jax.tree.map(lambda x: (x.shape, x.dtype), tree)  # noqa: E731
+    if jax.tree.structure(abstract) != jax.tree.structure(state) or shapes(abstract) != shapes(state):
+        raise ValueError(f"cfg must keep the model's parameter shapes; {cfg} does not match "
+                         f"{model.config}")
+    return nnx.merge(graphdef, state)

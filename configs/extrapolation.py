@@ -1,0 +1,54 @@
+"""python -m experiments.extrapolation --config=configs/extrapolation.py --workdir=runs/extrapolation
+
+How far past its training length does each position encoding hold? One `small` model per encoding
+(same data, budget, seed and size, trained at length L = train.seq_len), each evaluated on the
+validation plays at context L, 2L, 4L and 8L; the RoPE model also with linear, NTK-aware and YaRN
+scaling applied at inference time (factor = context / L, no retraining). Render the page with
+`python -m experiments.report --workdir=runs/extrapolation --out=results`.
+"""
+
+from ml_collections import config_dict
+
+from decodelab.experiment import product
+from decodelab.presets import model_section
+
+ENCODINGS = ("learned", "sinusoidal", "t5", "alibi", "rope", "nope")
+FACTORS = (1, 2, 4, 8)
+ROPE_SCALINGS = ("linear", "ntk", "yarn")
+
+
+def get_config(arg: str | None = None) -> config_dict.ConfigDict:
+    config = config_dict.ConfigDict()
+    # Experiment name: rows of other experiments are refused in the same workdir.
+    config.experiment = "extrapolation"
+    # Seed of every model's initialisation and data order (the same for all encodings).
+    config.seed = 0
+    # Tokenizer trained on the training plays.
+    config.tokenizer = config_dict.ConfigDict(dict(vocab_size=4096, model_type="bpe"))
+    # Model: the `small` preset (or the preset named after the colon); the sweep sets `position`.
+    config.model = model_section(arg or "small")
+    # Training: L = seq_len = the model's max_seq_len, so `learned` has exactly L positions.
+    config.train = config_dict.ConfigDict(dict(
+        steps=1200, batch_size=16, seq_len=128, learning_rate=3e-3, warmup_steps=100,
+        final_lr_fraction=0.1, weight_decay=0.1, grad_clip=1.0, b1=0.9, b2=0.95, seed=0,
+        checkpoint_every=300, log_every=10,
+    ))
+    config.eval = config_dict.ConfigDict(dict(
+        # Evaluation context = factor x train.seq_len.
+        factor=1,
+        # RoPE scaling applied at inference time only ("none", "linear", "ntk", "yarn").
+        rope_scaling="none",
+        # Leading tokens of the validation stream scored (the same tokens at every length).
+        max_tokens=65536,
+        # Windows per forward pass.
+        batch_size=8,
+    ))
+    return config
+
+
+def get_sweep(arg: str | None = None) -> list[dict]:
+    del arg
+    plain = product({"model.position": list(ENCODINGS), "eval.factor": list(FACTORS)})
+    scaled = product({"model.position": ["rope"], "eval.rope_scaling": list(ROPE_SCALINGS),
+                      "eval.factor": [f for f in FACTORS if f > 1]})
+    return plain + scaled
