@@ -14,6 +14,10 @@ from decodelab.model import Transformer, param_count
 from decodelab.checkpoint import load_checkpoint, save_checkpoint
 from decodelab.train import TrainConfig  # the loop itself: decodelab.train.train
 
+# Sampling and decoding
+from decodelab.decode import GenerateOutput, generate
+from decodelab.sampling import SamplingParams
+
 __all__ = [
     "KVCache",
     "ModelConfig",
@@ -23,4 +27,8 @@ __all__ = [
     "load_checkpoint",
     "param_count",
     "save_checkpoint",
+    # Sampling and decoding
+    "GenerateOutput",
+    "SamplingParams",
+    "generate",
 ]

@@ -305,11 +305,9 @@ def _keep_top_mass(logits: jax.Array, order_key: jax.Array, mass: jax.Array) -> 
     """Keep the smallest set of tokens, taken in ascending ``order_key``, whose probability mass
     reaches ``mass[b]``: a token stays if the mass before it is < mass. Ties with the last kept
     token's key stay too. ``order_key`` of removed tokens must be +inf."""
-    order = jnp.argsort(order_key, axis=-1)  # [B, V]
-    p_sorted = jnp.take_along_axis(_probs(logits), order, axis=-1)
+    key_sorted, p_sorted = jax.lax.sort((order_key, _probs(logits)), dimension=-1, num_keys=1)
     before = jnp.cumsum(p_sorted, axis=-1) - p_sorted  # [B, V] exclusive cumulative mass
     n_keep = jnp.sum(before < mass[:, None], axis=-1)  # [B], >= 1 since before[0] = 0 < mass
-    key_sorted = jnp.take_along_axis(order_key, order, axis=-1)
     cutoff = jnp.take_along_axis(key_sorted, (n_keep - 1)[:, None], axis=-1)  # [B, 1]
     return _remove(logits, order_key <= cutoff)
 
@@ -445,7 +443,8 @@ class Temperature(LogitsProcessor):
     def apply(self, logits, params, history):
         t = params.temperature[:, None]  # [B, 1]
         ids = jnp.arange(logits.shape[-1], dtype=jnp.int32)[None, :]
-        greedy = jnp.where(ids == jnp.argmax(logits, axis=-1)[:, None], 0.0, -jnp.inf)
+        best = (ids == jnp.argmax(logits, axis=-1)[:, None]) & (logits > -jnp.inf)
+        greedy = jnp.where(best, 0.0, -jnp.inf)
         return jnp.where(t > 0, logits / jnp.where(t > 0, t, 1.0), greedy)
 
 
