@@ -50,14 +50,14 @@ def bucket_length(n: int, minimum: int = 16) -> int:
     return max(minimum, 1 << (int(n) - 1).bit_length())
 
 
-# --- The loop ---------------------------------------------------------------------------------------
+# --- The loop -------------------------------------------------------------------------------------
 
 
 @struct.dataclass(kw_only=True)
 class DecodeState:
     """Everything the decode loop carries; the loop is a pure function of it."""
 
-    step: jax.Array  # [] int32, tokens sampled so far by the longest-running row
+    step: jax.Array  # [] int32, sampling rounds so far (= output length of a still-running row)
     tokens: jax.Array  # [B, S] int32, prompt then output; slot j = position j
     prompt_lengths: jax.Array  # [B] int32
     lengths: jax.Array  # [B] int32, prompt + output tokens so far
@@ -209,7 +209,7 @@ def _decode_step(weights, state: DecodeState, *, graphdef) -> DecodeState:
     return _step(nnx.merge(graphdef, weights), state)
 
 
-# --- Output -----------------------------------------------------------------------------------------
+# --- Output ---------------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -229,26 +229,31 @@ class GenerateOutput:
 
 
 def _output(state: DecodeState, top_n: int, with_entropy: bool) -> GenerateOutput:
-    state = jax.device_get(state)
-    B, N = state.logprobs.shape
-    lengths = np.asarray(state.num_generated, np.int32)
-    index = np.minimum(state.prompt_lengths[:, None] + np.arange(N)[None, :], state.tokens.shape[1] - 1)
-    valid = np.arange(N)[None, :] < lengths[:, None]
+    # Only the output fields come to the host, never the cache.
+    (tokens, prompt_lengths, lengths, finish, logprobs, top_logprobs, top_ids, entropy) = (
+        jax.device_get((state.tokens, state.prompt_lengths, state.lengths, state.finish,
+                        state.logprobs, state.top_logprobs, state.top_ids, state.entropy)))
+    N = logprobs.shape[1]
+    generated = (lengths - prompt_lengths).astype(np.int32)
+    index = np.minimum(prompt_lengths[:, None] + np.arange(N)[None, :], tokens.shape[1] - 1)
+    valid = np.arange(N)[None, :] < generated[:, None]
     return GenerateOutput(
-        tokens=np.where(valid, np.take_along_axis(state.tokens, index, axis=1), PAD_TOKEN),
-        lengths=lengths,
-        finish_reason=[FINISH_REASONS[c] for c in state.finish],
-        logprobs=np.asarray(state.logprobs),
-        top_logprobs=np.asarray(state.top_logprobs) if top_n else None,
-        top_ids=np.asarray(state.top_ids) if top_n else None,
-        entropy=np.asarray(state.entropy) if with_entropy else None,
+        tokens=np.where(valid, np.take_along_axis(tokens, index, axis=1), PAD_TOKEN),
+        lengths=generated,
+        finish_reason=[FINISH_REASONS[c] for c in finish],
+        logprobs=logprobs,
+        top_logprobs=top_logprobs if top_n else None,
+        top_ids=top_ids if top_n else None,
+        entropy=entropy if with_entropy else None,
     )
 
 
-def _cut_at_stop_strings(out: GenerateOutput, stop_strings: Sequence[str], tokenizer) -> GenerateOutput:
+def _cut_at_stop_strings(out: GenerateOutput, stop_strings: Sequence[str],
+                         tokenizer: Any) -> GenerateOutput:
     """End each row at the first token whose text completes a stop string (finish reason "stop")."""
     tokens, lengths = out.tokens.copy(), out.lengths.copy()
-    arrays = {name: getattr(out, name) for name in ("logprobs", "top_logprobs", "top_ids", "entropy")}
+    names = ("logprobs", "top_logprobs", "top_ids", "entropy")
+    arrays = {name: getattr(out, name) for name in names}
     arrays = {name: (a.copy() if a is not None else None) for name, a in arrays.items()}
     reasons = list(out.finish_reason)
     for row, n in enumerate(out.lengths):
@@ -265,7 +270,7 @@ def _cut_at_stop_strings(out: GenerateOutput, stop_strings: Sequence[str], token
     return dataclasses.replace(out, tokens=tokens, lengths=lengths, finish_reason=reasons, **arrays)
 
 
-# --- Input checks -----------------------------------------------------------------------------------
+# --- Input checks ---------------------------------------------------------------------------------
 
 
 def _is_int(x: Any) -> bool:
@@ -358,7 +363,7 @@ def _stop_block(sequences: list[np.ndarray]) -> np.ndarray:
     return block
 
 
-# --- Entry points -----------------------------------------------------------------------------------
+# --- Entry points ---------------------------------------------------------------------------------
 
 
 def generate(
@@ -458,14 +463,14 @@ def generate(
     else:
         state = _decode_loop(weights, state, graphdef=graphdef)
     out = _output(state, top_n, return_entropy)
-    errors = [i for i, c in enumerate(np.asarray(state.finish)) if c in (BAD_LOGITS,
-                                                                          NO_ALLOWED_TOKEN)]
+    finish = np.asarray(state.finish)
+    errors = [i for i, c in enumerate(finish) if c in (BAD_LOGITS, NO_ALLOWED_TOKEN)]
     if errors and raise_on_error:
         causes = {BAD_LOGITS: "the model's logits hold NaN or +inf",
                   NO_ALLOWED_TOKEN: "no token has a finite probability (the sampling parameters "
                                     "or the model's logits exclude every token)"}
-        detail = "; ".join(f"row {i} after {int(out.lengths[i])} tokens: "
-                           f"{causes[int(state.finish[i])]}" for i in errors)
+        detail = "; ".join(f"row {i} after {int(out.lengths[i])} tokens: {causes[int(finish[i])]}"
+                           for i in errors)
         raise ValueError(f"generation failed, nothing was sampled from these rows: {detail} "
                          f"(raise_on_error=False returns the other rows)")
     if strings:
@@ -473,7 +478,8 @@ def generate(
     return out
 
 
-def greedy(model: nnx.Module, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[list[int]]:
+def greedy(model: nnx.Module, prompts: Sequence[Sequence[int]],
+           max_new_tokens: int) -> list[list[int]]:
     """The argmax continuation of each prompt, ``max_new_tokens`` tokens (fewer only where the
     row reaches the position table), with no stop condition."""
     out = generate(model, prompts, SamplingParams.greedy(), max_new_tokens, seed=0)

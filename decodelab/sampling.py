@@ -47,7 +47,7 @@ from flax import struct
 
 # --- Parameters -----------------------------------------------------------------------------------
 
-# name -> (is_int, allowed(x) on a float64 array, how the error states what is allowed, neutral value)
+# name -> (is_int, allowed(x) on a float64 array, what is allowed in words, neutral value)
 _FIELDS: dict[str, tuple[bool, Callable[[np.ndarray], np.ndarray], str, float]] = {
     "temperature": (False, lambda x: x >= 0, ">= 0 (0 means greedy)", 1.0),
     "top_k": (True, lambda x: x >= 0, "an int >= 0 (0 disables it)", 0),
