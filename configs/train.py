@@ -1,7 +1,7 @@
 """python -m experiments.train --config=configs/train.py --workdir=runs/train
 
 Train a SentencePiece tokenizer and a model on the bundled Shakespeare corpus, report validation
-perplexity and print greedy continuations of held-out prompts. The argument after the file name
+perplexity and print greedy and sampled continuations of held-out prompts. The argument after the file name
 picks the model preset (``configs/train.py:tiny``); every field can be overridden, e.g.
 ``--config.model.position=alibi --config.train.steps=2000``.
 """
@@ -23,6 +23,13 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
         final_lr_fraction=0.1, weight_decay=0.1, grad_clip=1.0, b1=0.9, b2=0.95, seed=0,
         checkpoint_every=250, log_every=10,
     ))
-    # Report: validation batch size; one held-out prompt per test play, continued greedily.
-    config.report = config_dict.ConfigDict(dict(eval_batch_size=32, prompt_tokens=32, new_tokens=48))
+    # Report: validation batch size; one held-out prompt per test play, continued greedily and
+    # with each sampling setting below (SamplingParams fields), prompt i with seed `seed + i`.
+    config.report = config_dict.ConfigDict(dict(
+        eval_batch_size=32, prompt_tokens=32, new_tokens=48, seed=0,
+        sampling=dict(
+            temperature_0_8_top_p_0_95=dict(temperature=0.8, top_p=0.95),
+            temperature_1_0_top_k_40=dict(temperature=1.0, top_k=40),
+        ),
+    ))
     return config

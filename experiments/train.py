@@ -1,5 +1,5 @@
 """Train a tokenizer and a model on the bundled corpus; report validation perplexity and greedy
-continuations of held-out prompts.
+and sampled continuations of held-out prompts.
 
     python -m experiments.train --config=configs/train.py --workdir=runs/train [--resume]
 """
@@ -9,10 +9,14 @@ from __future__ import annotations
 import json
 import pathlib
 
+import numpy as np
+
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from decodelab import data, decode, pipeline, train
+from decodelab import data, pipeline, train
+from decodelab.decode import generate
+from decodelab.sampling import SamplingParams
 from decodelab.tokenizer import Tokenizer
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/train.py", "Training config file.",
@@ -56,15 +60,25 @@ def main(argv) -> None:
           f" over {metrics['tokens']:,} tokens at context {train_cfg.seq_len}")
 
     pairs = held_out_prompts(tokenizer, config.report.prompt_tokens, config.report.new_tokens)
-    outputs = decode.greedy(result.model, [p for p, _ in pairs], config.report.new_tokens)
+    prompts = [p for p, _ in pairs]
+    # One generate call per strategy; each prompt keeps its own seed (config.report.seed + i).
+    strategies = {"greedy": SamplingParams.greedy(), **{
+        name: SamplingParams(**settings.to_dict())
+        for name, settings in config.report.sampling.items()}}
+    outputs = {name: generate(result.model, prompts, params, config.report.new_tokens,
+                              seed=config.report.seed, eos_ids=[tokenizer.eos_id])
+               for name, params in strategies.items()}
     samples = []
-    for (prompt, truth), out in zip(pairs, outputs):
-        sample = {"prompt": tokenizer.decode(prompt), "greedy": tokenizer.decode(out),
-                  "reference": tokenizer.decode(truth)}
-        samples.append(sample)
-        print("\n--- prompt (held-out play) ---\n" + sample["prompt"])
-        print("--- greedy continuation ---\n" + sample["greedy"])
+    for i, (prompt, truth) in enumerate(pairs):
+        sample = {"prompt": tokenizer.decode(prompt), "reference": tokenizer.decode(truth)}
+        print("\n=== prompt (held-out play) ===\n" + sample["prompt"])
+        for name, out in outputs.items():
+            sample[name] = tokenizer.decode(out.token_lists()[i])
+            mean_logprob = float(np.mean(out.logprobs[i, :out.lengths[i]]))
+            print(f"--- {name} (mean log-prob {mean_logprob:.2f}, "
+                  f"{out.finish_reason[i]}) ---\n{sample[name]}")
         print("--- true continuation ---\n" + sample["reference"])
+        samples.append(sample)
     summary = {"validation": metrics, "steps": result.step, "model_config": model_cfg.to_dict(),
                "train_config": train_cfg.to_dict(), "samples": samples,
                "history": result.history}
