@@ -10,7 +10,7 @@ scaling applied at inference time (factor = context / L, no retraining). Render 
 from ml_collections import config_dict
 
 from decodelab.experiment import product
-from decodelab.presets import model_section
+from decodelab.presets import model_section, train_section
 
 ENCODINGS = ("learned", "sinusoidal", "t5", "alibi", "rope", "nope")
 FACTORS = (1, 2, 4, 8)
@@ -28,11 +28,7 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
     # Model: the `small` preset (or the preset named after the colon); the sweep sets `position`.
     config.model = model_section(arg or "small")
     # Training: L = seq_len = the model's max_seq_len, so `learned` has exactly L positions.
-    config.train = config_dict.ConfigDict(dict(
-        steps=1200, batch_size=16, seq_len=128, learning_rate=3e-3, warmup_steps=100,
-        final_lr_fraction=0.1, weight_decay=0.1, grad_clip=1.0, b1=0.9, b2=0.95, seed=0,
-        checkpoint_every=300, log_every=10,
-    ))
+    config.train = train_section(steps=1200, checkpoint_every=300)
     config.eval = config_dict.ConfigDict(dict(
         # Evaluation context = factor x train.seq_len.
         factor=1,

@@ -8,7 +8,7 @@ picks the model preset (``configs/train.py:tiny``); every field can be overridde
 
 from ml_collections import config_dict
 
-from decodelab.presets import model_section
+from decodelab.presets import model_section, train_section
 
 
 def get_config(arg: str | None = None) -> config_dict.ConfigDict:
@@ -17,12 +17,8 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
     config.tokenizer = config_dict.ConfigDict(dict(vocab_size=4096, model_type="bpe"))
     # Model architecture: a named preset, each field overridable.
     config.model = model_section(arg or "small")
-    # Optimisation (see decodelab.train.TrainConfig for each field).
-    config.train = config_dict.ConfigDict(dict(
-        steps=1500, batch_size=16, seq_len=128, learning_rate=3e-3, warmup_steps=100,
-        final_lr_fraction=0.1, weight_decay=0.1, grad_clip=1.0, b1=0.9, b2=0.95, seed=0,
-        checkpoint_every=250, log_every=10,
-    ))
+    # Optimisation: the shared recipe (decodelab.presets.TRAIN_RECIPE; TrainConfig documents each field).
+    config.train = train_section()
     # Report: validation batch size; one held-out prompt per test play, continued greedily and
     # with each sampling setting below (SamplingParams fields), prompt i with seed `seed + i`.
     config.report = config_dict.ConfigDict(dict(
