@@ -1,0 +1,425 @@
+"""Decode-speed benchmark: dl.generate against the roofline, the no-cache baseline and transformers.
+
+    python -m experiments.bench_decode --config=configs/bench_decode.py --workdir=runs/bench_decode
+    python -m experiments.report --workdir=runs/bench_decode --out=results
+
+One point = one preset and batch size: a model with random weights (speed does not depend on the
+weights), ``batch_size`` rows of ``prompt_len`` random token ids, greedy decoding of exactly
+``new_tokens`` tokens per row (no EOS). Every figure is the median of ``repeats`` timed runs after
+a warm-up run; every call blocks until its results are on the host. What each number is:
+
+- ``generate_s``: one ``dl.generate`` call (prefill, decode loop, results copied to NumPy);
+  ``tokens_per_s = batch_size * new_tokens / generate_s``.
+- ``prefill_ms``: the time to the first token, the same call with ``max_new_tokens=1`` and the
+  same cache size: prefill, sampling the first token and the call's fixed costs.
+  ``step_ms = (generate_s - prefill) / (new_tokens - 1)``: what each further token costs, i.e.
+  the time per output token of each row once decoding runs (0 if noise makes it negative).
+- ``compile_s``: the first ``generate`` call minus ``generate_s`` (both programs' compilation).
+- ``roofline_step_ms``: ``decodelab.roofline`` with this process's measured bandwidth and matmul
+  rate, averaged over the loop's steps; ``roofline_ratio = roofline_step_ms / step_ms`` (1 = at the
+  roofline).
+- ``nocache_tokens_per_s``: greedy decoding that recomputes the whole sequence for every new token
+  (one jitted forward pass over all ``t`` tokens, logits at the last position only, argmax). One
+  step is timed at ``nocache.lengths`` sequence lengths from ``prompt_len`` to
+  ``prompt_len + new_tokens - 1``; the ``new_tokens`` steps' total is the sum of the timed steps
+  interpolated linearly between those lengths (running every step at every length would
+  take longer than the rest of the benchmark). ``cache_speedup = tokens_per_s /
+  nocache_tokens_per_s``.
+- ``hf_tokens_per_s``: transformers ``LlamaForCausalLM.generate`` in PyTorch on the CPU with
+  ``torch.set_num_threads`` set to the threads XLA uses: the same shapes (width, layers, heads, kv
+  heads, head width, MLP width, vocabulary, tied embeddings, RoPE theta, norm epsilon), its own
+  random weights, the same prompt ids, greedy, ``max_new_tokens = min_new_tokens = new_tokens``.
+  ``speed_vs_hf = tokens_per_s / hf_tokens_per_s``. Without torch and transformers (the ``peer``
+  extra) these are n/a.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import pathlib
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app
+from flax import nnx
+
+from decodelab import experiment, presets, results, roofline
+from decodelab.config import ModelConfig
+from decodelab.decode import generate
+from decodelab.model import Transformer
+from decodelab.sampling import SamplingParams
+
+_FLAGS = experiment.define_flags("configs/bench_decode.py")
+
+IMPLEMENTATIONS = {"tokens_per_s": "decodelab", "hf_tokens_per_s": "transformers",
+                   "nocache_tokens_per_s": "no cache"}
+
+
+def threads() -> int:
+    """CPU threads this process may use: XLA's CPU thread pool has one per core it can run on."""
+    return len(os.sched_getaffinity(0))
+
+
+def _timed(fn, *args) -> float:
+    """Wall seconds of ``fn(*args)`` until its results are ready (``generate`` returns NumPy
+    arrays, so it has waited for the device already)."""
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    return time.perf_counter() - start
+
+
+# --- decodelab ----------------------------------------------------------------------------------
+
+
+def time_generate(model: Transformer, prompts: np.ndarray, new_tokens: int, repeats: int) -> dict:
+    """Compile, prefill, per-step and whole-call times of greedy ``generate`` (see the module
+    docstring). ``prompts: [B, P]`` int32."""
+    greedy = SamplingParams(temperature=0.0)
+    B, P = prompts.shape
+    rows = prompts.tolist()
+    run = functools.partial(generate, model, rows, greedy, seed=0, max_len=P + new_tokens)
+    first = time.perf_counter()
+    out = run(new_tokens)
+    first = time.perf_counter() - first
+    if out.lengths.tolist() != [new_tokens] * B or set(out.finish_reason) != {"length"}:
+        raise RuntimeError(f"every row must generate {new_tokens} tokens, got lengths "
+                           f"{out.lengths.tolist()} and finish reasons {out.finish_reason}")
+    whole = statistics.median(_timed(run, new_tokens) for _ in range(repeats))
+    run(1)  # warm-up: compiles the prefill-only program
+    prefill = statistics.median(_timed(run, 1) for _ in range(repeats))
+    return {"compile_s": max(first - whole, 0.0), "prefill_ms": 1e3 * prefill,
+            "step_ms": 1e3 * max(whole - prefill, 0.0) / (new_tokens - 1), "generate_s": whole,
+            "tokens_per_s": B * new_tokens / whole}
+
+
+# --- the no-cache baseline ----------------------------------------------------------------------
+
+
+def last_logits(model: Transformer, tokens: jax.Array) -> jax.Array:
+    """``model(tokens)[:, -1]`` (``[B, T] -> [B, V]``) without the logits of the other positions:
+    what a decoder that recomputes the sequence for each new token needs."""
+    B, T = tokens.shape
+    positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))  # [B, T]
+    x = model.positions.embed(model.embed(tokens), positions)  # [B, T, D]
+    bias = model.positions.bias(positions, positions)  # [B, N, T, T] or None
+    for layer, block in enumerate(model.blocks):
+        x, _ = block(x, model.positions, positions, positions, bias, None, layer)
+    x = model.final_norm(x[:, -1:])  # [B, 1, D]
+    logits = model.embed.attend(x) if model.config.tie_embeddings else model.lm_head(x)
+    return logits[:, 0].astype(jnp.float32)  # [B, V]
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def _recompute_step(weights, tokens, *, graphdef) -> jax.Array:
+    """One no-cache greedy step: ``[B, T]`` tokens -> ``[B]`` next tokens."""
+    return jnp.argmax(last_logits(nnx.merge(graphdef, weights), tokens), axis=-1)
+
+
+def time_recompute(model: Transformer, prompts: np.ndarray, new_tokens: int, num_lengths: int,
+                   repeats: int, seed: int) -> dict:
+    """Seconds the no-cache baseline takes for ``new_tokens`` tokens: step ``i`` (0-based) runs
+    the model over ``P + i`` tokens; steps are timed at ``num_lengths`` lengths and interpolated."""
+    B, P = prompts.shape
+    lengths = np.unique(np.linspace(P, P + new_tokens - 1, num_lengths).round().astype(int))
+    rng = np.random.default_rng(seed)
+    sequence = np.concatenate(  # [B, P + new_tokens - 1]: the prompt, then any ids
+        [prompts, rng.integers(0, model.config.vocab_size, (B, new_tokens - 1), dtype=np.int32)],
+        axis=1)
+    graphdef, weights = nnx.split(model)
+    seconds = []
+    for T in lengths:
+        tokens = jnp.asarray(sequence[:, :T])
+        seconds.append(roofline.median_time(
+            functools.partial(_recompute_step, graphdef=graphdef), weights, tokens,
+            repeats=repeats))
+    total = float(np.interp(np.arange(P, P + new_tokens), lengths, seconds).sum())
+    return {"nocache_generate_s": total, "nocache_tokens_per_s": B * new_tokens / total,
+            "nocache_lengths_timed": len(lengths)}
+
+
+# --- transformers -------------------------------------------------------------------------------
+
+
+def llama_config(cfg: ModelConfig, max_positions: int):
+    """transformers' ``LlamaConfig`` with the shapes of ``cfg`` (a RoPE, RMSNorm, SwiGLU model)."""
+    from transformers import LlamaConfig
+
+    llama_like = dict(position="rope", rope_scaling="none", norm="rms", mlp="swiglu")
+    differ = {k: getattr(cfg, k) for k, v in llama_like.items() if getattr(cfg, k) != v}
+    if differ:
+        raise ValueError(f"the transformers peer is a Llama model, so cfg must have {llama_like}; "
+                         f"got {differ}")
+    return LlamaConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.d_ff,
+        num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
+        num_key_value_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, hidden_act="silu",
+        max_position_embeddings=max_positions, rms_norm_eps=cfg.norm_eps,
+        rope_theta=cfg.rope_theta, tie_word_embeddings=cfg.tie_embeddings, attention_bias=False,
+        mlp_bias=False, torch_dtype="float32")
+
+
+def time_hf_generate(cfg: ModelConfig, prompts: np.ndarray, new_tokens: int, repeats: int,
+                     seed: int) -> dict:
+    """Median seconds of transformers' greedy ``generate`` on the same shapes and prompt ids, after
+    one full-length warm-up; ``{}`` if torch or transformers is not installed."""
+    try:
+        import torch
+        import transformers
+    except ImportError:
+        return {}
+    transformers.logging.set_verbosity_error()
+    torch.set_num_threads(threads())
+    torch.manual_seed(seed)
+    B, P = prompts.shape
+    model = transformers.LlamaForCausalLM(llama_config(cfg, P + new_tokens)).eval()
+    if model.num_parameters() != cfg.num_params():
+        raise RuntimeError(f"the transformers model has {model.num_parameters()} parameters, "
+                           f"decodelab's {cfg.num_params()}: the shapes differ")
+    input_ids = torch.as_tensor(prompts, dtype=torch.long)
+    run = functools.partial(model.generate, input_ids, attention_mask=torch.ones_like(input_ids),
+                            do_sample=False, num_beams=1, max_new_tokens=new_tokens,
+                            min_new_tokens=new_tokens, pad_token_id=0)
+    with torch.inference_mode():
+        out = run()
+        if tuple(out.shape) != (B, P + new_tokens):
+            raise RuntimeError(f"transformers generated shape {tuple(out.shape)}, expected "
+                               f"{(B, P + new_tokens)}")
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - start)
+    seconds = statistics.median(times)
+    return {"hf_generate_s": seconds, "hf_tokens_per_s": B * new_tokens / seconds,
+            "hf_version": f"transformers {transformers.__version__}, torch {torch.__version__}"}
+
+
+# --- one point ----------------------------------------------------------------------------------
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a / b
+
+
+def benchmark(config, ctx) -> dict:
+    """One preset and batch size: every measurement of the module docstring."""
+    B, P, N = config.batch_size, config.prompt_len, config.new_tokens
+    for name, value, minimum in (("batch_size", B, 1), ("prompt_len", P, 1), ("new_tokens", N, 2),
+                                 ("repeats", config.repeats, 1)):
+        if value < minimum:
+            raise ValueError(f"config.{name} must be >= {minimum}, got {value}")
+    load = os.getloadavg()[0]
+    cfg = presets.build_model_config(config.model, config.vocab_size)
+    model = Transformer(cfg, rngs=nnx.Rngs(config.seed))
+    rng = np.random.default_rng(config.seed)
+    prompts = rng.integers(0, cfg.vocab_size, (B, P), dtype=np.int32)  # [B, P]
+
+    ctx.status("roofline probes")
+    bandwidth = roofline.measure_bandwidth(config.roofline.bandwidth_mib << 20,
+                                           config.roofline.repeats)
+    flops_per_s = roofline.measure_matmul_flops(config.roofline.matmul_n, config.roofline.repeats)
+    roof_step = roofline.decode_seconds(cfg, B, P, N - 1, bandwidth, flops_per_s) / (N - 1)
+    middle = roofline.step_cost(cfg, B, P + N // 2)
+
+    ctx.status("decodelab")
+    ours = time_generate(model, prompts, N, config.repeats)
+    ctx.status("no cache")
+    nocache = time_recompute(model, prompts, N, config.nocache.lengths, config.nocache.repeats,
+                             config.seed)
+    hf = {}
+    if config.peer.enabled:
+        ctx.status("transformers")
+        hf = time_hf_generate(cfg, prompts, N, config.peer.repeats, config.seed)
+    hf_tokens_per_s = hf.get("hf_tokens_per_s")
+    return {
+        "preset": config.preset, "batch_size": B, "params": cfg.num_params(), "threads": threads(),
+        "load_avg_1min": load,
+        "bandwidth_gb_s": bandwidth / 1e9, "matmul_gflop_s": flops_per_s / 1e9,
+        **ours,
+        "roofline_step_ms": 1e3 * roof_step, "roofline_tokens_per_s": B / roof_step,
+        "roofline_bound": ("memory" if middle.bytes / bandwidth >= middle.flops / flops_per_s
+                           else "compute"),
+        "roofline_ratio": roof_step * 1e3 / ours["step_ms"] if ours["step_ms"] > 0 else None,
+        **nocache,
+        "cache_speedup": ours["tokens_per_s"] / nocache["nocache_tokens_per_s"],
+        "hf_generate_s": hf.get("hf_generate_s"), "hf_tokens_per_s": hf_tokens_per_s,
+        "hf_step_ms": None if not hf else 1e3 * hf["hf_generate_s"] / N,
+        "speed_vs_hf": _ratio(ours["tokens_per_s"], hf_tokens_per_s),
+        "hf_version": hf.get("hf_version", "not run" if not config.peer.enabled
+                             else "not installed (pip install -e .[peer])"),
+    }
+
+
+# --- the page -----------------------------------------------------------------------------------
+
+
+def _metric_rows(rows) -> list[dict]:
+    """Each row's metrics plus its prompt and output lengths, presets small to large."""
+    order = {name: i for i, name in enumerate(("tiny", "small", "medium"))}
+    metrics = [{**r["metrics"], "prompt_len": r["config"]["prompt_len"],
+                "new_tokens": r["config"]["new_tokens"]} for r in rows]
+    return sorted(metrics, key=lambda m: (order.get(m["preset"], len(order)), m["preset"],
+                                          m["batch_size"]))
+
+
+def _speed_table(metrics: list[dict]) -> results.Table:
+    columns = ["preset", "params (M)", "batch", "decodelab tok/s", "transformers tok/s",
+               "no-cache tok/s", "roofline tok/s", "decodelab / roofline",
+               "decodelab / transformers",
+               "cache speed-up"]
+    body = [[m["preset"], m["params"] / 1e6, m["batch_size"], m["tokens_per_s"],
+             m["hf_tokens_per_s"], m["nocache_tokens_per_s"], m["roofline_tokens_per_s"],
+             m["roofline_ratio"], m["speed_vs_hf"], m["cache_speedup"]] for m in metrics]
+    return results.Table(columns, body)
+
+
+def _latency_table(metrics: list[dict]) -> results.Table:
+    columns = ["preset", "batch", "compile s", "prefill ms", "decodelab step ms",
+               "roofline step ms", "bound by", "transformers ms/token", "no-cache ms/token"]
+    body = [[m["preset"], m["batch_size"], m["compile_s"], m["prefill_ms"], m["step_ms"],
+             m["roofline_step_ms"], m["roofline_bound"], m["hf_step_ms"],
+             1e3 * m["nocache_generate_s"] / m["new_tokens"]] for m in metrics]
+    return results.Table(columns, body)
+
+
+def _plot_rows(metrics: list[dict]) -> list[dict]:
+    """One row per (preset, batch, implementation), the shape ``results.line_plot`` reads."""
+    return [{"metrics": {"batch_size": m["batch_size"], "tokens_per_s": m[key],
+                         "line": f"{m['preset']}, {label}"}}
+            for key, label in IMPLEMENTATIONS.items() for m in metrics]
+
+
+def _fmt_range(values: list[float], unit: str, digits: int = 1) -> str:
+    lo, hi = min(values), max(values)
+    return (f"{lo:.{digits}f} {unit}" if f"{lo:.{digits}f}" == f"{hi:.{digits}f}"
+            else f"{lo:.{digits}f}-{hi:.{digits}f} {unit}")
+
+
+def _percent(ratio: float | None) -> str:
+    return "n/a" if ratio is None else f"{100 * ratio:.0f}%"
+
+
+def _findings(metrics: list[dict], new_tokens: int) -> str:
+    """The issue's targets, each met or not, read from the rows, and what limits the rest."""
+    lines = []
+    by = {(m["preset"], m["batch_size"]): m for m in metrics}
+    medium = by.get(("medium", 1))
+    if medium:
+        ratio = medium["roofline_ratio"]
+        verdict = "not measured" if ratio is None else "met" if ratio >= 0.6 else "not met"
+        lines.append(
+            f"- **medium, batch 1 at >= 60% of the roofline: {verdict}** ({_percent(ratio)}: "
+            f"{medium['step_ms']:.2f} ms per step against a roofline of "
+            f"{medium['roofline_step_ms']:.2f} ms, {medium['params'] * 4 / 1e6:.0f} MB of "
+            f"weights at the measured {medium['bandwidth_gb_s']:.1f} GB/s).")
+    with_hf = [m for m in metrics if m["speed_vs_hf"] is not None]
+    if with_hf:
+        slower = [m for m in with_hf if m["speed_vs_hf"] <= 1.0]
+        lines.append(
+            f"- **Faster than transformers on every shape and batch: "
+            f"{'met' if not slower else 'not met'}** (decodelab / transformers "
+            f"{min(m['speed_vs_hf'] for m in with_hf):.1f}x to "
+            f"{max(m['speed_vs_hf'] for m in with_hf):.1f}x"
+            + ("" if not slower else "; not faster at " + ", ".join(
+                f"{m['preset']} batch {m['batch_size']} ({m['speed_vs_hf']:.2f}x)"
+                for m in slower)) + ").")
+        small = [m for m in with_hf if m["preset"] in ("tiny", "small")]
+        if small:
+            short = [m for m in small if m["speed_vs_hf"] < 2.0]
+            lines.append(
+                f"- **>= 2x transformers on tiny and small: {'met' if not short else 'not met'}** "
+                f"(lowest {min(m['speed_vs_hf'] for m in small):.1f}x"
+                + ("" if not short else ", below 2x at " + ", ".join(
+                    f"{m['preset']} batch {m['batch_size']}" for m in short)) + ").")
+    else:
+        lines.append("- **Faster than transformers: not measured** (torch and transformers are "
+                     "not installed: `pip install -e .[peer]`).")
+    low = min(metrics, key=lambda m: m["cache_speedup"])
+    lines.append(
+        f"- **KV cache >= 10x faster than recompute at {new_tokens} new tokens: "
+        f"{'met' if low['cache_speedup'] >= 10 else 'not met'}** (lowest "
+        f"{low['cache_speedup']:.1f}x at {low['preset']} batch {low['batch_size']}, highest "
+        f"{max(m['cache_speedup'] for m in metrics):.0f}x).")
+    lines.append("- A 20-point sampling sweep compiling the decode loop once is a test, not a "
+                 "benchmark row: `tests/test_decode.py` counts the compiles.")
+
+    measured = [m for m in metrics if m["roofline_ratio"] is not None]
+    if not measured:
+        return "\n".join(lines)
+    fastest = min(measured, key=lambda m: m["step_ms"])
+    below = [m for m in measured if m["roofline_ratio"] < 0.6]
+    slots = metrics[0]["prompt_len"] + new_tokens
+    valid = metrics[0]["prompt_len"] + new_tokens / 2
+    lines += ["", (
+        f"What limits the rest: no decode step here is shorter than {1e3 * fastest['step_ms']:.0f} "
+        f"us ({fastest['preset']}, batch {fastest['batch_size']}), whatever its roofline: a fixed "
+        "cost per step (the sampling chain, the loop's bookkeeping, dispatching the step's "
+        "small XLA CPU kernels) that a small model cannot hide behind memory traffic. "
+        + (("Below 60% of the roofline: " + ", ".join(
+            f"{m['preset']} batch {m['batch_size']} ({_percent(m['roofline_ratio'])}, "
+            f"{m['roofline_bound']}-bound)" for m in below) + ". ") if below else "")
+        + f"The static cache attends over all {slots} slots at every step, on average "
+        f"{slots / valid:.1f}x the valid positions the roofline counts, which matters where the "
+        "KV cache is a large part of the traffic (batch 32).")]
+    return "\n".join(lines)
+
+
+def report(rows, out_dir) -> list[pathlib.Path]:
+    out_dir = pathlib.Path(out_dir)
+    metrics = _metric_rows(rows)
+    config = rows[0]["config"]
+    N, P = config["new_tokens"], config["prompt_len"]
+    page = results.Page("Decode speed", rows)
+    hf_versions = sorted({m["hf_version"] for m in metrics})
+    page.text(
+        f"Greedy decoding of exactly {N} new tokens per row after a {P}-token prompt (random ids; "
+        "EOS ignored) with the `tiny`, `small` and `medium` presets, random weights at vocabulary "
+        f"{config['vocab_size']}: speed does not depend on what the weights are. Medians of "
+        f"{config['repeats']} timed runs after a warm-up run. Measured in the same run on this "
+        "machine: memory read bandwidth "
+        f"{_fmt_range([m['bandwidth_gb_s'] for m in metrics], 'GB/s')} "
+        f"(a jitted sum over {config['roofline']['bandwidth_mib']} MiB of float32), float32 matmul "
+        f"{_fmt_range([m['matmul_gflop_s'] for m in metrics], 'GFLOP/s', 0)} "
+        f"({config['roofline']['matmul_n']}^2 matmul); {metrics[0]['threads']} threads for both "
+        f"XLA and PyTorch; 1-minute load average at the start of each point "
+        f"{_fmt_range([m['load_avg_1min'] for m in metrics], '', 2).strip()}. Peer: "
+        f"{'; '.join(hf_versions)}.")
+    page.text(
+        "How each number is made (details in `experiments/bench_decode.py`): tokens/s = batch x "
+        f"{N} / the wall time of one whole `generate` call; decodelab step ms = (that time - the "
+        "prefill call's) / "
+        f"{N - 1}, the time per output token of each row; roofline = the larger of (parameter "
+        "bytes + KV-cache bytes of the valid positions) / bandwidth and FLOPs / matmul rate, "
+        "averaged over the steps (`decodelab/roofline.py`); decodelab / roofline = roofline step "
+        "time / measured step time. No cache: a jitted forward pass over the whole sequence for "
+        f"each new token, timed at {metrics[0]['nocache_lengths_timed']} sequence lengths from "
+        f"{P} to {P + N - 1} and interpolated linearly over the {N} steps (running all of them "
+        "at medium batch 32 would take longer than the rest of the benchmark). transformers: "
+        "`LlamaForCausalLM.generate` with the same shapes, greedy, `max_new_tokens = "
+        f"min_new_tokens = {N}`, one full-length warm-up, its ms/token is its whole call / {N}.")
+    page.table(_speed_table(metrics), out_dir / "decode_speed.csv", number_format="{:.3g}",
+               caption="**Output tokens per second** (all rows together) and the ratios.")
+    page.table(_latency_table(metrics), out_dir / "decode_speed_latency.csv",
+               number_format="{:.3g}",
+               caption="**Latency**: compile time of decodelab's two programs, prefill (one "
+                       "`generate` call with one new token), one decode step against its roofline.")
+    plot = results.line_plot(_plot_rows(metrics), out_dir / "decode_speed.png",
+                             x="metrics.batch_size", y="metrics.tokens_per_s", group="metrics.line",
+                             logx=True, logy=True, title="output tokens/s vs batch size")
+    page.image(plot, "output tokens/s against batch size, one line per preset and implementation")
+    page.text("**Targets of the issue** (from the rows above):\n\n" + _findings(metrics, N))
+    return [page.write(out_dir / "decode_speed.md"), out_dir / "decode_speed.csv",
+            out_dir / "decode_speed_latency.csv", plot]
+
+
+def main(argv) -> None:
+    del argv
+    experiment.run_from_flags(_FLAGS, benchmark)
+
+
+if __name__ == "__main__":
+    app.run(main)

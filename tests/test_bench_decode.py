@@ -1,0 +1,171 @@
+"""The decode-speed benchmark's point function, page and roofline arithmetic, on the tiny preset
+with a few tokens. These check what is reported and how the figures relate, never how fast anything
+is."""
+
+import importlib.util
+import math
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from decodelab import experiment, presets, roofline
+from decodelab.config import ModelConfig
+from decodelab.model import Transformer
+from experiments import bench_decode
+
+CONFIG_FILE = pathlib.Path(__file__).parents[1] / "configs" / "bench_decode.py"
+HAS_PEER = all(importlib.util.find_spec(m) for m in ("torch", "transformers"))
+
+
+def config_module():
+    spec = importlib.util.spec_from_file_location("bench_decode_config", CONFIG_FILE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def small_config(**changes):
+    """The tiny preset, batch 2, 8 new tokens, one repetition, small probes, no peer."""
+    config = config_module().get_config("tiny")
+    overrides = {"preset": "tiny", "batch_size": 2, "new_tokens": 8, "repeats": 1,
+                 "roofline.bandwidth_mib": 4, "roofline.matmul_n": 64, "roofline.repeats": 1,
+                 "nocache.lengths": 2, "nocache.repeats": 1, "peer.enabled": False, **changes}
+    return experiment.apply_overrides(config, overrides)
+
+
+@pytest.fixture(scope="module")
+def rows(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("bench")
+    return experiment.run(small_config(), [{}], bench_decode.benchmark, workdir, progress=False)
+
+
+@pytest.fixture(scope="module")
+def metrics(rows):
+    return rows[0]["metrics"]
+
+
+def test_the_sweep_covers_three_presets_at_three_batch_sizes_with_their_fields():
+    module = config_module()
+    points = experiment.expand(module.get_config(), module.get_sweep())
+    assert [(p.config.preset, p.config.batch_size) for p in points] == [
+        (p, b) for p in ("tiny", "small", "medium") for b in (1, 8, 32)]
+    medium = points[-1].config
+    assert medium.model.d_model == presets.MODEL_PRESETS["medium"]["d_model"]
+    assert (medium.prompt_len, medium.new_tokens, medium.vocab_size) == (32, 256, 4096)
+
+
+def test_every_figure_is_present_and_finite_and_the_peer_is_na_when_disabled(metrics):
+    numeric = ["compile_s", "prefill_ms", "step_ms", "generate_s", "tokens_per_s",
+               "bandwidth_gb_s", "matmul_gflop_s", "roofline_step_ms", "roofline_tokens_per_s",
+               "nocache_generate_s", "nocache_tokens_per_s", "cache_speedup"]
+    for name in numeric:
+        assert isinstance(metrics[name], float) and math.isfinite(metrics[name]), name
+        assert metrics[name] >= 0, name
+    assert metrics["params"] == presets.build_model_config(
+        presets.model_section("tiny"), 4096).num_params()
+    assert metrics["roofline_bound"] in ("memory", "compute")
+    assert (metrics["hf_tokens_per_s"], metrics["speed_vs_hf"], metrics["hf_step_ms"]) == (
+        None, None, None)
+    assert metrics["hf_version"] == "not run"
+
+
+def test_speeds_and_ratios_follow_from_the_times(metrics):
+    B, N = 2, 8
+    assert metrics["tokens_per_s"] == pytest.approx(B * N / metrics["generate_s"], rel=1e-12)
+    assert metrics["nocache_tokens_per_s"] == pytest.approx(
+        B * N / metrics["nocache_generate_s"], rel=1e-12)
+    assert metrics["cache_speedup"] == pytest.approx(
+        metrics["tokens_per_s"] / metrics["nocache_tokens_per_s"], rel=1e-12)
+    assert metrics["roofline_tokens_per_s"] == pytest.approx(
+        B / (metrics["roofline_step_ms"] / 1e3), rel=1e-12)
+    # Each further token's cost: the whole call minus the first token's, clipped at 0 (noise).
+    assert metrics["step_ms"] == pytest.approx(
+        max(1e3 * metrics["generate_s"] - metrics["prefill_ms"], 0.0) / (N - 1), abs=1e-9)
+    if metrics["step_ms"] > 0:
+        assert metrics["roofline_ratio"] == pytest.approx(
+            metrics["roofline_step_ms"] / metrics["step_ms"], rel=1e-12)
+    else:
+        assert metrics["roofline_ratio"] is None
+    # 8 new tokens from a 32-token prompt: lengths 32 .. 39, the first and last timed.
+    assert metrics["nocache_lengths_timed"] == 2
+
+
+def test_the_report_writes_the_page_tables_and_plot(rows, tmp_path):
+    written = bench_decode.report(rows, tmp_path)
+    assert {p.name for p in written} == {"decode_speed.md", "decode_speed.csv",
+                                         "decode_speed_latency.csv", "decode_speed.png"}
+    page = (tmp_path / "decode_speed.md").read_text()
+    assert "| tiny | 0.385 | 2 |" in page
+    assert "Targets of the issue" in page
+    assert "Faster than transformers: not measured" in page
+    header = (tmp_path / "decode_speed.csv").read_text().splitlines()[0]
+    assert header.startswith("preset,params (M),batch,decodelab tok/s,transformers tok/s")
+
+
+def test_last_logits_equal_the_full_forward_at_the_last_position(tiny_config):
+    graphdef, weights = nnx.split(Transformer(tiny_config, rngs=nnx.Rngs(0)))
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 512, (3, 11)), jnp.int32)
+    last = jax.jit(lambda w, t: bench_decode.last_logits(nnx.merge(graphdef, w), t))
+    full = jax.jit(lambda w, t: nnx.merge(graphdef, w)(t)[:, -1])
+    np.testing.assert_allclose(last(weights, tokens), full(weights, tokens), rtol=1e-5, atol=1e-5)
+
+
+def test_step_cost_counts_parameters_cache_and_flops_by_hand():
+    cfg = ModelConfig(vocab_size=100, d_model=8, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=16)
+    # H = 2. Per layer: q 8*4*2, k and v 8*2*2 each, o 4*2*8, SwiGLU 3*8*16.
+    per_layer = 64 + 32 + 32 + 64 + 384
+    assert roofline.matmul_params(cfg) == 2 * per_layer + 100 * 8
+    cost = roofline.step_cost(cfg, batch_size=3, attended=5)
+    assert cost.param_bytes == 4 * cfg.num_params()
+    assert cost.kv_bytes == 2 * 2 * 3 * 5 * 2 * 2 * 4  # k and v, L, B, S, K, H, float32
+    assert cost.flops == 2 * 3 * (2 * per_layer + 800) + 4 * 3 * 2 * 4 * 2 * 5
+    assert cost.seconds(bandwidth=cost.bytes, flops_per_s=1e30) == 1.0
+    assert cost.seconds(bandwidth=1e30, flops_per_s=cost.flops / 2) == 2.0
+
+
+def test_decode_seconds_sums_each_steps_roofline():
+    cfg = ModelConfig(vocab_size=100, d_model=8, n_layers=2, n_heads=4)
+    expected = sum(roofline.step_cost(cfg, 2, 10 + i + 1).seconds(1e9, 1e9) for i in range(4))
+    assert roofline.decode_seconds(cfg, 2, prompt_len=10, steps=4, bandwidth=1e9,
+                                   flops_per_s=1e9) == pytest.approx(expected, rel=1e-12)
+
+
+def test_probes_return_positive_finite_rates_on_small_arrays():
+    assert 0 < roofline.measure_bandwidth(1 << 20, repeats=1) < math.inf
+    assert 0 < roofline.measure_matmul_flops(32, repeats=1) < math.inf
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda cfg: roofline.step_cost(cfg, 0, 5), "batch_size must be an int >= 1, got 0"),
+    (lambda cfg: roofline.step_cost(cfg, 1, 5).seconds(0.0, 1.0),
+     "bandwidth must be a finite number > 0, got 0.0"),
+    (lambda cfg: roofline.decode_seconds(cfg, 1, 4, 0, 1.0, 1.0), "steps must be an int >= 1"),
+    (lambda cfg: roofline.measure_bandwidth(2), "num_bytes must be an int >= 4, got 2"),
+])
+def test_roofline_helpers_reject_bad_arguments(tiny_config, call, message):
+    with pytest.raises(ValueError, match=message):
+        call(tiny_config)
+
+
+def test_the_point_rejects_a_single_new_token(tmp_path):
+    with pytest.raises(ValueError, match="config.new_tokens must be >= 2, got 1"):
+        experiment.run(small_config(new_tokens=1), [{}], bench_decode.benchmark, tmp_path,
+                       progress=False)
+
+
+def test_the_peer_refuses_a_model_that_is_not_llama_shaped(tiny_config):
+    pytest.importorskip("transformers")
+    with pytest.raises(ValueError, match="the transformers peer is a Llama model"):
+        bench_decode.llama_config(tiny_config.replace(position="alibi"), 64)
+
+
+@pytest.mark.skipif(not HAS_PEER, reason="needs the peer extra (torch, transformers)")
+def test_the_peer_generates_every_token_with_the_same_parameter_count(tiny_config):
+    prompts = np.random.default_rng(0).integers(0, 512, (2, 5), dtype=np.int32)
+    hf = bench_decode.time_hf_generate(tiny_config, prompts, new_tokens=4, repeats=1, seed=0)
+    assert hf["hf_tokens_per_s"] == pytest.approx(2 * 4 / hf["hf_generate_s"], rel=1e-12)
+    assert hf["hf_version"].startswith("transformers ")
