@@ -67,7 +67,8 @@ class DecodeState:
     seeds: jax.Array  # [B] uint32, one per request
     params: RowParams  # [B] per field
     eos_mask: jax.Array  # [V] bool
-    stop_ids: jax.Array  # [M, W] int32, each stop sequence right-aligned, -1 before it
+    stop_ids: jax.Array  # [M, W] or per row [B, M, W] int32, each sequence right-aligned, -1 before
+    budgets: jax.Array  # [B] int32, output tokens a row may generate (<= max_new_tokens)
     logprobs: jax.Array  # [B, N] float32, of each output token under its sampling distribution
     top_logprobs: jax.Array  # [B, N, n] float32 (n = 0 unless requested)
     top_ids: jax.Array  # [B, N, n] int32
@@ -93,15 +94,17 @@ class DecodeState:
 
 def _ends_with_stop(state: DecodeState, lengths: jax.Array) -> jax.Array:
     """``[B]`` bool: the output of row b (up to ``lengths[b]``) ends with a stop sequence."""
-    M, W = state.stop_ids.shape
+    M, W = state.stop_ids.shape[-2:]
     B, S = state.tokens.shape
     if M == 0:
         return jnp.zeros((B,), bool)
+    stop_ids = jnp.broadcast_to(state.stop_ids, (B, M, W))  # shared or per row
     index = lengths[:, None] - W + jnp.arange(W, dtype=jnp.int32)[None, :]  # [B, W]
     window = jnp.take_along_axis(state.tokens, jnp.clip(index, 0, S - 1), axis=1)  # [B, W]
-    padding = state.stop_ids < 0  # [M, W]
-    equal = (window[:, None, :] == state.stop_ids[None, :, :]) | padding[None, :, :]  # [B, M, W]
-    within_output = jnp.sum(~padding, axis=-1)[None, :] <= (lengths - state.prompt_lengths)[:, None]
+    padding = stop_ids < 0  # [B, M, W]
+    equal = (window[:, None, :] == stop_ids) | padding  # [B, M, W]
+    width = jnp.sum(~padding, axis=-1)  # [B, M]; 0: an unused row of a per-row block
+    within_output = (width > 0) & (width <= (lengths - state.prompt_lengths)[:, None])
     return jnp.any(jnp.all(equal, axis=-1) & within_output, axis=-1)
 
 
@@ -142,7 +145,7 @@ def _sample_and_record(state: DecodeState) -> DecodeState:
     state = state.replace(tokens=tokens, **record)
     code = jnp.select(
         [bad_logits, no_token, state.eos_mask[token], _ends_with_stop(state, lengths),
-         (lengths - state.prompt_lengths >= N) | (lengths >= S)],
+         (lengths - state.prompt_lengths >= state.budgets) | (lengths >= S)],
         [BAD_LOGITS, NO_ALLOWED_TOKEN, EOS, STOP, LENGTH],
         RUNNING,
     )
@@ -188,6 +191,7 @@ def _prefill(weights, block, prompt_lengths, seeds, params, eos_mask, stop_ids, 
         params=params,
         eos_mask=eos_mask,
         stop_ids=stop_ids,
+        budgets=jnp.full((B,), N, jnp.int32),
         logprobs=jnp.full((B, N), jnp.nan, jnp.float32),
         top_logprobs=jnp.full((B, N, top_n), jnp.nan, jnp.float32),
         top_ids=jnp.full((B, N, top_n), PAD_TOKEN, jnp.int32),

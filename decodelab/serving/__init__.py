@@ -1,0 +1,25 @@
+"""Serving: a slot engine, static / dynamic / continuous schedulers, request traces and metrics."""
+
+# The engine
+from decodelab.serving.engine import Completion, Request, SlotEngine, StepResult
+
+# Schedulers and replay
+from decodelab.serving.schedulers import (SCHEDULERS, Continuous, Dynamic, Replay, Scheduler,
+                                          Static, WallClock, make_scheduler, replay)
+
+# Traces
+from decodelab.serving.traces import (LENGTHS, Exponential, Fixed, LengthDistribution, LogNormal,
+                                      Uniform, length_distribution, load_trace, poisson_trace,
+                                      save_trace)
+
+# Metrics
+from decodelab.serving.metrics import RequestRecord, summarize
+
+__all__ = [
+    "Completion", "Request", "SlotEngine", "StepResult",
+    "SCHEDULERS", "Continuous", "Dynamic", "Replay", "Scheduler", "Static", "WallClock",
+    "make_scheduler", "replay",
+    "LENGTHS", "Exponential", "Fixed", "LengthDistribution", "LogNormal", "Uniform",
+    "length_distribution", "load_trace", "poisson_trace", "save_trace",
+    "RequestRecord", "summarize",
+]

@@ -1,0 +1,322 @@
+"""SlotEngine: a fixed number of slots sharing one static-shape decode state.
+
+Conventions (every caller relies on them):
+
+- A slot is a row of one ``decode.DecodeState`` of ``num_slots`` rows and ``max_len`` cache slots
+  per row (the slot's capacity: prompt + output). ``insert`` prefills one request alone, with the
+  same compiled ``decode._prefill`` that ``generate`` uses, and writes that one-row state over the
+  whole row of its slot (tokens, cache keys and values, lengths, sampling parameters, seed, stop
+  sequences, budget, log-probs): nothing of the slot's previous request survives.
+- ``step(n)`` runs up to ``n`` rounds of ``decode._step`` (the loop body of ``generate``) over all
+  slots in one jitted ``lax.while_loop``; it stops early once no slot is running. Rows that have
+  finished, and free slots, are carried without advancing, so ``step(n)`` gives the same tokens as
+  ``n`` calls of ``step(1)``.
+- The token at position p of a request is drawn with ``fold_in(key(seed), p)``, so a request's
+  tokens depend only on its prompt, parameters, seed and budget: never on its slot, its batch-mates
+  or when it was inserted. They equal ``generate(model, [prompt], params, budget, seed=[seed],
+  eos_ids=..., stop_sequences=..., max_len=engine.max_len)`` on that request alone.
+- A finished request is retired by the ``step`` that finished it: its output is copied to the host
+  and its slot is freed (cache length rewound to 0) for the next ``insert``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from decodelab import decode
+from decodelab.cache import KVCache
+from decodelab.decode import DecodeState
+from decodelab.sampling import SamplingParams
+
+# Fields of DecodeState with a leading slot axis (the cache's k and v have it second).
+_ROW_FIELDS = ("tokens", "prompt_lengths", "lengths", "finish", "logits", "seeds", "params",
+               "stop_ids", "budgets", "logprobs", "top_logprobs", "top_ids", "entropy")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Request:
+    """One generation request: what ``generate`` would get for a single prompt."""
+
+    id: int | str
+    prompt: tuple[int, ...]  # token ids
+    max_new_tokens: int  # the output budget
+    params: SamplingParams = dataclasses.field(default_factory=SamplingParams.greedy)
+    seed: int = 0
+    stop_sequences: tuple[tuple[int, ...], ...] = ()
+    arrival: float = 0.0  # seconds after the start of its trace
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.id, (int, str)) or isinstance(self.id, bool):
+            raise ValueError(f"id must be an int or a str, got {self.id!r}")
+        prompt = tuple(self.prompt) if isinstance(self.prompt, (Sequence, np.ndarray)) else None
+        if not prompt or isinstance(self.prompt, (str, bytes)) or not all(
+                decode._is_int(t) for t in prompt):
+            raise ValueError(f"prompt must be a non-empty list of int token ids, got "
+                             f"{self.prompt!r}")
+        object.__setattr__(self, "prompt", tuple(int(t) for t in prompt))
+        if not decode._is_int(self.max_new_tokens) or self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an int >= 1, got {self.max_new_tokens!r}")
+        if not isinstance(self.params, SamplingParams):
+            raise ValueError(f"params must be a SamplingParams, got {self.params!r}")
+        if not decode._is_int(self.seed) or not 0 <= self.seed < 2**32:
+            raise ValueError(f"seed must be an int in [0, 2**32), got {self.seed!r}")
+        if isinstance(self.stop_sequences, (str, bytes)) or not isinstance(
+                self.stop_sequences, Sequence):
+            raise ValueError(f"stop_sequences must be a list of token-id lists, got "
+                             f"{self.stop_sequences!r}")
+        stops = []
+        for s in self.stop_sequences:
+            if isinstance(s, (str, bytes)) or not isinstance(s, Sequence) or not s or not all(
+                    decode._is_int(t) for t in s):
+                raise ValueError(f"stop_sequences must hold non-empty lists of int token ids, "
+                                 f"got {s!r}")
+            stops.append(tuple(int(t) for t in s))
+        object.__setattr__(self, "stop_sequences", tuple(stops))
+        if isinstance(self.arrival, bool) or not isinstance(self.arrival, (int, float)) or not (
+                np.isfinite(self.arrival) and self.arrival >= 0):
+            raise ValueError(f"arrival must be a finite number of seconds >= 0, got "
+                             f"{self.arrival!r}")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Completion:
+    """A retired request's output (the fields of one row of ``GenerateOutput``)."""
+
+    request_id: int | str
+    slot: int
+    tokens: list[int]  # the output only
+    logprobs: np.ndarray  # [n] float32, each token's log-prob under its sampling distribution
+    finish_reason: str  # "eos" | "stop" | "length" | "error"
+
+
+@dataclasses.dataclass(frozen=True)
+class StepResult:
+    """What one ``step`` call did."""
+
+    generated: dict[int | str, int]  # output tokens so far, per request still running or finished
+    finished: list[Completion]  # retired by this call, their slots already free
+    rounds: int  # decode rounds run (<= n; fewer once no slot was running)
+
+
+def _empty_state(config, num_slots: int, max_len: int, max_stops: int, stop_width: int,
+                 eos_mask: np.ndarray) -> DecodeState:
+    B, S, V = num_slots, max_len, config.vocab_size
+    return DecodeState(
+        step=jnp.zeros((), jnp.int32),
+        tokens=jnp.zeros((B, S), jnp.int32),
+        prompt_lengths=jnp.zeros((B,), jnp.int32),
+        lengths=jnp.zeros((B,), jnp.int32),
+        finish=jnp.full((B,), decode.LENGTH, jnp.int32),  # not running: a free slot never advances
+        cache=KVCache.init(config, batch_size=B, max_len=S),
+        logits=jnp.zeros((B, V), jnp.float32),
+        seeds=jnp.zeros((B,), jnp.uint32),
+        params=SamplingParams.greedy().per_row(B, V),
+        eos_mask=jnp.asarray(eos_mask),
+        stop_ids=jnp.full((B, max_stops, stop_width), -1, jnp.int32),
+        budgets=jnp.zeros((B,), jnp.int32),
+        logprobs=jnp.full((B, S), jnp.nan, jnp.float32),
+        top_logprobs=jnp.zeros((B, S, 0), jnp.float32),
+        top_ids=jnp.zeros((B, S, 0), jnp.int32),
+        entropy=jnp.zeros((B, 0), jnp.float32),
+    )
+
+
+@functools.partial(jax.jit, donate_argnames=("state",))
+def _write_row(state: DecodeState, row: DecodeState, slot: jax.Array) -> DecodeState:
+    """Overwrite every per-row field of ``slot`` with the one-row state ``row``."""
+
+    def put(axis):
+        return lambda big, one: jax.lax.dynamic_update_slice_in_dim(big, one.astype(big.dtype),
+                                                                    slot, axis)
+
+    cache = state.cache.replace(k=put(1)(state.cache.k, row.cache.k),
+                                v=put(1)(state.cache.v, row.cache.v),
+                                lengths=put(0)(state.cache.lengths, row.cache.lengths))
+    rows = {name: jax.tree.map(put(0), getattr(state, name), getattr(row, name))
+            for name in _ROW_FIELDS}
+    return state.replace(cache=cache, **rows)
+
+
+@functools.partial(jax.jit, donate_argnames=("state",))
+def _free_rows(state: DecodeState, free: jax.Array) -> DecodeState:
+    """Rewind the cache of the rows where ``free: [B]`` is set to 0 (the next insert overwrites
+    the rest of the row)."""
+    return state.replace(cache=state.cache.rewind(jnp.where(free, 0, state.cache.lengths)))
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("state",))
+def _advance(weights, state: DecodeState, rounds: jax.Array, *, graphdef
+             ) -> tuple[DecodeState, jax.Array]:
+    """Up to ``rounds`` decode rounds over every slot, stopping once none runs."""
+    model = nnx.merge(graphdef, weights)
+
+    def running(carry):
+        i, s = carry
+        return (i < rounds) & jnp.any(~s.done)
+
+    def body(carry):
+        i, s = carry
+        return i + 1, decode._step(model, s)
+
+    done, state = jax.lax.while_loop(running, body, (jnp.zeros((), jnp.int32), state))
+    return state, done
+
+
+class SlotEngine:
+    """``num_slots`` requests decoding together, each in its own row of one static-shape state.
+
+    Args:
+      model: a ``Transformer`` (or a module with its call signature and a ``config``).
+      num_slots: rows of the shared state (the largest batch).
+      max_len: cache slots per row: a request needs ``len(prompt) + max_new_tokens <= max_len``.
+        Default: the model's position table (``max_seq_len``).
+      eos_ids: ids that end any request (finish reason "eos"): the model's, shared by all slots.
+      max_stop_sequences, max_stop_width: room for each request's own stop sequences.
+    """
+
+    def __init__(self, model: nnx.Module, num_slots: int, max_len: int | None = None, *,
+                 eos_ids: int | Sequence[int] = (), max_stop_sequences: int = 4,
+                 max_stop_width: int = 8):
+        if not isinstance(model, nnx.Module) or not hasattr(model, "config"):
+            raise ValueError(f"model must be an nnx.Module with a config, got "
+                             f"{type(model).__name__}")
+        self.num_slots = decode._check_int("num_slots", num_slots, 1)
+        limit = getattr(getattr(model, "positions", None), "max_positions", None)
+        if max_len is None:
+            if not limit:
+                raise ValueError("max_len must be given for a model without a position table")
+            max_len = limit
+        self.max_len = decode._check_int("max_len", max_len, 2)
+        if limit and self.max_len > limit:
+            raise ValueError(f"max_len must be <= {limit}, the model's position table "
+                             f"(max_seq_len), got {self.max_len}")
+        self.max_stop_sequences = decode._check_int("max_stop_sequences", max_stop_sequences, 0)
+        self.max_stop_width = decode._check_int("max_stop_width", max_stop_width, 1)
+        self.vocab_size = model.config.vocab_size
+        self._eos_mask = decode._check_eos(eos_ids, self.vocab_size)
+        self._graphdef, self._weights = nnx.split(model)
+        self._state = _empty_state(model.config, self.num_slots, self.max_len,
+                                   self.max_stop_sequences, self.max_stop_width, self._eos_mask)
+        self._slots: list[Request | None] = [None] * self.num_slots
+
+    # --- Slots ------------------------------------------------------------------------------
+
+    @property
+    def free_slots(self) -> list[int]:
+        return [i for i, r in enumerate(self._slots) if r is None]
+
+    @property
+    def active(self) -> dict[int, Request]:
+        """Slot -> the request decoding in it."""
+        return {i: r for i, r in enumerate(self._slots) if r is not None}
+
+    @property
+    def state(self) -> DecodeState:
+        """The shared decode state (for inspection; the engine owns and donates it)."""
+        return self._state
+
+    def check(self, request: Request) -> str | None:
+        """Why this engine can never serve ``request``, or None if it can."""
+        bad = [t for t in request.prompt if not 0 <= t < self.vocab_size]
+        if bad:
+            return f"prompt holds token id {bad[0]}; ids must be in [0, {self.vocab_size})"
+        need = len(request.prompt) + request.max_new_tokens
+        if need > self.max_len:
+            return (f"prompt ({len(request.prompt)} tokens) + max_new_tokens "
+                    f"({request.max_new_tokens}) = {need} exceeds the slot capacity "
+                    f"max_len={self.max_len}")
+        if len(request.stop_sequences) > self.max_stop_sequences:
+            return (f"{len(request.stop_sequences)} stop sequences, the engine has room for "
+                    f"max_stop_sequences={self.max_stop_sequences}")
+        for s in request.stop_sequences:
+            bad = [t for t in s if not 0 <= t < self.vocab_size]
+            if len(s) > self.max_stop_width or bad:
+                return (f"stop sequence {list(s)} must have <= max_stop_width="
+                        f"{self.max_stop_width} ids in [0, {self.vocab_size})")
+        try:
+            request.params.per_row(1, self.vocab_size)
+        except ValueError as error:
+            return f"params: {error}"
+        return None
+
+    def insert(self, request: Request, slot: int | None = None) -> int:
+        """Prefill ``request`` into ``slot`` (default: the lowest free one); returns the slot."""
+        if not isinstance(request, Request):
+            raise ValueError(f"request must be a Request, got {request!r}")
+        reason = self.check(request)
+        if reason:
+            raise ValueError(f"request {request.id!r} cannot be served: {reason}")
+        free = self.free_slots
+        if slot is None:
+            if not free:
+                raise ValueError(f"no free slot for request {request.id!r}: all "
+                                 f"{self.num_slots} slots are decoding")
+            slot = free[0]
+        elif not decode._is_int(slot) or slot not in free:
+            raise ValueError(f"slot must be a free slot, one of {free}, got {slot!r}")
+        P = len(request.prompt)
+        T = min(decode.bucket_length(P), self.max_len)
+        block = np.zeros((1, T), np.int32)
+        block[0, :P] = request.prompt
+        stops = np.full((1, self.max_stop_sequences, self.max_stop_width), -1, np.int32)
+        for m, s in enumerate(request.stop_sequences):
+            stops[0, m, self.max_stop_width - len(s):] = s
+        row = decode._prefill(self._weights, block, np.asarray([P], np.int32),
+                              np.asarray([request.seed], np.uint32),
+                              request.params.per_row(1, self.vocab_size), self._eos_mask, stops,
+                              graphdef=self._graphdef, max_len=self.max_len,
+                              max_new_tokens=self.max_len, top_n=0, with_entropy=False)
+        row = row.replace(budgets=jnp.asarray([request.max_new_tokens], jnp.int32))
+        self._state = _write_row(self._state, row, jnp.asarray(slot, jnp.int32))
+        self._slots[slot] = request
+        return int(slot)
+
+    def step(self, n: int = 1) -> StepResult:
+        """Advance every running slot by up to ``n`` tokens (one jitted call), then retire the
+        requests that finished."""
+        n = decode._check_int("n", n, 1)
+        if not any(r is not None for r in self._slots):
+            return StepResult({}, [], 0)
+        self._state, rounds = _advance(self._weights, self._state, jnp.asarray(n, jnp.int32),
+                                       graphdef=self._graphdef)
+        finish, lengths, prompt_lengths, rounds = jax.device_get(
+            (self._state.finish, self._state.lengths, self._state.prompt_lengths, rounds))
+        generated, finished = {}, []
+        for slot, request in self.active.items():
+            generated[request.id] = int(lengths[slot] - prompt_lengths[slot])
+            if finish[slot] != decode.RUNNING:
+                finished.append(slot)
+        completions = []
+        if finished:
+            index = jnp.asarray(finished)
+            tokens, logprobs = jax.device_get((self._state.tokens[index],
+                                               self._state.logprobs[index]))
+            for i, slot in enumerate(finished):
+                P, n_out = int(prompt_lengths[slot]), generated[self._slots[slot].id]
+                completions.append(Completion(
+                    request_id=self._slots[slot].id, slot=slot,
+                    tokens=tokens[i, P:P + n_out].tolist(), logprobs=logprobs[i, :n_out],
+                    finish_reason=decode.FINISH_REASONS[int(finish[slot])]))
+                self._slots[slot] = None
+            mask = np.zeros((self.num_slots,), bool)
+            mask[finished] = True
+            self._state = _free_rows(self._state, jnp.asarray(mask))
+        return StepResult(generated, completions, int(rounds))
+
+    def run(self, requests: Sequence[Request], n: int = 8) -> dict[int | str, Completion]:
+        """Serve ``requests`` in order, filling free slots before every step (no clock): a
+        convenience for tests and offline use. Requests that cannot be served raise."""
+        queue, done = list(requests), {}
+        while queue or self.active:
+            while queue and self.free_slots:
+                self.insert(queue.pop(0))
+            for c in self.step(n).finished:
+                done[c.request_id] = c
+        return done

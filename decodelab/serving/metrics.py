@@ -1,0 +1,87 @@
+"""Per-request timings of a replayed trace and their summary.
+
+Conventions (times in seconds on the replay's clock, measured from the start of the trace):
+
+- TTFT (time to first token) = first-token time - arrival: it includes the wait in the queue and
+  the prefill. A token's time is the end of the engine call that produced it (host round trip
+  included), so with ``steps_per_call = n`` tokens are seen in groups of up to n.
+- Latency (end to end) = finish time - arrival.
+- TPOT (time per output token) = (latency - TTFT) / (tokens - 1), over requests with >= 2 tokens.
+- Output tokens/s and requests/s are totals over the makespan: from the first arrival to the last
+  finish. Slot occupancy = slot-seconds spent decoding a request / (slots x makespan).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+
+@dataclasses.dataclass
+class RequestRecord:
+    """What happened to one request of a trace."""
+
+    request_id: int | str
+    arrival: float
+    status: str = "waiting"  # "completed" | "rejected" (or "waiting" / "running" mid-replay)
+    error: str = ""  # why it was rejected
+    admitted: float | None = None  # inserted into a slot (prefill started)
+    first_token: float | None = None
+    finish: float | None = None  # completed or rejected
+    slot: int | None = None
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    finish_reason: str = ""
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.arrival
+
+    @property
+    def latency(self) -> float | None:
+        return None if self.finish is None else self.finish - self.arrival
+
+    @property
+    def tpot(self) -> float | None:
+        n = len(self.tokens)
+        if self.status != "completed" or n < 2:
+            return None
+        return (self.latency - self.ttft) / (n - 1)
+
+
+def _percentiles(prefix: str, values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {f"{prefix}_p{q}_s": None for q in (50, 90, 99)} | {f"{prefix}_mean_s": None}
+    array = np.asarray(values, np.float64)
+    out = {f"{prefix}_p{q}_s": float(np.percentile(array, q)) for q in (50, 90, 99)}
+    out[f"{prefix}_mean_s"] = float(array.mean())
+    return out
+
+
+def summarize(records: list[RequestRecord], num_slots: int, busy_slot_seconds: float
+              ) -> dict[str, float | int | None]:
+    """Throughput, latency percentiles and occupancy of a finished replay (see module doc)."""
+    done = [r for r in records if r.status == "completed"]
+    rejected = [r for r in records if r.status == "rejected"]
+    if len(done) + len(rejected) != len(records):
+        raise ValueError("every request must end completed or rejected before summarizing, got "
+                         f"{len(records) - len(done) - len(rejected)} unfinished")
+    start = min((r.arrival for r in records), default=0.0)
+    end = max((r.finish for r in records), default=start)
+    makespan = max(end - start, 1e-12)
+    tokens = sum(len(r.tokens) for r in done)
+    out = {
+        "requests": len(records),
+        "completed": len(done),
+        "rejected": len(rejected),
+        "output_tokens": tokens,
+        "makespan_s": makespan,
+        "output_tokens_per_s": tokens / makespan,
+        "requests_per_s": len(done) / makespan,
+        "slot_occupancy": busy_slot_seconds / (num_slots * makespan),
+    }
+    out |= _percentiles("ttft", [r.ttft for r in done])
+    out |= _percentiles("tpot", [r.tpot for r in done if r.tpot is not None])
+    out |= _percentiles("latency", [r.latency for r in done])
+    out |= _percentiles("queue", [r.admitted - r.arrival for r in done])
+    return out

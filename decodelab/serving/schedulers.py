@@ -1,0 +1,227 @@
+"""Schedulers (static, dynamic, continuous) over one SlotEngine, and ``replay``, which plays a
+trace through an engine under a scheduler and a clock.
+
+A scheduler answers one question, asked before every engine step: how many of the waiting requests
+(first come, first served) go into free slots now? Everything else (arrivals, rejections, prefill,
+stepping, retiring, timing) is the same replay loop for every policy, so policies differ only in
+that answer:
+
+- ``Static(batch_size)``: when the engine is idle and ``batch_size`` requests wait, insert them all;
+  the batch runs until its last request finishes. A final partial batch starts once no more
+  requests will arrive.
+- ``Dynamic(max_batch_size, max_wait)``: when the engine is idle, insert up to ``max_batch_size``
+  as soon as that many wait or the oldest has waited ``max_wait`` seconds; run until the batch
+  finishes.
+- ``Continuous()``: fill every free slot at every step (iteration-level scheduling, as in Orca).
+
+Clocks: ``WallClock`` reads ``time.perf_counter``; prefill, steps and all host work take their real
+time. While the engine is idle and the next event (an arrival, a scheduler's deadline) is in the
+future, ``WallClock(skip_idle=False)`` sleeps until it; ``skip_idle=True`` (the default) jumps the
+clock there instead, which shortens a replay by the idle time without changing any measured
+duration of work.
+"""
+
+from __future__ import annotations
+
+import abc
+import collections
+import dataclasses
+import time
+from collections.abc import Sequence
+from typing import ClassVar
+
+from tqdm.auto import tqdm
+
+from decodelab.serving.engine import Request, SlotEngine
+from decodelab.serving.metrics import RequestRecord, summarize
+
+
+def _check_slots(name: str, value) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+
+
+class Scheduler(abc.ABC):
+    """How many waiting requests to insert now."""
+
+    name: ClassVar[str]
+
+    @abc.abstractmethod
+    def admit(self, now: float, waiting: Sequence[Request], engine: SlotEngine,
+              more_coming: bool) -> int:
+        """The number of requests, from the head of ``waiting``, to insert now (<= free slots)."""
+
+    def deadline(self, waiting: Sequence[Request]) -> float | None:
+        """A time at which ``admit`` may say yes without a new arrival (None: only arrivals)."""
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Static(Scheduler):
+    name: ClassVar[str] = "static"
+    batch_size: int
+
+    def __post_init__(self):
+        _check_slots("batch_size", self.batch_size)
+
+    def admit(self, now, waiting, engine, more_coming):
+        if engine.active or not waiting:
+            return 0
+        size = min(self.batch_size, engine.num_slots)
+        if len(waiting) >= size or not more_coming:
+            return min(size, len(waiting))
+        return 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Dynamic(Scheduler):
+    name: ClassVar[str] = "dynamic"
+    max_batch_size: int
+    max_wait: float  # seconds the oldest waiting request may wait for batch-mates
+
+    def __post_init__(self):
+        _check_slots("max_batch_size", self.max_batch_size)
+        if isinstance(self.max_wait, bool) or not isinstance(self.max_wait, (int, float)) or not (
+                0 <= self.max_wait < float("inf")):
+            raise ValueError(f"max_wait must be a finite number of seconds >= 0, got "
+                             f"{self.max_wait!r}")
+
+    def admit(self, now, waiting, engine, more_coming):
+        if engine.active or not waiting:
+            return 0
+        size = min(self.max_batch_size, engine.num_slots)
+        if len(waiting) >= size or now >= waiting[0].arrival + self.max_wait or not more_coming:
+            return min(size, len(waiting))
+        return 0
+
+    def deadline(self, waiting):
+        return waiting[0].arrival + self.max_wait if waiting else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Continuous(Scheduler):
+    name: ClassVar[str] = "continuous"
+
+    def admit(self, now, waiting, engine, more_coming):
+        return min(len(waiting), len(engine.free_slots))
+
+
+SCHEDULERS: dict[str, type[Scheduler]] = {cls.name: cls for cls in (Static, Dynamic, Continuous)}
+
+
+def make_scheduler(name: str, num_slots: int, max_wait: float = 0.0) -> Scheduler:
+    """The policy ``name`` with batches of up to ``num_slots`` (``max_wait`` for dynamic only)."""
+    if name not in SCHEDULERS:
+        raise ValueError(f"scheduler must be one of {sorted(SCHEDULERS)}, got {name!r}")
+    _check_slots("num_slots", num_slots)
+    return {"static": lambda: Static(num_slots), "dynamic": lambda: Dynamic(num_slots, max_wait),
+            "continuous": Continuous}[name]()
+
+
+class WallClock:
+    """Seconds since ``start``, by ``time.perf_counter``; see the module doc for ``skip_idle``."""
+
+    def __init__(self, skip_idle: bool = True):
+        self.skip_idle = skip_idle
+        self._start = time.perf_counter()
+        self._skipped = 0.0
+
+    @property
+    def skipped(self) -> float:
+        """Idle seconds jumped over since ``start``."""
+        return self._skipped
+
+    def start(self) -> None:
+        self._start, self._skipped = time.perf_counter(), 0.0
+
+    def now(self) -> float:
+        return time.perf_counter() - self._start + self._skipped
+
+    def wait_until(self, t: float) -> None:
+        gap = t - self.now()
+        if gap <= 0:
+            return
+        if self.skip_idle:
+            self._skipped += gap
+        else:
+            time.sleep(gap)
+
+
+@dataclasses.dataclass
+class Replay:
+    """The outcome of ``replay``: one record per request (trace order) and the summary."""
+
+    records: list[RequestRecord]
+    summary: dict
+    steps: int  # engine calls
+    idle_skipped_s: float  # idle time the clock jumped over (0 with skip_idle=False)
+
+
+def replay(engine: SlotEngine, trace: Sequence[Request], scheduler: Scheduler, *,
+           clock: WallClock | None = None, steps_per_call: int = 1,
+           progress: bool = False) -> Replay:
+    """Play ``trace`` through ``engine`` under ``scheduler``: requests arrive at their times,
+    wait in a first-come-first-served queue, are inserted when the scheduler says so and retire
+    when finished. A request the engine can never serve (``engine.check``) is rejected with an
+    error record at its arrival; every request ends "completed" or "rejected"."""
+    if not isinstance(engine, SlotEngine):
+        raise ValueError(f"engine must be a SlotEngine, got {engine!r}")
+    if not isinstance(scheduler, Scheduler):
+        raise ValueError(f"scheduler must be a Scheduler, got {scheduler!r}")
+    _check_slots("steps_per_call", steps_per_call)
+    if engine.active:
+        raise ValueError(f"engine must be idle at the start of a replay, got "
+                         f"{len(engine.active)} active slots")
+    if len({r.id for r in trace}) != len(trace):
+        raise ValueError("trace request ids must be unique")
+    clock = clock or WallClock()
+    pending = collections.deque(sorted(trace, key=lambda r: r.arrival))
+    records = {r.id: RequestRecord(r.id, r.arrival) for r in trace}
+    waiting: collections.deque[Request] = collections.deque()
+    busy_slot_seconds, steps = 0.0, 0
+    bar = tqdm(total=len(trace), desc=f"{scheduler.name} replay", unit="req", disable=not progress,
+               dynamic_ncols=True, leave=False)
+    clock.start()
+    with bar:
+        while pending or waiting or engine.active:
+            now = clock.now()
+            while pending and pending[0].arrival <= now:
+                request = pending.popleft()
+                reason = engine.check(request)
+                if reason:
+                    record = records[request.id]
+                    record.status, record.error, record.finish = "rejected", reason, now
+                    bar.update(1)
+                else:
+                    waiting.append(request)
+            for _ in range(scheduler.admit(now, waiting, engine, bool(pending))):
+                request = waiting.popleft()
+                record = records[request.id]
+                record.admitted, record.status = clock.now(), "running"
+                record.slot = engine.insert(request)
+            if engine.active:
+                active, started = len(engine.active), clock.now()
+                result = engine.step(steps_per_call)
+                ended = clock.now()
+                steps += 1
+                busy_slot_seconds += active * (ended - started)
+                for request_id, count in result.generated.items():
+                    record = records[request_id]
+                    if count and record.first_token is None:
+                        record.first_token = ended
+                for completion in result.finished:
+                    record = records[completion.request_id]
+                    record.status, record.finish = "completed", ended
+                    record.tokens, record.finish_reason = completion.tokens, completion.finish_reason
+                    bar.update(1)
+                bar.set_postfix(active=len(engine.active), waiting=len(waiting), refresh=False)
+                continue
+            events = [t for t in (pending[0].arrival if pending else None,
+                                  scheduler.deadline(waiting)) if t is not None]
+            if not events:
+                raise RuntimeError(f"scheduler {scheduler!r} admits none of {len(waiting)} "
+                                   "waiting requests and nothing else will happen")
+            clock.wait_until(min(events))
+    ordered = [records[r.id] for r in trace]
+    return Replay(ordered, summarize(ordered, engine.num_slots, busy_slot_seconds), steps,
+                  clock.skipped)

@@ -1,0 +1,167 @@
+"""SlotEngine: every request's tokens equal ``generate`` on that request alone, whatever its slot,
+batch-mates or steps per call; a reused slot holds nothing of its previous request; requests that
+cannot fit are refused."""
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+import decodelab as dl
+from decodelab.serving import Request, SlotEngine
+from decodelab.serving import engine as engine_module
+
+S = 64  # slot capacity = the tiny model's position table
+GREEDY = dl.SamplingParams.greedy()
+SAMPLED = dl.SamplingParams(temperature=0.9, top_k=40, top_p=0.95)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_config):
+    return dl.Transformer(tiny_config.replace(position="rope"), rngs=nnx.Rngs(0))
+
+
+def make_requests(n: int = 8) -> list[Request]:
+    """Mixed prompt lengths (one prefill bucket), two budgets, greedy and seeded sampling."""
+    rng = np.random.default_rng(1)
+    return [Request(id=i, prompt=rng.integers(0, 512, int(rng.integers(1, 15))).tolist(),
+                    max_new_tokens=(6, 11)[i % 2], params=(GREEDY, SAMPLED)[(i // 2) % 2],
+                    seed=1000 + 7 * i)
+            for i in range(n)]
+
+
+def alone(model, request: Request):
+    return dl.generate(model, [list(request.prompt)], request.params, request.max_new_tokens,
+                       seed=[request.seed], stop_sequences=request.stop_sequences, max_len=S)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny):
+    """Each request's output from ``dl.generate`` on that request alone."""
+    return {r.id: alone(tiny, r) for r in make_requests()}
+
+
+@pytest.mark.parametrize("slots,n", [(1, 1), (3, 4)])
+def test_tokens_equal_generate_alone_for_any_slot_count_and_steps_per_call(tiny, reference,
+                                                                           slots, n):
+    done = SlotEngine(tiny, slots, S).run(make_requests(), n=n)
+    for request_id, ref in reference.items():
+        assert done[request_id].tokens == ref.token_lists()[0]
+        assert done[request_id].finish_reason == ref.finish_reason[0]
+        np.testing.assert_allclose(done[request_id].logprobs, ref.logprobs[0, :ref.lengths[0]],
+                                   rtol=0, atol=1e-5)
+
+
+def test_tokens_do_not_depend_on_batch_mates_or_order(tiny, reference):
+    requests = make_requests()
+    done = SlotEngine(tiny, 3, S).run(requests[::-1][:5], n=3)
+    for request_id, completion in done.items():
+        assert completion.tokens == reference[request_id].token_lists()[0]
+
+
+def test_step_n_is_n_single_steps(tiny):
+    one, many = SlotEngine(tiny, 3, S), SlotEngine(tiny, 3, S)
+    for engine in (one, many):
+        for r in make_requests(3):
+            engine.insert(r)
+    for _ in range(4):
+        one.step(1)
+    many.step(4)
+    # Every field but the scalar round counter (which no slot reads) is identical.
+    for a, b in zip(jax.tree.leaves(one.state.replace(step=0)),
+                    jax.tree.leaves(many.state.replace(step=0))):
+        np.testing.assert_array_equal(a, b)
+
+
+def row(state, slot: int):
+    """The per-row fields of one slot (the cache's k and v have the slot axis second)."""
+    fields = {name: jax.tree.map(lambda x: x[slot], getattr(state, name))
+              for name in engine_module._ROW_FIELDS}
+    return fields, state.cache.k[:, slot], state.cache.v[:, slot], state.cache.lengths[slot]
+
+
+def test_a_reused_slot_holds_nothing_of_its_previous_request(tiny):
+    first, second = make_requests(4)[3], make_requests(4)[0]  # long sampled, then short greedy
+    reused = SlotEngine(tiny, 3, S)
+    reused.insert(first, slot=1)
+    while reused.active:
+        reused.step(5)
+    assert reused.free_slots == [0, 1, 2]
+    reused.insert(second, slot=1)
+    fresh = SlotEngine(tiny, 3, S)
+    fresh.insert(second, slot=1)
+    # Every per-row field of slot 1 (tokens, cache keys and values, lengths, parameters, seed,
+    # stop sequences, budget, log-probs) is bit-identical to a fresh engine's.
+    for a, b in zip(jax.tree.leaves(row(reused.state, 1)), jax.tree.leaves(row(fresh.state, 1))):
+        np.testing.assert_array_equal(a, b)
+    assert reused.step(6).finished[0].tokens == fresh.step(6).finished[0].tokens
+
+
+def test_per_request_stop_sequence(tiny, reference):
+    base = make_requests()[1]  # greedy, budget 11
+    tokens = reference[1].token_lists()[0]
+    request = Request(id="stop", prompt=base.prompt, max_new_tokens=11, params=GREEDY,
+                      seed=base.seed, stop_sequences=(tuple(tokens[3:5]), (511, 510, 509)))
+    ref = alone(tiny, request)
+    done = SlotEngine(tiny, 3, S).run([request, make_requests()[2]], n=4)
+    end = next(k for k in range(2, 12) if tokens[k - 2:k] == tokens[3:5])  # first occurrence
+    assert done["stop"].tokens == ref.token_lists()[0] == tokens[:end]
+    assert done["stop"].finish_reason == "stop" == ref.finish_reason[0]
+    assert done[2].tokens == reference[2].token_lists()[0]  # its batch-mate has no stop sequence
+
+
+def test_eos_ends_a_request(tiny, reference):
+    tokens = reference[1].token_lists()[0]
+    engine = SlotEngine(tiny, 3, S, eos_ids=[tokens[2]])
+    done = engine.run([make_requests()[1]])
+    assert done[1].tokens == tokens[:tokens.index(tokens[2]) + 1]
+    assert done[1].finish_reason == "eos"
+
+
+def test_a_request_over_the_slot_capacity_is_refused_with_a_reason(tiny):
+    engine = SlotEngine(tiny, 2, S)
+    too_long = Request(id="big", prompt=[1] * 40, max_new_tokens=25)
+    assert "40 tokens) + max_new_tokens (25) = 65 exceeds the slot capacity max_len=64" in (
+        engine.check(too_long))
+    with pytest.raises(ValueError, match="cannot be served"):
+        engine.insert(too_long)
+    assert engine.check(Request(id="fits", prompt=[1] * 40, max_new_tokens=24)) is None
+    assert "token id 512" in engine.check(Request(id="v", prompt=[512], max_new_tokens=2))
+    assert engine.free_slots == [0, 1]
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(num_slots=0, max_len=S), "num_slots must be an int >= 1, got 0"),
+    (dict(num_slots=2.0, max_len=S), "num_slots must be an int >= 1"),
+    (dict(num_slots=2), "max_len must be given for a model without a position table"),
+    (dict(num_slots=2, max_len=1), "max_len must be an int >= 2, got 1"),
+    (dict(num_slots=2, max_len=S, eos_ids=[600]), "eos_ids must be token ids in"),
+])
+def test_bad_engine_arguments(tiny, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SlotEngine(tiny, **kwargs)
+
+
+def test_bad_insert_and_step_arguments(tiny):
+    engine = SlotEngine(tiny, 1, S)
+    with pytest.raises(ValueError, match="step|n must be an int >= 1"):
+        engine.step(0)
+    engine.insert(make_requests(1)[0])
+    with pytest.raises(ValueError, match="no free slot"):
+        engine.insert(make_requests(2)[1])
+    with pytest.raises(ValueError, match="request must be a Request"):
+        engine.insert([1, 2, 3])
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(prompt=[]), "prompt must be a non-empty list"),
+    (dict(prompt="abc"), "prompt must be a non-empty list"),
+    (dict(max_new_tokens=0), "max_new_tokens must be an int >= 1, got 0"),
+    (dict(seed=-1), "seed must be an int in"),
+    (dict(arrival=-0.5), "arrival must be a finite number"),
+    (dict(stop_sequences=[[]]), "stop_sequences must hold non-empty"),
+])
+def test_bad_request_fields(kwargs, match):
+    fields = dict(id=0, prompt=[1, 2], max_new_tokens=4) | kwargs
+    with pytest.raises(ValueError, match=match):
+        Request(**fields)
