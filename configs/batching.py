@@ -1,0 +1,64 @@
+"""python -m experiments.batching --config=configs/batching.py --workdir=runs/batching
+
+Static, dynamic and continuous batching on one slot engine: the same `small`-preset model (random
+weights: see experiments/batching.py for why), the same 8 slots, the same seeded Poisson traces, at
+several arrival rates, with fixed and with long-tailed output lengths. Render the page with
+`python -m experiments.report --workdir=runs/batching --out=results`.
+"""
+
+from ml_collections import config_dict
+
+from decodelab.experiment import product
+from decodelab.presets import model_section
+
+POLICIES = ("static", "dynamic", "continuous")
+RATES = (2.0, 6.0, 16.0, 64.0)  # requests/s; 64 is far past what 8 slots serve (saturation)
+OUTPUTS = ("fixed", "long_tail")
+
+
+def get_config(arg: str | None = None) -> config_dict.ConfigDict:
+    config = config_dict.ConfigDict()
+    # Experiment name: rows of other experiments are refused in the same workdir.
+    config.experiment = "batching"
+    # Seed of the model's random weights and of every trace (the same trace for every policy).
+    config.seed = 0
+    # Model: the `small` preset (or the preset named after the colon), random weights.
+    config.model = model_section(arg or "small")
+    # Vocabulary of the random model (the size the `small` studies' tokenizer has).
+    config.vocab_size = 4096
+    config.engine = config_dict.ConfigDict(dict(
+        # Slots (rows of the shared cache), the same for every policy.
+        num_slots=8,
+        # Cache slots per row: prompt + output must fit (the model's position table).
+        max_len=128,
+        # Decode rounds per engine call (one host round trip per call).
+        steps_per_call=2,
+    ))
+    # Batching policy: static | dynamic | continuous.
+    config.policy = "continuous"
+    # Dynamic batching: the oldest waiting request waits at most this many seconds for batch-mates.
+    config.dynamic_max_wait = 0.25
+    config.trace = config_dict.ConfigDict(dict(
+        # Requests per trace.
+        num_requests=64,
+        # Poisson arrival rate, requests per second.
+        rate=8.0,
+        # Prompt lengths (tokens): uniform on 4..16.
+        prompt=dict(kind="uniform", low=4, high=16),
+        # Which output-length distribution: "fixed" or "long_tail" (the two below).
+        output="long_tail",
+        # Every request answers 32 tokens.
+        output_fixed=dict(kind="fixed", length=32),
+        # Median 20, mean ~32, capped at 112 (prompt + output <= max_len): a few long answers.
+        output_long_tail=dict(kind="lognormal", median=20.0, sigma=1.0, cap=112),
+        # Sampling of every request (each request has its own seed: id + 1000).
+        temperature=0.8,
+        top_p=0.95,
+    ))
+    return config
+
+
+def get_sweep(arg: str | None = None) -> list[dict]:
+    del arg
+    return product({"trace.output": list(OUTPUTS), "trace.rate": list(RATES),
+                    "policy": list(POLICIES)})
