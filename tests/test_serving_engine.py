@@ -2,6 +2,8 @@
 batch-mates or steps per call; a reused slot holds nothing of its previous request; requests that
 cannot fit are refused."""
 
+import collections
+
 import jax
 import numpy as np
 import pytest
@@ -165,3 +167,30 @@ def test_bad_request_fields(kwargs, match):
     fields = dict(id=0, prompt=[1, 2], max_new_tokens=4) | kwargs
     with pytest.raises(ValueError, match=match):
         Request(**fields)
+
+
+def test_new_requests_reuse_the_compiled_programs(tiny):
+    """Prompt lengths within a bucket, parameters, seeds, budgets and stop sequences are array
+    values: serving more requests compiles none of the engine's programs again (eager helper ops
+    such as the gather of finished rows are not counted)."""
+    counts = collections.Counter()
+
+    def listen(event, duration, **kwargs):
+        if event == "/jax/core/compile/jaxpr_trace_duration":
+            counts[kwargs.get("fun_name")] += 1
+
+    SlotEngine(tiny, 2, S).run(make_requests(2), n=3)  # warm: every program once
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        rng = np.random.default_rng(5)
+        requests = [Request(id=i, prompt=rng.integers(0, 512, int(rng.integers(1, 16))).tolist(),
+                            max_new_tokens=int(rng.integers(1, 20)),
+                            params=dl.SamplingParams(temperature=float(rng.uniform(0, 1.5)),
+                                                     top_k=int(rng.integers(0, 50))),
+                            seed=i, stop_sequences=[[int(rng.integers(0, 512))]] * (i % 2))
+                    for i in range(6)]
+        SlotEngine(tiny, 2, S).run(requests, n=int(rng.integers(1, 5)))
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    programs = ("_prefill", "_advance", "_write_row", "_free_rows")
+    assert all(counts[name] == 0 for name in programs), counts
