@@ -388,6 +388,14 @@ def report(rows, out_dir) -> list[pathlib.Path]:
         f"XLA and PyTorch; 1-minute load average at the start of each point "
         f"{_fmt_range([m['load_avg_1min'] for m in metrics], '', 2).strip()}. Peer: "
         f"{'; '.join(hf_versions)}.")
+    busy = max(m["load_avg_1min"] for m in metrics)
+    if busy >= 0.75 * metrics[0]["threads"]:
+        page.text(
+            f"**The machine was shared during this run** (1-minute load average up to {busy:.1f} "
+            f"on {metrics[0]['threads']} cores): other processes took CPU time from every "
+            "measurement, so all speeds are lower and noisier than on an idle machine, and "
+            "PyTorch's OpenMP threads, which wait for each other at every operation, lose the "
+            "most. Compare rows measured at similar load.")
     page.text(
         "How each number is made (details in `experiments/bench_decode.py`): tokens/s = batch x "
         f"{N} / the wall time of one whole `generate` call; decodelab step ms = (that time - the "
