@@ -17,6 +17,7 @@ from decodelab.train import TrainConfig  # the loop itself: decodelab.train.trai
 # Sampling and decoding
 from decodelab.decode import GenerateOutput, generate
 from decodelab.sampling import SamplingParams
+from decodelab.beam import BeamSearchOutput, beam_search
 
 __all__ = [
     "KVCache",
@@ -31,4 +32,6 @@ __all__ = [
     "GenerateOutput",
     "SamplingParams",
     "generate",
+    "BeamSearchOutput",
+    "beam_search",
 ]

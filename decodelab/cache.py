@@ -94,6 +94,13 @@ class KVCache:
         """Move each row's length forward by ``num_valid: [B]`` tokens."""
         return self.replace(lengths=self.lengths + num_valid.astype(jnp.int32))
 
+    def take_rows(self, rows: jax.Array) -> KVCache:
+        """The cache whose row ``i`` is a copy of this cache's row ``rows[i]`` (``rows: [B']`` int,
+        in ``[0, B)``, repeats allowed). Beam search uses it to copy a prompt's row to each of its
+        beams and, every step, to give each surviving beam its parent's keys, values and length."""
+        rows = jnp.asarray(rows, jnp.int32)
+        return self.replace(k=self.k[:, rows], v=self.v[:, rows], lengths=self.lengths[rows])
+
     def rewind(self, lengths) -> KVCache:
         """Set each row's length back to ``lengths`` (scalar or ``[B]``); later slots become stale.
 
