@@ -1,4 +1,6 @@
-"""Metrics of models and their outputs. So far: perplexity of a token stream at a context length.
+"""Metrics of models and their outputs: perplexity of a token stream at a context length, and the
+text quality of generated samples (continuation perplexity, distinct-n, repetition, self-BLEU,
+Zipf coefficient, length and EOS rate; see the section at the end of this file).
 
 What ``perplexity`` counts, exactly:
 
@@ -28,9 +30,10 @@ One jit compilation serves every call with the same model structure, ``batch_siz
 
 from __future__ import annotations
 
+import collections
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -136,3 +139,172 @@ def perplexity(
     if num_chars is not None:
         result["bits_per_char"] = loss * (len(stream) - 1) / num_chars / math.log(2)
     return result
+
+
+# --- Text quality of generated samples ------------------------------------------------------------
+#
+# A *sample* is one continuation: its token ids only, without the prompt (a finishing EOS
+# included). Metrics of a set of samples weigh each sample equally: distinct-n and repetition are
+# measured within each sample and averaged, so a set of human continuations (one per prompt) and
+# a set of model samples (several per prompt) are read on the same scale. How alike the samples of
+# one prompt are to each other is self-BLEU's job.
+
+
+def _check_samples(name: str, samples) -> list[list[int]]:
+    if isinstance(samples, (str, bytes)) or not isinstance(samples, (Sequence, np.ndarray)):
+        raise ValueError(f"{name} must be a list of token-id lists, got {type(samples).__name__}")
+    if len(samples) == 0:
+        raise ValueError(f"{name} is empty; give at least one sample")
+    checked = []
+    for i, sample in enumerate(samples):
+        array = np.asarray(sample)
+        if array.ndim != 1 or (array.size and not np.issubdtype(array.dtype, np.integer)):
+            raise ValueError(f"{name}[{i}] must be a 1-D list of int token ids, got {sample!r}")
+        checked.append(array.astype(np.int64).tolist())
+    return checked
+
+
+def _ngrams(tokens: list[int], n: int) -> list[tuple[int, ...]]:
+    return [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
+
+
+def distinct_n(samples: Sequence[Sequence[int]], n: int) -> float | None:
+    """Mean over samples of (distinct n-grams / n-grams) within the sample (Li et al. 2016, per
+    sample); 1 when no n-gram repeats. Samples shorter than ``n`` have no n-grams and are left
+    out; None if every sample is."""
+    _check_int("n", n, 1)
+    ratios = [len(set(grams)) / len(grams)
+              for grams in (_ngrams(s, n) for s in _check_samples("samples", samples)) if grams]
+    return float(np.mean(ratios)) if ratios else None
+
+
+def repetition_rate(samples: Sequence[Sequence[int]], n: int = 4) -> float | None:
+    """Mean over samples of the share of the sample's n-grams that repeat an n-gram seen earlier in
+    it: ``1 - distinct_n`` per sample (Welleck et al. 2019's seq-rep-n); 0 when nothing repeats.
+    Samples shorter than ``n`` are left out; None if every sample is."""
+    distinct = distinct_n(samples, n)
+    return None if distinct is None else 1.0 - distinct
+
+
+def self_bleu(texts: Sequence[str]) -> float:
+    """Self-BLEU of the samples of one prompt (Zhu et al. 2018): the mean over samples of the
+    sentence BLEU (sacrebleu, 0-100, its default 13a tokenization, effective n-gram order) of the
+    sample against all the others as references. 100: every sample is a copy of another; near 0:
+    they share almost no n-grams."""
+    import sacrebleu  # deferred: only the text-quality metrics need it
+
+    if isinstance(texts, str) or not isinstance(texts, Sequence) or len(texts) < 2:
+        raise ValueError(f"texts must be a list of at least 2 strings, got {texts!r}")
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise ValueError(f"texts[{i}] must be a str, got {type(text).__name__}")
+    bleu = sacrebleu.metrics.BLEU(effective_order=True)
+    scores = [bleu.sentence_score(text, [t for j, t in enumerate(texts) if j != i]).score
+              for i, text in enumerate(texts)]
+    return float(np.mean(scores))
+
+
+def zipf_coefficient(samples: Sequence[Sequence[int]]) -> float | None:
+    """The exponent s of a Zipf law ``count ~ rank^-s`` fitted to the token counts of all samples
+    together: minus the least-squares slope of log(count) against log(rank) over every token that
+    occurs (Holtzman et al. 2020 compare it with human text's). None with fewer than 2 distinct
+    tokens."""
+    counts = collections.Counter(t for s in _check_samples("samples", samples) for t in s)
+    if len(counts) < 2:
+        return None
+    frequency = np.sort(np.fromiter(counts.values(), np.float64))[::-1]
+    rank = np.arange(1, len(frequency) + 1, dtype=np.float64)
+    slope = np.polyfit(np.log(rank), np.log(frequency), 1)[0]
+    return float(-slope)
+
+
+def mean_length(samples: Sequence[Sequence[int]]) -> float:
+    """Mean tokens per sample."""
+    return float(np.mean([len(s) for s in _check_samples("samples", samples)]))
+
+
+def eos_rate(samples: Sequence[Sequence[int]], eos_ids: int | Sequence[int]) -> float:
+    """Share of samples whose last token is one of ``eos_ids`` (they ended on their own rather than
+    at the length budget)."""
+    ids = {eos_ids} if isinstance(eos_ids, (int, np.integer)) else set(eos_ids)
+    return float(np.mean([bool(s) and s[-1] in ids for s in _check_samples("samples", samples)]))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _target_logprobs(graphdef, state, inputs, targets):
+    """``[B, T]``: log-probability of ``targets[b, t]`` given ``inputs[b, :t + 1]``."""
+    model = graphdef if state is None else nnx.merge(graphdef, state)
+    logp = jax.nn.log_softmax(model(inputs), axis=-1)  # [B, T, V]
+    return jnp.take_along_axis(logp, targets[:, :, None], axis=-1)[:, :, 0]
+
+
+def continuation_logprobs(
+    model: nnx.Module | Callable[[jax.Array], jax.Array],
+    prompts: Sequence[Sequence[int]],
+    continuations: Sequence[Sequence[int]],
+    *,
+    batch_size: int = 32,
+) -> list[np.ndarray]:
+    """Per continuation, the ``model``'s log-probability (nats) of each of its tokens given its
+    prompt and the continuation tokens before it: ``float64 [len(continuation)]`` each.
+
+    One full forward pass per batch over ``prompt + continuation`` (no cache), padded at the end to
+    a power-of-two length (at least 16), so one compilation serves every batch of that length.
+    ``model`` maps ``tokens [B, T] -> logits [B, T, V]`` (a ``Transformer`` or a plain function).
+    """
+    prompts = _check_samples("prompts", prompts)
+    continuations = _check_samples("continuations", continuations)
+    _check_int("batch_size", batch_size, 1)
+    if len(prompts) != len(continuations):
+        raise ValueError(f"prompts and continuations must pair up, got {len(prompts)} prompts and "
+                         f"{len(continuations)} continuations")
+    for i, prompt in enumerate(prompts):
+        if not prompt:
+            raise ValueError(f"prompts[{i}] is empty; a prompt needs at least one token")
+    vocab_size = getattr(getattr(model, "config", None), "vocab_size", None)
+    ids = [t for seq in prompts + continuations for t in seq]
+    if min(ids) < 0 or (vocab_size is not None and max(ids) >= vocab_size):
+        raise ValueError(f"token ids must be in [0, {vocab_size or 'V'}), got "
+                         f"[{min(ids)}, {max(ids)}]")
+    longest = max(len(p) + len(c) for p, c in zip(prompts, continuations)) - 1
+    T = max(16, 1 << (longest - 1).bit_length())
+    limit = getattr(getattr(model, "positions", None), "max_positions", None)
+    if limit is not None:
+        if longest > limit:
+            raise ValueError(f"prompt + continuation must fit the model's {limit} positions "
+                             f"(max_seq_len) less one, got {longest + 1} tokens")
+        T = min(T, limit)
+    if isinstance(model, nnx.Module):
+        graphdef, state = nnx.split(model)
+    else:
+        graphdef, state = model, None
+    result = []
+    for start in range(0, len(prompts), batch_size):
+        pairs = list(zip(prompts, continuations))[start:start + batch_size]
+        inputs = np.zeros((batch_size, T), np.int32)  # [B, T]
+        targets = np.zeros((batch_size, T), np.int32)
+        for row, (p, c) in enumerate(pairs):
+            sequence = p + c
+            inputs[row, :len(sequence) - 1] = sequence[:-1]
+            targets[row, :len(sequence) - 1] = sequence[1:]
+        logp = np.asarray(_target_logprobs(graphdef, state, inputs, targets), np.float64)
+        result += [logp[row, len(p) - 1:len(p) - 1 + len(c)] for row, (p, c) in enumerate(pairs)]
+    return result
+
+
+def continuation_perplexity(
+    model: nnx.Module | Callable[[jax.Array], jax.Array],
+    prompts: Sequence[Sequence[int]],
+    continuations: Sequence[Sequence[int]],
+    *,
+    batch_size: int = 32,
+) -> float:
+    """``exp`` of the mean negative log-likelihood per continuation token under ``model``, each
+    token given its prompt and the continuation before it, all continuations' tokens pooled (see
+    ``continuation_logprobs``). Raises ValueError if the continuations hold no token."""
+    logprobs = continuation_logprobs(model, prompts, continuations, batch_size=batch_size)
+    tokens = sum(len(lp) for lp in logprobs)
+    if tokens == 0:
+        raise ValueError("continuations must hold at least one token to score, got none")
+    loss = -sum(float(lp.sum()) for lp in logprobs) / tokens
+    return math.exp(loss) if loss < 709 else math.inf
