@@ -1,0 +1,99 @@
+"""python -m experiments.sampling --config=configs/sampling.py --workdir=runs/sampling
+
+What do the decoding strategies the seed describes do to text, measured against the true
+continuation? The `small` model (the generator) continues held-out prompts (paragraph starts spread
+through the three test plays) with each strategy below, several samples per prompt with fixed seeds;
+a larger model (the `scorer` preset, same tokenizer and data) judges the samples. One point per
+strategy, plus the `human` point: the same metrics on the true continuation of each prompt. Render
+the page with `python -m experiments.report --workdir=runs/sampling --out=results`.
+"""
+
+from ml_collections import config_dict
+
+from decodelab.presets import model_section, train_section
+
+# name -> decode settings (fields of config.decode). "sample" uses generate() with SamplingParams;
+# "beam" uses beam_search() (deterministic: one hypothesis per prompt, repeated as its samples);
+# "human" scores the true continuation.
+STRATEGIES: dict[str, dict] = {
+    "human": dict(method="human"),
+    "greedy": dict(temperature=0.0),
+    "beam 4": dict(method="beam", beam_width=4),
+    # Beam search's best hypotheses end the play early (EOS); this one must fill the budget.
+    "beam 4, no early EOS": dict(method="beam", beam_width=4, min_new_tokens=64),
+    "temperature 0.3": dict(temperature=0.3),
+    "temperature 0.7": dict(temperature=0.7),
+    "temperature 1.0": dict(temperature=1.0),
+    "temperature 1.5": dict(temperature=1.5),
+    "top-k 5": dict(top_k=5),
+    "top-k 40": dict(top_k=40),
+    "top-p 0.8": dict(top_p=0.8),
+    "top-p 0.95": dict(top_p=0.95),
+    "min-p 0.05": dict(min_p=0.05),
+    "min-p 0.1": dict(min_p=0.1),
+    "typical 0.9": dict(typical_p=0.9),
+    # Combinations people use: a cooled nucleus, a cooled top-k, and min-p's high-temperature claim.
+    "t 0.7 + top-p 0.95": dict(temperature=0.7, top_p=0.95),
+    "t 0.8 + top-k 40": dict(temperature=0.8, top_k=40),
+    "t 1.0 + top-k 40 + top-p 0.95": dict(top_k=40, top_p=0.95),
+    "t 1.5 + min-p 0.1": dict(temperature=1.5, min_p=0.1),
+}
+
+
+def get_config(arg: str | None = None) -> config_dict.ConfigDict:
+    del arg
+    config = config_dict.ConfigDict()
+    # Experiment name: rows of other experiments are refused in the same workdir.
+    config.experiment = "sampling"
+    # Seed of both models' training; sample j of prompt i is drawn with seed `seed + j * P + i`.
+    config.seed = 0
+    # Tokenizer trained on the training plays, shared by the generator and the scorer.
+    config.tokenizer = config_dict.ConfigDict(dict(vocab_size=4096, model_type="bpe"))
+    # The model whose decoding is studied: `small`, trained with the shared recipe for 600 steps
+    # (not 1500) so that the whole study regenerates in well under 30 minutes on 2 shared cores.
+    config.generator = config_dict.ConfigDict(dict(
+        model=model_section("small"), train=train_section(steps=600)))
+    # The judge: a larger model on the same tokenizer and data, with a lower validation
+    # perplexity than the generator's (about 62 against 74).
+    config.scorer = config_dict.ConfigDict(dict(
+        model=model_section("scorer"), train=train_section(steps=800, checkpoint_every=200)))
+    config.prompts = config_dict.ConfigDict(dict(
+        # Prompts per test play, starting at paragraphs spread evenly from 10% to 90% of the play.
+        per_play=8,
+        # Tokens of each prompt, and of each continuation (generated, or the true one).
+        prompt_tokens=48,
+        new_tokens=64,
+        # Samples per prompt (seeds differ; greedy and beam search repeat themselves).
+        samples=4,
+    ))
+    config.decode = config_dict.ConfigDict(dict(
+        # The strategy's label in the table (a key of STRATEGIES).
+        name="human",
+        # "sample" (generate with the fields below), "beam" or "human".
+        method="sample",
+        # SamplingParams fields (neutral values disable a processor).
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        min_p=0.0,
+        typical_p=1.0,
+        # No EOS before this many new tokens (beam search and sampling alike).
+        min_new_tokens=0,
+        # beam_search fields: beams per prompt and the GNMT length penalty alpha.
+        beam_width=4,
+        length_penalty=0.6,
+    ))
+    config.eval = config_dict.ConfigDict(dict(
+        # A generated token whose probability under the generator is below this is "improbable"
+        # (the seed's "bad or terrible" words).
+        improbable_below=0.01,
+        # Sequences per scoring forward pass.
+        batch_size=32,
+    ))
+    return config
+
+
+def get_sweep(arg: str | None = None) -> list[dict]:
+    del arg
+    return [{"decode.name": name, **{f"decode.{k}": v for k, v in settings.items()}}
+            for name, settings in STRATEGIES.items()]

@@ -1,0 +1,357 @@
+"""Sampling strategies read against human text: quality metrics of each strategy's continuations
+of held-out prompts, and of the true continuations.
+
+    python -m experiments.sampling --config=configs/sampling.py --workdir=runs/sampling
+    python -m experiments.report --workdir=runs/sampling --out=results
+
+Each point is one strategy (configs/sampling.py lists them). The first point trains the generator
+and the scorer (cached in the workdir); the process keeps them, so every later point reuses the
+compiled decode programs. Each row counts the jit compilations that happened during its point.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import math
+import pathlib
+import time
+
+from absl import app
+from matplotlib.figure import Figure
+
+from decodelab import data, experiment, pipeline, quality, results, train
+from decodelab.sampling import SamplingParams
+
+_FLAGS = experiment.define_flags("configs/sampling.py")
+
+# The programs whose compilations a row counts: jitted function name -> metric name.
+PROGRAMS = {"_prefill": "compiles_generate_prefill", "_decode_loop": "compiles_generate_loop",
+            "_beam_prefill": "compiles_beam_prefill", "_beam_loop": "compiles_beam_loop",
+            "_target_logprobs": "compiles_scoring", "_token_stats": "compiles_token_stats"}
+
+
+@contextlib.contextmanager
+def _compiles():
+    """Count jit traces (each is a compilation) by function name while the block runs."""
+    import jax
+
+    counts = collections.Counter()
+
+    def listen(event, duration, **kwargs):
+        del duration
+        if event == "/jax/core/compile/jaxpr_trace_duration":
+            counts[kwargs.get("fun_name")] += 1
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        yield counts
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+
+
+_MODELS: dict[tuple, tuple] = {}
+
+
+def _model(config, role: str, workdir, progress: bool):
+    """(model, tokenizer, validation perplexity) of ``config.<role>``, kept for the process."""
+    section = config[role]
+    key = (str(workdir), experiment.config_hash({"tokenizer": config.tokenizer.to_dict(),
+                                                 **section.to_dict()}))
+    if key not in _MODELS:
+        model, tokenizer = pipeline.trained_model(config.tokenizer, section.model, section.train,
+                                                  workdir, progress=progress)
+        windows = data.eval_windows(data.token_stream(tokenizer, "validation"),
+                                    section.train.seq_len)
+        _MODELS[key] = (model, tokenizer, train.evaluate(model, windows, 32)["perplexity"])
+    return _MODELS[key]
+
+
+def strategy(decode) -> quality.Strategy:
+    if decode.method == "human":
+        return quality.Human()
+    if decode.method == "beam":
+        return quality.Beam(decode.beam_width, decode.length_penalty, decode.min_new_tokens)
+    if decode.method == "sample":
+        return quality.Sampled(SamplingParams(
+            temperature=decode.temperature, top_k=decode.top_k, top_p=decode.top_p,
+            min_p=decode.min_p, typical_p=decode.typical_p, min_new_tokens=decode.min_new_tokens))
+    raise ValueError(f"decode.method must be 'sample', 'beam' or 'human', got {decode.method!r}")
+
+
+def evaluate(config, ctx) -> dict:
+    with _compiles() as counts:
+        ctx.status("generator")
+        generator, tokenizer, generator_ppl = _model(config, "generator", ctx.workdir,
+                                                     ctx.show_progress)
+        ctx.status("scorer")
+        scorer, scorer_tokenizer, scorer_ppl = _model(config, "scorer", ctx.workdir,
+                                                      ctx.show_progress)
+        if scorer_tokenizer.vocab_size != tokenizer.vocab_size:
+            raise ValueError("generator and scorer must share one tokenizer")
+        p = config.prompts
+        prompts = quality.held_out_prompts(tokenizer, per_document=p.per_play,
+                                           prompt_tokens=p.prompt_tokens, new_tokens=p.new_tokens)
+        method = strategy(config.decode)
+        ctx.status("decode")
+        start = time.perf_counter()
+        samples = method.continuations(generator, prompts, new_tokens=p.new_tokens,
+                                       samples=p.samples, seed=config.seed,
+                                       eos_id=tokenizer.eos_id)
+        decode_s = time.perf_counter() - start
+        ctx.status("score")
+        row = quality.quality_row(prompts, samples, tokenizer=tokenizer, generator=generator,
+                                  scorer=scorer, params=method.params,
+                                  improbable_below=config.eval.improbable_below,
+                                  batch_size=config.eval.batch_size)
+    return {"strategy": config.decode.name, **row, "decode_s": decode_s,
+            "prompts": len(prompts), "generator_val_ppl": generator_ppl,
+            "scorer_val_ppl": scorer_ppl, "generator_params": generator.config.num_params(),
+            "scorer_params": scorer.config.num_params(),
+            **{metric: counts[name] for name, metric in PROGRAMS.items()},
+            "example_prompt": tokenizer.decode(prompts[0].tokens),
+            "example": tokenizer.decode(samples[0][0])}
+
+
+# --- The page -------------------------------------------------------------------------------------
+
+COLUMNS = [  # (metric, header, format)
+    ("ppl_generator", "ppl (generator)", "{:.1f}"),
+    ("ppl_scorer", "ppl (scorer)", "{:.1f}"),
+    ("distinct_1", "distinct-1", "{:.3f}"),
+    ("distinct_2", "distinct-2", "{:.3f}"),
+    ("distinct_3", "distinct-3", "{:.3f}"),
+    ("repetition_4", "rep-4", "{:.3f}"),
+    ("self_bleu", "self-BLEU", "{:.1f}"),
+    ("identical_samples", "identical", "{:.2f}"),
+    ("zipf", "Zipf", "{:.2f}"),
+    ("top1_rate", "top-1", "{:.2f}"),
+    ("improbable_rate", "p<1%", "{:.3f}"),
+    ("candidates_p10", "cand. p10", "{:.0f}"),
+    ("candidates_median", "cand. median", "{:.0f}"),
+    ("candidates_p90", "cand. p90", "{:.0f}"),
+    ("mean_length", "length", "{:.1f}"),
+    ("eos_rate", "EOS", "{:.2f}"),
+]
+
+
+def _cell(value, fmt: str) -> str:
+    if value is None:
+        return "n/a"
+    return fmt.format(value)
+
+
+def _table(rows) -> tuple[str, results.Table]:
+    markdown = ["| strategy | " + " | ".join(h for _, h, _ in COLUMNS) + " |",
+                "|---|" + "---|" * len(COLUMNS)]
+    body = []
+    for row in rows:
+        m = row["metrics"]
+        name = f"**{m['strategy']}**" if m["strategy"] == "human" else m["strategy"]
+        markdown.append(f"| {name} | " + " | ".join(_cell(m.get(k), f) for k, _, f in COLUMNS)
+                        + " |")
+        body.append([m["strategy"]] + [m.get(k) for k, _, _ in COLUMNS]
+                    + [m.get("decode_s")])
+    table = results.Table(["strategy"] + [k for k, _, _ in COLUMNS] + ["decode_s"], body)
+    return "\n".join(markdown) + "\n", table
+
+
+def _plot(rows, path: pathlib.Path) -> pathlib.Path:
+    """Diversity against perplexity under the scorer: distinct-2 (within a sample) and
+    100 - self-BLEU (across the samples of a prompt), one point per strategy, human starred."""
+    fig = Figure(figsize=(12, 5.2))
+    panels = fig.subplots(1, 2)
+    for ax, (metric, label) in zip(panels, [
+            ("distinct_2", "distinct-2 (within a sample; higher = more varied)"),
+            ("self_bleu", "100 - self-BLEU (across a prompt's samples; higher = more varied)")]):
+        for row in rows:
+            m = row["metrics"]
+            if m.get(metric) is None or m.get("ppl_scorer") is None:
+                if m["strategy"] == "human":
+                    ax.axvline(m["ppl_scorer"], color="crimson", linestyle="--", linewidth=1)
+                    ax.annotate("human (perplexity only: one text per prompt)",
+                                (m["ppl_scorer"], 0.97), xycoords=("data", "axes fraction"),
+                                fontsize=8, color="crimson", rotation=90, ha="right", va="top")
+                continue
+            y = 100 - m[metric] if metric == "self_bleu" else m[metric]
+            human = m["strategy"] == "human"
+            ax.scatter(m["ppl_scorer"], y, marker="*" if human else "o", s=220 if human else 30,
+                       color="crimson" if human else "tab:blue", zorder=3)
+            ax.annotate(m["strategy"], (m["ppl_scorer"], y), textcoords="offset points",
+                        xytext=(4, 3), fontsize=7, color="crimson" if human else "black")
+        ax.set_xscale("log")
+        ax.set_xlabel("perplexity under the scorer (log scale)")
+        ax.set_ylabel(label)
+        ax.grid(True, which="both", alpha=0.3)
+    fig.suptitle("Sampling strategies: diversity against perplexity (human text starred)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def _by_name(rows) -> dict:
+    return {row["metrics"]["strategy"]: row["metrics"] for row in rows}
+
+
+def pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+def claims(rows) -> str:
+    """The seed's five claims, each checked against the rows (every number read from them; the
+    verdict rules are in the code next to each sentence)."""
+    m = _by_name(rows)
+    needed = ["human", "greedy", "temperature 0.3", "temperature 1.0", "temperature 1.5",
+              "top-k 5", "top-k 40", "top-p 0.8", "top-p 0.95"]
+    missing = [n for n in needed if n not in m]
+    if missing:
+        return f"(The claims need the rows {missing}.)"
+    h, g, t03, t1, t15, k5, k40, p80, p95 = (m[n] for n in needed)
+    lines = []
+    # Deterministic: every prompt's samples identical. Repetitive: over twice human's rep-4.
+    repetitive = g["repetition_4"] > 2 * h["repetition_4"]
+    verdict = {(True, True): "holds", (True, False): "half holds (deterministic only)",
+               (False, True): "half holds (repetitive only)", (False, False): "does not hold"}
+    lines.append(
+        f"- **Greedy is \"deterministic but repetitive\"**: "
+        f"{verdict[g['identical_samples'] == 1, repetitive]}. Its {g['samples'] // g['prompts']} "
+        f"samples (seeds) of a prompt are the same tokens for {pct(g['identical_samples'])} of "
+        f"the prompts, and {pct(g['repetition_4'])} of its 4-grams repeat one earlier in the same "
+        f"text, against {pct(h['repetition_4'])} in the true continuations and "
+        f"{pct(t1['repetition_4'])} when sampling at temperature 1 (distinct-2 "
+        f"{g['distinct_2']:.2f}, human {h['distinct_2']:.2f}). The scorer finds its text far more "
+        f"probable than human text (perplexity {g['ppl_scorer']:.1f} against "
+        f"{h['ppl_scorer']:.1f}): probable is not human-like.")
+    # Almost greedy: at least 90% of tokens are the argmax; partly: at least 60%.
+    top1 = t03["top1_rate"]
+    lines.append(
+        f"- **Low temperature is \"almost greedy\"**: "
+        f"{'holds' if top1 >= 0.9 else 'partly holds' if top1 >= 0.6 else 'does not hold'} at "
+        f"0.3. {pct(top1)} of its tokens are the generator's argmax (greedy 100%, temperature 1 "
+        f"{pct(t1['top1_rate'])}, human text {pct(h['top1_rate'])}) and its repetition is "
+        f"{pct(t03['repetition_4'])} (greedy {pct(g['repetition_4'])}); but it is not "
+        f"deterministic: its samples of a prompt are all identical for "
+        f"{pct(t03['identical_samples'])} of the prompts (self-BLEU {t03['self_bleu']:.0f}, greedy "
+        f"{g['self_bleu']:.0f}).")
+    # More random: lower self-BLEU and higher distinct-2 than at temperature 1.
+    random = t15["self_bleu"] < t1["self_bleu"] and t15["distinct_2"] > t1["distinct_2"]
+    lines.append(
+        f"- **High temperature is \"more random\"**: {'holds' if random else 'does not hold'}. "
+        f"From temperature 1.0 to 1.5, self-BLEU goes {t1['self_bleu']:.1f} -> "
+        f"{t15['self_bleu']:.1f}, distinct-2 {t1['distinct_2']:.3f} -> {t15['distinct_2']:.3f}, "
+        f"and the share of tokens the generator gives under 1% {pct(t1['improbable_rate'])} -> "
+        f"{pct(t15['improbable_rate'])}. The scorer's perplexity shows the price: "
+        f"{t1['ppl_scorer']:.0f} -> {t15['ppl_scorer']:.0f} (human {h['ppl_scorer']:.0f}).")
+    lines.append(
+        f"- **Top-k \"never picks bad or terrible\" words**: holds for rank only. Top-k never "
+        f"samples outside the k most probable tokens, but those can still be improbable ones: the "
+        f"share of sampled tokens the generator gives under 1% is {pct(k5['improbable_rate'])} "
+        f"for k = 5 and {pct(k40['improbable_rate'])} for k = 40, against "
+        f"{pct(t1['improbable_rate'])} for plain sampling (human text: "
+        f"{pct(h['improbable_rate'])}).")
+    # Adaptive: the 90th percentile of the kept-set size at least 4x the 10th.
+    spread = p95["candidates_p90"] / max(p95["candidates_p10"], 1)
+    lines.append(
+        f"- **Top-p is \"adaptive\"**: {'holds' if spread >= 4 else 'does not hold clearly'}. "
+        f"The number of tokens top-p 0.95 keeps varies with the model's confidence: "
+        f"{p95['candidates_p10']:.0f} at the 10th percentile of steps, "
+        f"{p95['candidates_median']:.0f} at the median, {p95['candidates_p90']:.0f} at the 90th "
+        f"(top-p 0.8: {p80['candidates_p10']:.0f} / {p80['candidates_median']:.0f} / "
+        f"{p80['candidates_p90']:.0f}), where top-k keeps k at every step. It still lets "
+        f"{pct(p95['improbable_rate'])} of its tokens come from under 1% probability.")
+    sampled = [r for r in m.values() if r["strategy"] != "human"]
+    closest = min(sampled, key=lambda r: abs(math.log(r["ppl_scorer"] / h["ppl_scorer"])))
+    lines.append(
+        f"\nClosest to human text in the scorer's perplexity: {closest['strategy']} "
+        f"({closest['ppl_scorer']:.1f} against {h['ppl_scorer']:.1f}; distinct-2 "
+        f"{closest['distinct_2']:.3f} against {h['distinct_2']:.3f}, rep-4 "
+        f"{pct(closest['repetition_4'])} against {pct(h['repetition_4'])}).")
+    beam, full = m.get("beam 4"), m.get("beam 4, no early EOS")
+    new_tokens = rows[0]["config"]["prompts"]["new_tokens"]
+    if beam and full:
+        lines.append(
+            f"Beam search, the most probable text of all to the scorer "
+            f"({beam['ppl_scorer']:.1f}), ends {pct(beam['eos_rate'])} of its best hypotheses "
+            f"with EOS, after {beam['mean_length']:.1f} tokens on average: for this model, ending "
+            f"the play at once is more probable than any {new_tokens}-token continuation (as "
+            f"Stahlberg and Byrne 2019 found in translation, where the single most probable "
+            f"output is often the empty one). Made to "
+            f"fill the budget (\"no early EOS\"), it repeats {pct(full['repetition_4'])} of its "
+            f"4-grams (greedy {pct(g['repetition_4'])}) at scorer perplexity "
+            f"{full['ppl_scorer']:.1f}.")
+    return "\n".join(line for line in lines if line)
+
+
+def report(rows, out_dir) -> list[pathlib.Path]:
+    out_dir = pathlib.Path(out_dir)
+    rows = sorted(rows, key=lambda r: r["sweep_index"])
+    m = _by_name(rows)
+    first = rows[0]
+    c = first["config"]
+    p = c["prompts"]
+    any_row = first["metrics"]
+    page = results.Page("Sampling strategies against human text", rows)
+    page.text(
+        f"The `small` model ({any_row['generator_params']:,} parameters, "
+        f"{c['generator']['train']['steps']} training steps, validation perplexity "
+        f"{any_row['generator_val_ppl']:.1f}) continues "
+        f"{any_row['prompts']} held-out prompts ({p['per_play']} paragraph starts spread through "
+        f"each of the three test plays, {p['prompt_tokens']} tokens each) by {p['new_tokens']} "
+        f"tokens, {p['samples']} samples per prompt with fixed seeds, under each strategy. A "
+        f"larger model, the `scorer` preset ({any_row['scorer_params']:,} parameters, "
+        f"{c['scorer']['train']['steps']} steps, validation perplexity "
+        f"{any_row['scorer_val_ppl']:.1f}; same tokenizer and training plays) judges the text. "
+        f"The **human** row is the same metrics on the true continuation of each prompt "
+        f"(one per prompt, so no self-BLEU). Beam search (width {c['decode']['beam_width']}, "
+        f"GNMT length penalty {c['decode']['length_penalty']}) is deterministic: its best "
+        f"hypothesis stands for every sample; \"no early EOS\" forbids EOS before the budget.")
+    markdown, table = _table(rows)
+    csv_path = out_dir / "sampling.csv"
+    csv_path.parent.mkdir(parents=True, exist_ok=True)
+    csv_path.write_text(table.to_csv(), encoding="utf-8")
+    page.text(markdown + f"\nCSV: [{csv_path.name}]({csv_path.name})")
+    page.text(
+        "Columns: perplexity of the continuations under the generator and the scorer (tokens "
+        "pooled); distinct-n, the share of distinct n-grams within a sample; rep-4, the share of "
+        "a sample's 4-grams that repeat an earlier one (1 - distinct-4); self-BLEU (sacrebleu, "
+        "0-100), each sample against the other samples of its prompt; identical, the share of "
+        "prompts whose samples are all the same tokens; Zipf, the fitted exponent "
+        "of the token frequency-rank law; top-1, the share of tokens that are the generator's "
+        "argmax; p<1%, the share of tokens the generator gives less than 1% probability; cand., "
+        "how many tokens the strategy's processors left allowed at a step (10th percentile, "
+        "median, 90th percentile over all steps; temperature alone allows the whole vocabulary); "
+        "length in tokens; EOS, the share of samples "
+        "that ended on their own (the prompts sit mid-play, so almost none do).")
+    plot = _plot(rows, out_dir / "sampling.png")
+    page.image(plot, "diversity against perplexity under the scorer, one point per strategy")
+    page.text("## What the seed claims, on our models\n\n" + claims(rows))
+    compiled = {metric: sum(r["metrics"].get(metric, 0) for r in rows)
+                for metric in PROGRAMS.values()}
+    sampled = sum(1 for r in rows if r["config"]["decode"]["method"] == "sample")
+    beams = sum(1 for r in rows if r["config"]["decode"]["method"] == "beam")
+    page.text(
+        f"Compilations over the whole sweep (counted with a `jax.monitoring` listener; from the "
+        f"rows): `generate`'s prefill {compiled['compiles_generate_prefill']} and decode loop "
+        f"{compiled['compiles_generate_loop']} for {sampled} sampling strategies; beam search's "
+        f"prefill {compiled['compiles_beam_prefill']} and loop {compiled['compiles_beam_loop']} "
+        f"for {beams}; the scoring forward pass {compiled['compiles_scoring']} (one per model and "
+        f"padded length) and the token statistics {compiled['compiles_token_stats']}. Decoding "
+        f"took {sum(r['metrics']['decode_s'] for r in rows):.1f} s in all; the rest of the wall "
+        f"time is training the two models (first point) and scoring.")
+    examples = ["| strategy | first sample of the first prompt |", "|---|---|"]
+    for name, metrics_ in m.items():
+        text = " ".join(metrics_["example"].split())
+        examples.append(f"| {name} | {text.replace('|', '/')} |")
+    prompt = " ".join(first["metrics"]["example_prompt"].split())
+    page.text(f"Example continuations of the first prompt, \"{prompt}\":\n\n" + "\n".join(examples))
+    return [page.write(out_dir / "sampling.md"), csv_path, plot]
+
+
+def main(argv) -> None:
+    del argv
+    experiment.run_from_flags(_FLAGS, evaluate)
+
+
+if __name__ == "__main__":
+    app.run(main)
