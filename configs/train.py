@@ -27,5 +27,12 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
             temperature_0_8_top_p_0_95=dict(temperature=0.8, top_p=0.95),
             temperature_1_0_top_k_40=dict(temperature=1.0, top_k=40),
         ),
+        # A short text-quality table (the sampling study's metrics, results/sampling.md) over the
+        # same prompts: `samples` per prompt for each strategy below, then the true continuation.
+        quality=dict(
+            samples=4,
+            strategies=dict(greedy=dict(temperature=0.0), temperature_0_7=dict(temperature=0.7),
+                            top_p_0_95=dict(top_p=0.95)),
+        ),
     ))
     return config

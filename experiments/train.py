@@ -1,5 +1,6 @@
-"""Train a tokenizer and a model on the bundled corpus; report validation perplexity and greedy
-and sampled continuations of held-out prompts.
+"""Train a tokenizer and a model on the bundled corpus; report validation perplexity, greedy and
+sampled continuations of held-out prompts, and a short text-quality table of a few strategies
+against the true continuations.
 
     python -m experiments.train --config=configs/train.py --workdir=runs/train [--resume]
 """
@@ -14,7 +15,7 @@ import numpy as np
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from decodelab import data, pipeline, train
+from decodelab import data, pipeline, quality, train
 from decodelab.decode import generate
 from decodelab.sampling import SamplingParams
 from decodelab.tokenizer import Tokenizer
@@ -36,6 +37,33 @@ def held_out_prompts(tokenizer: Tokenizer, prompt_tokens: int, new_tokens: int):
         ids = tokenizer.encode(text[start:start + 50 * (prompt_tokens + new_tokens)])
         pairs.append((ids[:prompt_tokens], ids[prompt_tokens:prompt_tokens + new_tokens]))
     return pairs
+
+
+def quality_table(model, tokenizer: Tokenizer, pairs, report) -> dict[str, dict]:
+    """Print and return the text-quality metrics of a few strategies and of the true continuations
+    (a short version of results/sampling.md, scored by the model itself)."""
+    prompts = [quality.HeldOutPrompt("", p, t) for p, t in pairs]
+    settings = report.quality
+    strategies = {name: quality.Sampled(SamplingParams(**params.to_dict()))
+                  for name, params in settings.strategies.items()}
+    strategies["human"] = quality.Human()
+    rows = {}
+    for name, strategy in strategies.items():
+        samples = strategy.continuations(model, prompts, new_tokens=report.new_tokens,
+                                         samples=settings.samples, seed=report.seed,
+                                         eos_id=tokenizer.eos_id)
+        rows[name] = quality.quality_row(prompts, samples, tokenizer=tokenizer, generator=model,
+                                         params=strategy.params, batch_size=16)
+    columns = [("ppl_generator", "ppl", "{:.1f}"), ("distinct_2", "distinct-2", "{:.3f}"),
+               ("repetition_4", "rep-4", "{:.3f}"), ("self_bleu", "self-BLEU", "{:.1f}"),
+               ("top1_rate", "top-1", "{:.2f}"), ("mean_length", "length", "{:.1f}")]
+    print(f"\n=== text quality: {len(prompts)} prompts x {settings.samples} samples "
+          f"(perplexity under this model; see results/sampling.md) ===")
+    print(f"{'strategy':<16}" + "".join(f"{header:>11}" for _, header, _ in columns))
+    for name, row in rows.items():
+        cells = ["n/a" if row[k] is None else fmt.format(row[k]) for k, _, fmt in columns]
+        print(f"{name:<16}" + "".join(f"{cell:>11}" for cell in cells))
+    return rows
 
 
 def main(argv) -> None:
@@ -79,8 +107,9 @@ def main(argv) -> None:
                   f"{out.finish_reason[i]}) ---\n{sample[name]}")
         print("--- true continuation ---\n" + sample["reference"])
         samples.append(sample)
+    table = quality_table(result.model, tokenizer, pairs, config.report)
     summary = {"validation": metrics, "steps": result.step, "model_config": model_cfg.to_dict(),
-               "train_config": train_cfg.to_dict(), "samples": samples,
+               "train_config": train_cfg.to_dict(), "samples": samples, "quality": table,
                "history": result.history}
     (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
 
