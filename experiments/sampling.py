@@ -15,6 +15,7 @@ import collections
 import contextlib
 import math
 import pathlib
+import re
 import time
 
 from absl import app
@@ -156,34 +157,51 @@ def _table(rows) -> tuple[str, results.Table]:
     return "\n".join(markdown) + "\n", table
 
 
+_SHORT = [(r"temperature (\S+)", r"t\1"), (r"^t (\S+)", r"t\1"), (r"top-k (\S+)", r"k\1"),
+          (r"top-p (\S+)", r"p\1"), (r"min-p (\S+)", r"minp\1"), (r"typical (\S+)", r"typ\1"),
+          (r" \+ ", "+"), (r"beam (\d+), no early EOS", r"beam\1 no-EOS"),
+          (r"beam (\d+)$", r"beam\1")]
+
+
+def short_label(name: str) -> str:
+    """``t 0.7 + top-p 0.95`` -> ``t0.7+p0.95``: plot labels that hide each other less."""
+    for pattern, replacement in _SHORT:
+        name = re.sub(pattern, replacement, name)
+    return name
+
+
 def _plot(rows, path: pathlib.Path) -> pathlib.Path:
-    """Diversity against perplexity under the scorer: distinct-2 (within a sample) and
-    100 - self-BLEU (across the samples of a prompt), one point per strategy, human starred."""
-    fig = Figure(figsize=(12, 5.2))
+    """Diversity against perplexity under the scorer: distinct-2 (within a sample) and self-BLEU
+    (across the samples of a prompt), one point per strategy, human starred."""
+    fig = Figure(figsize=(13, 5.5))
     panels = fig.subplots(1, 2)
-    for ax, (metric, label) in zip(panels, [
-            ("distinct_2", "distinct-2 (within a sample; higher = more varied)"),
-            ("self_bleu", "100 - self-BLEU (across a prompt's samples; higher = more varied)")]):
+    for ax, metric, label in [
+            (panels[0], "distinct_2", "distinct-2 within a sample (higher: more varied)"),
+            (panels[1], "self_bleu", "self-BLEU across a prompt's samples (lower: more varied)")]:
         for row in rows:
             m = row["metrics"]
-            if m.get(metric) is None or m.get("ppl_scorer") is None:
-                if m["strategy"] == "human":
-                    ax.axvline(m["ppl_scorer"], color="crimson", linestyle="--", linewidth=1)
-                    ax.annotate("human (perplexity only: one text per prompt)",
-                                (m["ppl_scorer"], 0.97), xycoords=("data", "axes fraction"),
-                                fontsize=8, color="crimson", rotation=90, ha="right", va="top")
-                continue
-            y = 100 - m[metric] if metric == "self_bleu" else m[metric]
             human = m["strategy"] == "human"
-            ax.scatter(m["ppl_scorer"], y, marker="*" if human else "o", s=220 if human else 30,
-                       color="crimson" if human else "tab:blue", zorder=3)
-            ax.annotate(m["strategy"], (m["ppl_scorer"], y), textcoords="offset points",
-                        xytext=(4, 3), fontsize=7, color="crimson" if human else "black")
+            if m.get(metric) is None:
+                if human:  # one text per prompt: its perplexity only
+                    ax.axvline(m["ppl_scorer"], color="crimson", linestyle="--", linewidth=1)
+                    ax.annotate("human perplexity", (m["ppl_scorer"], 0.02),
+                                xycoords=("data", "axes fraction"), textcoords="offset points",
+                                xytext=(3, 0), fontsize=8, color="crimson")
+                continue
+            ax.scatter(m["ppl_scorer"], m[metric], marker="*" if human else "o",
+                       s=250 if human else 28, color="crimson" if human else "tab:blue", zorder=3)
+            ax.annotate(short_label(m["strategy"]), (m["ppl_scorer"], m[metric]),
+                        textcoords="offset points", xytext=(4, 3), fontsize=7.5,
+                        color="crimson" if human else "black")
         ax.set_xscale("log")
-        ax.set_xlabel("perplexity under the scorer (log scale)")
+        if metric == "self_bleu":
+            ax.set_yscale("log")
+        ax.set_xlabel("perplexity of the text under the scorer (log scale)")
         ax.set_ylabel(label)
         ax.grid(True, which="both", alpha=0.3)
-    fig.suptitle("Sampling strategies: diversity against perplexity (human text starred)")
+    fig.suptitle("Diversity against perplexity, one point per strategy, human text starred "
+                 "(t = temperature, k = top-k, p = top-p, minp = min-p, typ = typical)",
+                 fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
