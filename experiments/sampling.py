@@ -289,15 +289,14 @@ def claims(rows) -> str:
     new_tokens = rows[0]["config"]["prompts"]["new_tokens"]
     if beam and full:
         lines.append(
-            f"Beam search, the most probable text of all to the scorer "
-            f"({beam['ppl_scorer']:.1f}), ends {pct(beam['eos_rate'])} of its best hypotheses "
-            f"with EOS, after {beam['mean_length']:.1f} tokens on average: for this model, ending "
-            f"the play at once is more probable than any {new_tokens}-token continuation (as "
-            f"Stahlberg and Byrne 2019 found in translation, where the single most probable "
-            f"output is often the empty one). Made to "
-            f"fill the budget (\"no early EOS\"), it repeats {pct(full['repetition_4'])} of its "
-            f"4-grams (greedy {pct(g['repetition_4'])}) at scorer perplexity "
-            f"{full['ppl_scorer']:.1f}.")
+            f"Beam search (scorer perplexity {beam['ppl_scorer']:.1f}; greedy "
+            f"{g['ppl_scorer']:.1f}) ends {pct(beam['eos_rate'])} of its best hypotheses with EOS, "
+            f"after {beam['mean_length']:.1f} tokens on average: under the length penalty, the "
+            f"short hypotheses that end the play outscore the {new_tokens}-token ones the beam "
+            f"finds (Stahlberg and Byrne 2019 report the same in translation, where the single "
+            f"most probable output is often the empty one). Made to fill the budget (\"no early "
+            f"EOS\"), it repeats {pct(full['repetition_4'])} of its 4-grams (greedy "
+            f"{pct(g['repetition_4'])}) at scorer perplexity {full['ppl_scorer']:.1f}.")
     return "\n".join(line for line in lines if line)
 
 
@@ -340,7 +339,7 @@ def report(rows, out_dir) -> list[pathlib.Path]:
         "how many tokens the strategy's processors left allowed at a step (10th percentile, "
         "median, 90th percentile over all steps; temperature alone allows the whole vocabulary); "
         "length in tokens; EOS, the share of samples "
-        "that ended on their own (the prompts sit mid-play, so almost none do).")
+        "that ended on their own (the prompts sit mid-play: the true continuations never end).")
     plot = _plot(rows, out_dir / "sampling.png")
     page.image(plot, "diversity against perplexity under the scorer, one point per strategy")
     page.text("## What the seed claims, on our models\n\n" + claims(rows))

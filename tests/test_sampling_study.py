@@ -1,0 +1,96 @@
+"""The sampling study's page: rendered from rows alone (table, CSV, plot), with each claim's verdict
+and numbers read from the rows. Synthetic rows; no model is trained."""
+
+import csv
+import importlib.util
+import pathlib
+
+import pytest
+
+from decodelab import experiment
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _config_module():
+    spec = importlib.util.spec_from_file_location("sampling_config", ROOT / "configs/sampling.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _metrics(name: str, **changes) -> dict:
+    human = name == "human"
+    greedy = name.startswith(("greedy", "beam"))
+    m = dict(strategy=name, samples=24 if human else 96, prompts=24, mean_length=64.0,
+             eos_rate=0.0, ppl_generator=60.0, ppl_scorer=50.0, distinct_1=0.7, distinct_2=0.9,
+             distinct_3=0.95, repetition_4=0.4 if greedy else 0.02,
+             self_bleu=None if human else 100.0 if greedy else 5.0,
+             identical_samples=None if human else 1.0 if greedy else 0.0, zipf=1.0,
+             top1_rate=1.0 if greedy else 0.5, improbable_rate=0.3,
+             candidates_p10=None if human or name.startswith("beam") else 10.0,
+             candidates_median=None if human or name.startswith("beam") else 100.0,
+             candidates_p90=None if human or name.startswith("beam") else 1000.0,
+             candidates_mean=None, decode_s=1.0, generator_val_ppl=74.0, scorer_val_ppl=62.0,
+             generator_params=1, scorer_params=2, example_prompt="To be", example="or not")
+    for metric in ("compiles_generate_prefill", "compiles_generate_loop", "compiles_beam_prefill",
+                   "compiles_beam_loop", "compiles_scoring", "compiles_token_stats"):
+        m[metric] = 0
+    m.update(changes)
+    return m
+
+
+def _rows(changes: dict[str, dict]) -> list[dict]:
+    module = _config_module()
+    points = experiment.expand(module.get_config(), module.get_sweep())
+    provenance = dict.fromkeys(experiment.PROVENANCE_FIELDS, "x")
+    return [dict(experiment="sampling", config_hash=p.config_hash, seed=0, sweep_index=p.index,
+                 overrides=p.overrides, config=p.config.to_dict(),
+                 metrics=_metrics(p.config.decode.name, **changes.get(p.config.decode.name, {})),
+                 start_time="2026-01-01T00:00:00+00:00", wall_time_s=1.0, provenance=provenance)
+            for p in points]
+
+
+@pytest.fixture(scope="module")
+def study():
+    from experiments import sampling
+
+    return sampling
+
+
+def test_the_page_has_one_row_per_strategy_plus_human_a_csv_and_a_plot(study, tmp_path):
+    rows = _rows({"greedy": dict(compiles_generate_loop=1), "beam 4": dict(compiles_beam_loop=1)})
+    written = study.report(rows, tmp_path)
+    assert {p.name for p in written} == {"sampling.md", "sampling.csv", "sampling.png"}
+    page = (tmp_path / "sampling.md").read_text()
+    table = [line for line in page.splitlines() if line.startswith("| ") and "64.0" in line]
+    assert len(table) == len(rows) == len(_config_module().STRATEGIES)
+    assert table[0].startswith("| **human** |")
+    with open(tmp_path / "sampling.csv") as f:
+        assert len(list(csv.reader(f))) == len(rows) + 1
+    assert "decode loop 1 for 16 sampling strategies" in page
+    assert "loop 1 for 2" in page
+    assert (tmp_path / "sampling.png").stat().st_size > 10_000
+
+
+def test_claim_verdicts_follow_the_numbers(study):
+    holds = study.claims(_rows({}))
+    assert '"deterministic but repetitive"**: holds' in holds
+    assert "40% of its 4-grams repeat" in holds
+    assert '"adaptive"**: holds' in holds
+    changed = study.claims(_rows({"greedy": dict(repetition_4=0.03),
+                                  "temperature 0.3": dict(top1_rate=0.95),
+                                  "temperature 1.5": dict(self_bleu=9.0),
+                                  "top-p 0.95": dict(candidates_p10=50.0, candidates_p90=60.0)}))
+    assert '"deterministic but repetitive"**: half holds (deterministic only)' in changed
+    assert '"almost greedy"**: holds at 0.3' in changed
+    assert '"more random"**: does not hold' in changed
+    assert '"adaptive"**: does not hold clearly' in changed
+
+
+def test_plot_labels_are_short():
+    from experiments.sampling import short_label
+
+    assert short_label("t 1.0 + top-k 40 + top-p 0.95") == "t1.0+k40+p0.95"
+    assert short_label("beam 4, no early EOS") == "beam4 no-EOS"
+    assert short_label("min-p 0.1") == "minp0.1"
