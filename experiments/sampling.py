@@ -189,10 +189,12 @@ def _plot(rows, path: pathlib.Path) -> pathlib.Path:
                                 xytext=(3, 0), fontsize=8, color="crimson")
                 continue
             ax.scatter(m["ppl_scorer"], m[metric], marker="*" if human else "o",
-                       s=250 if human else 28, color="crimson" if human else "tab:blue", zorder=3)
+                       s=250 if human else 28, color="crimson" if human else "tab:blue",
+                       zorder=4 if human else 3)
             ax.annotate(short_label(m["strategy"]), (m["ppl_scorer"], m[metric]),
-                        textcoords="offset points", xytext=(4, 3), fontsize=7.5,
-                        color="crimson" if human else "black")
+                        textcoords="offset points", xytext=(6, -16) if human else (4, 3),
+                        fontsize=10 if human else 7.5, fontweight="bold" if human else "normal",
+                        color="crimson" if human else "black", zorder=4)
         ax.set_xscale("log")
         if metric == "self_bleu":
             ax.set_yscale("log")
