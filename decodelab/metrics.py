@@ -190,7 +190,8 @@ def self_bleu(texts: Sequence[str]) -> float:
     """Self-BLEU of the samples of one prompt (Zhu et al. 2018): the mean over samples of the
     sentence BLEU (sacrebleu, 0-100, its default 13a tokenization, effective n-gram order) of the
     sample against all the others as references. 100: every sample is a copy of another; near 0:
-    they share almost no n-grams."""
+    they share almost no n-grams. A sample whose text is empty (or only whitespace) scores 0,
+    even against copies of itself: judge determinism from the tokens, not from self-BLEU."""
     import sacrebleu  # deferred: only the text-quality metrics need it
 
     if isinstance(texts, str) or not isinstance(texts, Sequence) or len(texts) < 2:
