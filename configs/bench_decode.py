@@ -55,7 +55,7 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
     config.peer = config_dict.ConfigDict(dict(
         # Time transformers' LlamaForCausalLM.generate (needs the `peer` extra; n/a without it).
         enabled=True,
-        # Timed runs after one full-length warm-up run.
+        # Timed runs after a short warm-up call.
         repeats=3,
     ))
     return config

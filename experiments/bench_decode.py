@@ -55,6 +55,9 @@ from decodelab.sampling import SamplingParams
 
 _FLAGS = experiment.define_flags("configs/bench_decode.py")
 
+# Tokens of the transformers warm-up call.
+HF_WARMUP_TOKENS = 16
+
 IMPLEMENTATIONS = {"tokens_per_s": "decodelab", "hf_tokens_per_s": "transformers",
                    "nocache_tokens_per_s": "no cache"}
 
@@ -165,7 +168,8 @@ def llama_config(cfg: ModelConfig, max_positions: int):
 def time_hf_generate(cfg: ModelConfig, prompts: np.ndarray, new_tokens: int, repeats: int,
                      seed: int) -> dict:
     """Median seconds of transformers' greedy ``generate`` on the same shapes and prompt ids, after
-    one full-length warm-up; ``{}`` if torch or transformers is not installed."""
+    a short warm-up call (eager PyTorch compiles nothing; the warm-up only starts its thread pool
+    and allocator); ``{}`` if torch or transformers is not installed."""
     try:
         import torch
         import transformers
@@ -180,19 +184,21 @@ def time_hf_generate(cfg: ModelConfig, prompts: np.ndarray, new_tokens: int, rep
         raise RuntimeError(f"the transformers model has {model.num_parameters()} parameters, "
                            f"decodelab's {cfg.num_params()}: the shapes differ")
     input_ids = torch.as_tensor(prompts, dtype=torch.long)
-    run = functools.partial(model.generate, input_ids, attention_mask=torch.ones_like(input_ids),
-                            do_sample=False, num_beams=1, max_new_tokens=new_tokens,
-                            min_new_tokens=new_tokens, pad_token_id=0)
+    def run(n: int):
+        return model.generate(input_ids, attention_mask=torch.ones_like(input_ids),
+                              do_sample=False, num_beams=1, max_new_tokens=n, min_new_tokens=n,
+                              pad_token_id=0)
+
     with torch.inference_mode():
-        out = run()
-        if tuple(out.shape) != (B, P + new_tokens):
-            raise RuntimeError(f"transformers generated shape {tuple(out.shape)}, expected "
-                               f"{(B, P + new_tokens)}")
+        run(min(new_tokens, HF_WARMUP_TOKENS))
         times = []
         for _ in range(repeats):
             start = time.perf_counter()
-            run()
+            out = run(new_tokens)
             times.append(time.perf_counter() - start)
+    if tuple(out.shape) != (B, P + new_tokens):
+        raise RuntimeError(f"transformers generated shape {tuple(out.shape)}, expected "
+                           f"{(B, P + new_tokens)}")
     seconds = statistics.median(times)
     return {"hf_generate_s": seconds, "hf_tokens_per_s": B * new_tokens / seconds,
             "hf_version": f"transformers {transformers.__version__}, torch {torch.__version__}"}
@@ -379,7 +385,9 @@ def report(rows, out_dir) -> list[pathlib.Path]:
         f"Greedy decoding of exactly {N} new tokens per row after a {P}-token prompt (random ids; "
         "EOS ignored) with the `tiny`, `small` and `medium` presets, random weights at vocabulary "
         f"{config['vocab_size']}: speed does not depend on what the weights are. Medians of "
-        f"{config['repeats']} timed runs after a warm-up run. Measured in the same run on this "
+        f"{config['repeats']} timed runs after a warm-up run (no cache: "
+        f"{config['nocache']['repeats']} at each length; transformers: "
+        f"{config['peer']['repeats']}). Measured in the same run on this "
         "machine: memory read bandwidth "
         f"{_fmt_range([m['bandwidth_gb_s'] for m in metrics], 'GB/s')} "
         f"(a jitted sum over {config['roofline']['bandwidth_mib']} MiB of float32), float32 matmul "
@@ -408,7 +416,7 @@ def report(rows, out_dir) -> list[pathlib.Path]:
         f"{P} to {P + N - 1} and interpolated linearly over the {N} steps (running all of them "
         "at medium batch 32 would take longer than the rest of the benchmark). transformers: "
         "`LlamaForCausalLM.generate` with the same shapes, greedy, `max_new_tokens = "
-        f"min_new_tokens = {N}`, one full-length warm-up, its ms/token is its whole call / {N}.")
+        f"min_new_tokens = {N}`, after a {HF_WARMUP_TOKENS}-token warm-up call; its ms/token is its whole call / {N}.")
     page.table(_speed_table(metrics), out_dir / "decode_speed.csv", number_format="{:.3g}",
                caption="**Output tokens per second** (all rows together) and the ratios.")
     page.table(_latency_table(metrics), out_dir / "decode_speed_latency.csv",
