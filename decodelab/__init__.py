@@ -18,6 +18,7 @@ from decodelab.train import TrainConfig  # the loop itself: decodelab.train.trai
 from decodelab.decode import GenerateOutput, generate
 from decodelab.sampling import SamplingParams
 from decodelab.beam import BeamSearchOutput, beam_search
+from decodelab.speculative import NgramDrafter, SpeculativeOutput, speculative_generate
 
 __all__ = [
     "KVCache",
@@ -34,4 +35,7 @@ __all__ = [
     "generate",
     "BeamSearchOutput",
     "beam_search",
+    "NgramDrafter",
+    "SpeculativeOutput",
+    "speculative_generate",
 ]

@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
+from decodelab import decode
 from decodelab.cache import KVCache
 from decodelab.decode import (PAD_TOKEN, _check_eos, _check_int, _check_prompts, _is_int,
                               bucket_length)
@@ -306,8 +307,7 @@ def beam_search(
         ``max_new_tokens``, at most the model's position table if it has one.
       python_loop: run the steps from Python (same step function, same hypotheses).
     """
-    if not isinstance(model, nnx.Module) or not hasattr(model, "config"):
-        raise ValueError(f"model must be an nnx.Module with a config, got {type(model).__name__}")
+    decode.check_model("model", model)
     V = model.config.vocab_size
     rows = _check_prompts(prompts, V)
     W = _check_int("width", width, 1)
@@ -323,28 +323,10 @@ def beam_search(
     if not isinstance(python_loop, bool):
         raise ValueError(f"python_loop must be a bool, got {python_loop!r}")
     longest = max(len(r) for r in rows)
-    position_limit = getattr(getattr(model, "positions", None), "max_positions", None)
-    if max_len is None:
-        S = bucket_length(longest) + N
-        S = min(S, position_limit) if position_limit else S
-        source = "max_len (default: prompt bucket + max_new_tokens, capped by the position table)"
-    else:
-        S = _check_int("max_len", max_len, 2)
-        source = "max_len"
-        if position_limit and S > position_limit:
-            raise ValueError(f"max_len must be <= {position_limit}, the model's position table "
-                             f"(max_seq_len), got {S}")
-    for i, r in enumerate(rows):
-        if len(r) >= S:
-            raise ValueError(f"prompts[{i}] has {len(r)} tokens but {source} is {S}; a prompt "
-                             f"must be shorter than max_len to leave room for output")
+    S = decode.resolve_max_len(max_len, rows, bucket_length(longest) + N,
+                               decode.position_limit(model))
 
-    B = len(rows)
-    T = min(bucket_length(longest), S)
-    block = np.zeros((B, T), np.int32)
-    for i, r in enumerate(rows):
-        block[i, :len(r)] = r
-    lengths = np.asarray([len(r) for r in rows], np.int32)
+    block, lengths = decode.prompt_block(rows, S)
     budgets = np.minimum(N, S - lengths).astype(np.int32)
     graphdef, weights = nnx.split(model)
     state = _beam_prefill(weights, block, lengths, budgets, eos_mask, np.float32(alpha),

@@ -121,7 +121,7 @@ def _sample_and_record(state: DecodeState) -> DecodeState:
     # this skips generating B x V random numbers per step.
     token = jax.lax.cond(
         jnp.all(state.params.temperature == 0.0),
-        lambda: jnp.argmax(logprobs, axis=-1).astype(jnp.int32),
+        lambda: sampling.argmax(logprobs),
         lambda: sampling.sample_tokens(logprobs, sampling.row_keys(state.seeds, state.lengths)),
     )  # [B]
     write = running & ~bad_logits & ~no_token
@@ -233,7 +233,8 @@ class GenerateOutput:
 
 
 def _output(state: DecodeState, top_n: int, with_entropy: bool) -> GenerateOutput:
-    # Only the output fields come to the host, never the cache.
+    """The host-side output of a finished loop state (a DecodeState, or any state with its output
+    fields: ``speculative.SpecState``). Only the output fields come to the host, never the cache."""
     (tokens, prompt_lengths, lengths, finish, logprobs, top_logprobs, top_ids, entropy) = (
         jax.device_get((state.tokens, state.prompt_lengths, state.lengths, state.finish,
                         state.logprobs, state.top_logprobs, state.top_ids, state.entropy)))
@@ -367,6 +368,116 @@ def _stop_block(sequences: list[np.ndarray]) -> np.ndarray:
     return block
 
 
+def _check_bool(name: str, flag: Any) -> bool:
+    if not isinstance(flag, bool):
+        raise ValueError(f"{name} must be a bool, got {flag!r}")
+    return flag
+
+
+def check_model(name: str, model: Any) -> None:
+    if not isinstance(model, nnx.Module) or not hasattr(model, "config"):
+        raise ValueError(f"{name} must be an nnx.Module with a config, got {type(model).__name__}")
+
+
+def position_limit(model: nnx.Module) -> int | None:
+    """The model's position-table size (positions it can encode), or None if it has no table."""
+    return getattr(getattr(model, "positions", None), "max_positions", None)
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """A validated request: what ``generate`` and ``speculative_generate`` share."""
+
+    rows: list[np.ndarray]  # one int32 prompt per row
+    max_new_tokens: int
+    seeds: np.ndarray  # [B] uint32
+    params: SamplingParams  # validated; per_row(B, V) is left to the caller's last step
+    eos_mask: np.ndarray  # [V] bool
+    stop_block: np.ndarray  # [M, W] int32 (stop sequences, and stop strings' own tokenizations)
+    stop_strings: list[str]
+    top_n: int
+    with_entropy: bool
+
+
+def check_request(vocab_size: int, prompts: Any, params: Any, max_new_tokens: Any, seed: Any, *,
+                  eos_ids: Any, stop_sequences: Any, stop_strings: Any, tokenizer: Any,
+                  return_top_logprobs: Any, return_entropy: Any) -> Request:
+    """Validate the arguments every decoding entry point takes; ValueError names the bad one.
+    It converts nothing to JAX arrays (the caller's ``params.per_row``, its last step, does), so
+    an entry point can check more and still reject bad input before anything is traced."""
+    V = vocab_size
+    rows = _check_prompts(prompts, V)
+    B = len(rows)
+    if not isinstance(params, SamplingParams):
+        raise ValueError(f"params must be a SamplingParams, got {params!r}")
+    N = _check_int("max_new_tokens", max_new_tokens, 1)
+    seeds = _check_seeds(seed, B)
+    eos_mask = _check_eos(eos_ids, V)
+    if isinstance(stop_sequences, (str, bytes)) or not isinstance(stop_sequences, Sequence):
+        raise ValueError(f"stop_sequences must be a list of token-id lists, got {stop_sequences!r}")
+    stops = [_id_list(f"stop_sequences[{i}]", s, V) for i, s in enumerate(stop_sequences)]
+    strings = _check_stop_strings(stop_strings, tokenizer)
+    top_n = _check_int("return_top_logprobs", return_top_logprobs, 0)
+    if top_n > V:
+        raise ValueError(f"return_top_logprobs must be <= the vocabulary size {V}, got {top_n}")
+    _check_bool("return_entropy", return_entropy)
+    # Stop strings also stop the loop early where their own tokenization shows up in the output.
+    for s in strings:
+        ids = list(tokenizer.encode(s))
+        if ids and s in tokenizer.decode(ids):
+            stops.append(_id_list(f"tokenizer.encode({s!r})", ids, V))
+    return Request(rows=rows, max_new_tokens=N, seeds=seeds, params=params,
+                   eos_mask=eos_mask, stop_block=_stop_block(stops), stop_strings=strings,
+                   top_n=top_n, with_entropy=return_entropy)
+
+
+def resolve_max_len(max_len: Any, rows: list[np.ndarray], default: int,
+                    limit: int | None) -> int:
+    """Cache slots per row: ``max_len``, or ``default`` capped by the position table ``limit``;
+    every prompt must be shorter than it."""
+    if max_len is None:
+        S = min(default, limit) if limit else default
+        source = "max_len (default: prompt bucket + max_new_tokens, capped by the position table)"
+    else:
+        S = _check_int("max_len", max_len, 2)
+        source = "max_len"
+        if limit and S > limit:
+            raise ValueError(f"max_len must be <= {limit}, the model's position table "
+                             f"(max_seq_len), got {S}")
+    for i, r in enumerate(rows):
+        if len(r) >= S:
+            raise ValueError(f"prompts[{i}] has {len(r)} tokens but {source} is {S}; a prompt "
+                             f"must be shorter than max_len to leave room for output")
+    return S
+
+
+def prompt_block(rows: list[np.ndarray], max_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """The prompts left-aligned in a ``[B, T]`` block (T: the bucket of the longest, at most
+    ``max_len``), zero-padded, and their lengths ``[B]``."""
+    T = min(bucket_length(max(len(r) for r in rows)), max_len)
+    block = np.zeros((len(rows), T), np.int32)
+    for i, r in enumerate(rows):
+        block[i, :len(r)] = r
+    return block, np.asarray([len(r) for r in rows], np.int32)
+
+
+def finish_output(out: GenerateOutput, finish: np.ndarray, request: Request, tokenizer: Any,
+                  raise_on_error: bool) -> GenerateOutput:
+    """Raise for rows that failed (unless told not to), then cut rows at their stop strings."""
+    errors = [i for i, c in enumerate(finish) if c in (BAD_LOGITS, NO_ALLOWED_TOKEN)]
+    if errors and raise_on_error:
+        causes = {BAD_LOGITS: "the model's logits hold NaN or +inf",
+                  NO_ALLOWED_TOKEN: "no token has a finite probability (the sampling parameters "
+                                    "or the model's logits exclude every token)"}
+        detail = "; ".join(f"row {i} after {int(out.lengths[i])} tokens: {causes[int(finish[i])]}"
+                           for i in errors)
+        raise ValueError(f"generation failed, nothing was sampled from these rows: {detail} "
+                         f"(raise_on_error=False returns the other rows)")
+    if request.stop_strings:
+        out = _cut_at_stop_strings(out, request.stop_strings, tokenizer)
+    return out
+
+
 # --- Entry points ---------------------------------------------------------------------------------
 
 
@@ -408,78 +519,29 @@ def generate(
       raise_on_error: raise ValueError if a row hit NaN / +inf logits or a distribution with no
         allowed token; with False such rows just finish with reason "error".
     """
-    if not isinstance(model, nnx.Module) or not hasattr(model, "config"):
-        raise ValueError(f"model must be an nnx.Module with a config, got {type(model).__name__}")
-    V = model.config.vocab_size
-    rows = _check_prompts(prompts, V)
-    B = len(rows)
-    if not isinstance(params, SamplingParams):
-        raise ValueError(f"params must be a SamplingParams, got {params!r}")
-    N = _check_int("max_new_tokens", max_new_tokens, 1)
-    seeds = _check_seeds(seed, B)
-    eos_mask = _check_eos(eos_ids, V)
-    if isinstance(stop_sequences, (str, bytes)) or not isinstance(stop_sequences, Sequence):
-        raise ValueError(f"stop_sequences must be a list of token-id lists, got {stop_sequences!r}")
-    stops = [_id_list(f"stop_sequences[{i}]", s, V) for i, s in enumerate(stop_sequences)]
-    strings = _check_stop_strings(stop_strings, tokenizer)
-    top_n = _check_int("return_top_logprobs", return_top_logprobs, 0)
-    if top_n > V:
-        raise ValueError(f"return_top_logprobs must be <= the vocabulary size {V}, got {top_n}")
-    for name, flag in (("return_entropy", return_entropy), ("python_loop", python_loop),
-                       ("raise_on_error", raise_on_error)):
-        if not isinstance(flag, bool):
-            raise ValueError(f"{name} must be a bool, got {flag!r}")
+    check_model("model", model)
+    for name, flag in (("python_loop", python_loop), ("raise_on_error", raise_on_error)):
+        _check_bool(name, flag)
+    request = check_request(model.config.vocab_size, prompts, params, max_new_tokens, seed,
+                            eos_ids=eos_ids, stop_sequences=stop_sequences,
+                            stop_strings=stop_strings, tokenizer=tokenizer,
+                            return_top_logprobs=return_top_logprobs, return_entropy=return_entropy)
+    rows, N = request.rows, request.max_new_tokens
     longest = max(len(r) for r in rows)
-    position_limit = getattr(getattr(model, "positions", None), "max_positions", None)
-    if max_len is None:
-        S = bucket_length(longest) + N
-        S = min(S, position_limit) if position_limit else S
-        source = "max_len (default: prompt bucket + max_new_tokens, capped by the position table)"
-    else:
-        S = _check_int("max_len", max_len, 2)
-        source = "max_len"
-        if position_limit and S > position_limit:
-            raise ValueError(f"max_len must be <= {position_limit}, the model's position table "
-                             f"(max_seq_len), got {S}")
-    for i, r in enumerate(rows):
-        if len(r) >= S:
-            raise ValueError(f"prompts[{i}] has {len(r)} tokens but {source} is {S}; a prompt "
-                             f"must be shorter than max_len to leave room for output")
-    row_params = params.per_row(B, V)
-    # Stop strings also stop the loop early where their own tokenization shows up in the output.
-    for s in strings:
-        ids = list(tokenizer.encode(s))
-        if ids and s in tokenizer.decode(ids):
-            stops.append(_id_list(f"tokenizer.encode({s!r})", ids, V))
-
-    T = min(bucket_length(longest), S)
-    block = np.zeros((B, T), np.int32)
-    for i, r in enumerate(rows):
-        block[i, :len(r)] = r
-    lengths = np.asarray([len(r) for r in rows], np.int32)
+    S = resolve_max_len(max_len, rows, bucket_length(longest) + N, position_limit(model))
+    block, lengths = prompt_block(rows, S)
+    row_params = params.per_row(len(rows), model.config.vocab_size)
     graphdef, weights = nnx.split(model)
-    state = _prefill(weights, block, lengths, seeds, row_params, eos_mask, _stop_block(stops),
-                     graphdef=graphdef, max_len=S, max_new_tokens=N, top_n=top_n,
-                     with_entropy=return_entropy)
+    state = _prefill(weights, block, lengths, request.seeds, row_params, request.eos_mask,
+                     request.stop_block, graphdef=graphdef, max_len=S, max_new_tokens=N,
+                     top_n=request.top_n, with_entropy=return_entropy)
     if python_loop:
         while bool(_running(state)):
             state = _decode_step(weights, state, graphdef=graphdef)
     else:
         state = _decode_loop(weights, state, graphdef=graphdef)
-    out = _output(state, top_n, return_entropy)
-    finish = np.asarray(state.finish)
-    errors = [i for i, c in enumerate(finish) if c in (BAD_LOGITS, NO_ALLOWED_TOKEN)]
-    if errors and raise_on_error:
-        causes = {BAD_LOGITS: "the model's logits hold NaN or +inf",
-                  NO_ALLOWED_TOKEN: "no token has a finite probability (the sampling parameters "
-                                    "or the model's logits exclude every token)"}
-        detail = "; ".join(f"row {i} after {int(out.lengths[i])} tokens: {causes[int(finish[i])]}"
-                           for i in errors)
-        raise ValueError(f"generation failed, nothing was sampled from these rows: {detail} "
-                         f"(raise_on_error=False returns the other rows)")
-    if strings:
-        out = _cut_at_stop_strings(out, strings, tokenizer)
-    return out
+    out = _output(state, request.top_n, return_entropy)
+    return finish_output(out, np.asarray(state.finish), request, tokenizer, raise_on_error)
 
 
 def greedy(model: nnx.Module, prompts: Sequence[Sequence[int]],

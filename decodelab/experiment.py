@@ -49,6 +49,7 @@ What a caller may rely on:
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import dataclasses
@@ -629,3 +630,24 @@ def run_from_flags(experiment_flags: ExperimentFlags,
     print(f"{len(rows)} points of shard {shard_index}/{shard_count} in {workdir / ROWS_FILE}; "
           f"tables and plots: python -m experiments.report --workdir={workdir}")
     return rows
+
+
+@contextlib.contextmanager
+def count_traces():
+    """Count jit traces (each one is a compilation) by function name while the block runs:
+    ``with count_traces() as counts: ...`` then ``counts["_decode_loop"]``. Through
+    ``jax.monitoring``, so it sees every jitted function, ours or a library's."""
+    import jax
+
+    counts: collections.Counter = collections.Counter()
+
+    def listen(event, duration, **kwargs):
+        del duration
+        if event == "/jax/core/compile/jaxpr_trace_duration":
+            counts[kwargs.get("fun_name")] += 1
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        yield counts
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)

@@ -8,7 +8,8 @@ Layout::
     <workdir>/models/<model key>/checkpoints/              Orbax checkpoints of train.train
 
 The tokenizer key hashes the tokenizer config and the corpus (its checksums and its split); the model
-key hashes the tokenizer key, the resolved ModelConfig and the TrainConfig. A finished model is loaded
+key hashes the tokenizer key, the resolved ModelConfig and the TrainConfig (and, for a model
+distilled from a teacher, the objective, which names the teacher's key). A finished model is loaded
 instead of retrained, an interrupted one continues from its last checkpoint (exactly: see train.py),
 and processes sharing a workdir (sweep shards) take a lock per entry, so each is built once.
 
@@ -30,7 +31,7 @@ from typing import Any
 
 from ml_collections import config_dict
 
-from decodelab import checkpoint, data, train
+from decodelab import checkpoint, data, distill, train
 from decodelab.config import ModelConfig
 from decodelab.experiment import config_hash
 from decodelab.model import Transformer
@@ -148,14 +149,51 @@ def load_or_train(tokenizer_cfg: Any, model_cfg_section: Any, train_cfg: Any,
     tokenizer = trained_tokenizer(tokenizer_cfg, workdir)
     model_cfg = build_model_config(_as_dict("model_cfg_section", model_cfg_section),
                                    tokenizer.vocab_size)
-    if not isinstance(train_cfg, train.TrainConfig):
-        train_cfg = train.TrainConfig(**_as_dict("train_cfg", train_cfg))
-    directory = pathlib.Path(workdir) / "models" / model_key(tokenizer_cfg, model_cfg, train_cfg)
+    train_cfg = _train_config(train_cfg)
+    key = model_key(tokenizer_cfg, model_cfg, train_cfg)
+    spec = {"tokenizer": _tokenizer_args(tokenizer_cfg), "model": model_cfg.to_dict(),
+            "train": train_cfg.to_dict()}
+    return _load_or_run(pathlib.Path(workdir) / "models" / key, spec, tokenizer, model_cfg,
+                        train_cfg, train.NextToken(), resume=resume, progress=progress)
+
+
+def load_or_distill(tokenizer_cfg: Any, teacher_cfg_section: Any, teacher_train_cfg: Any,
+                    model_cfg_section: Any, train_cfg: Any, workdir: str | os.PathLike, *,
+                    temperature: float = 1.0, resume: bool = True,
+                    progress: bool = True) -> TrainedModel:
+    """A model distilled from a teacher (``distill.KLToTeacher``), cached like ``load_or_train``.
+
+    The teacher is the model of ``(tokenizer_cfg, teacher_cfg_section, teacher_train_cfg)``,
+    itself loaded or trained first; the key covers its key, the student's configs and the
+    objective, so a distilled model is never mistaken for a trained one of the same configs.
+    """
+    teacher = load_or_train(tokenizer_cfg, teacher_cfg_section, teacher_train_cfg, workdir,
+                            progress=progress)
+    model_cfg = build_model_config(_as_dict("model_cfg_section", model_cfg_section),
+                                   teacher.tokenizer.vocab_size)
+    train_cfg = _train_config(train_cfg)
+    objective = distill.KLToTeacher(teacher.model, teacher.directory.name, temperature)
+    key = config_hash({"tokenizer": tokenizer_key(tokenizer_cfg), "model": model_cfg.to_dict(),
+                       "train": train_cfg.to_dict(), "objective": objective.to_dict()})
+    spec = {"tokenizer": _tokenizer_args(tokenizer_cfg), "model": model_cfg.to_dict(),
+            "train": train_cfg.to_dict(), "objective": objective.to_dict()}
+    return _load_or_run(pathlib.Path(workdir) / "models" / key, spec, teacher.tokenizer,
+                        model_cfg, train_cfg, objective, resume=resume, progress=progress)
+
+
+def _train_config(train_cfg: Any) -> train.TrainConfig:
+    if isinstance(train_cfg, train.TrainConfig):
+        return train_cfg
+    return train.TrainConfig(**_as_dict("train_cfg", train_cfg))
+
+
+def _load_or_run(directory: pathlib.Path, spec: dict[str, Any], tokenizer: Tokenizer,
+                 model_cfg: ModelConfig, train_cfg: train.TrainConfig,
+                 objective: train.Objective, *, resume: bool, progress: bool) -> TrainedModel:
+    """Load the finished model in ``directory``, or continue or start its training run."""
     checkpoints = directory / "checkpoints"
     with _lock(directory.with_suffix(".lock")):
         directory.mkdir(parents=True, exist_ok=True)
-        spec = {"tokenizer": _tokenizer_args(tokenizer_cfg), "model": model_cfg.to_dict(),
-                "train": train_cfg.to_dict()}
         _write_atomic(directory / "spec.json", json.dumps(spec, indent=2).encode("utf-8"))
         history_path = directory / "history.json"
         history = json.loads(history_path.read_text()) if history_path.exists() else []
@@ -173,7 +211,7 @@ def load_or_train(tokenizer_cfg: Any, model_cfg_section: Any, train_cfg: Any,
             manager.close()
         result = train.train(model_cfg, train_cfg, data.token_stream(tokenizer, "train"),
                              tokenizer=tokenizer, checkpoint_dir=checkpoints,
-                             resume=latest is not None, progress=progress)
+                             resume=latest is not None, progress=progress, objective=objective)
         history += result.history
         _write_atomic(history_path, json.dumps(history).encode("utf-8"))
     return TrainedModel(result.model, tokenizer, directory, result.step, result.resumed_from,
@@ -187,3 +225,14 @@ def trained_model(tokenizer_cfg: Any, model_cfg_section: Any, train_cfg: Any,
     trained = load_or_train(tokenizer_cfg, model_cfg_section, train_cfg, workdir,
                             progress=progress)
     return trained.model, trained.tokenizer
+
+
+def distilled_model(tokenizer_cfg: Any, teacher_cfg_section: Any, teacher_train_cfg: Any,
+                    model_cfg_section: Any, train_cfg: Any, workdir: str | os.PathLike, *,
+                    temperature: float = 1.0, progress: bool = True
+                    ) -> tuple[Transformer, Tokenizer]:
+    """``(model, tokenizer)`` of ``load_or_distill`` (distilled once, then reused)."""
+    distilled = load_or_distill(tokenizer_cfg, teacher_cfg_section, teacher_train_cfg,
+                                model_cfg_section, train_cfg, workdir, temperature=temperature,
+                                progress=progress)
+    return distilled.model, distilled.tokenizer

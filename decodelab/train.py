@@ -5,10 +5,15 @@ Determinism is the contract that makes ``resume`` exact: there is no dropout, th
 ``i`` is a pure function of ``(seed, i)`` (``data.PackedBatches``), and a checkpoint holds the
 parameters and the optimizer state (whose step count drives the learning-rate schedule). A run
 stopped at step k and resumed therefore reaches the same parameters as one that never stopped.
+
+What is minimised is an ``Objective``: next-token cross-entropy by default, or e.g. distillation
+to a fixed teacher (``decodelab.distill``). A checkpoint records its objective, and resuming with
+another one is refused, so the guarantee holds for any deterministic objective.
 """
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import functools
 import math
@@ -111,16 +116,46 @@ def _sequence_nll(graphdef, params, windows):  # windows [B, T+1] -> [B, T]
     return token_nll(model(windows[:, :-1]), windows[:, 1:])
 
 
-def make_train_step(graphdef, tx: optax.GradientTransformation):
-    """``step(params, opt_state, batch [B, T+1]) -> (params, opt_state, metrics)``, jitted, with
-    the old parameters and optimizer state donated (updated in place)."""
+class Objective(abc.ABC):
+    """What training minimises: a scalar loss of the model on a batch of windows ``[B, T+1]``."""
 
-    def loss_fn(params, batch):
-        return _sequence_nll(graphdef, params, batch).mean()
+    @abc.abstractmethod
+    def loss(self, model: Transformer, windows: jax.Array, aux: Any) -> jax.Array:
+        """The mean loss; ``aux`` is ``self.aux()`` as traced arrays."""
+
+    def aux(self) -> Any:
+        """Arrays the loss needs besides the model (e.g. a teacher's weights): arguments of the
+        compiled step, not constants baked into it. None by default."""
+        return None
+
+    @abc.abstractmethod
+    def to_dict(self) -> dict[str, Any]:
+        """What identifies the objective: stored with checkpoints, compared on resume."""
+
+
+@dataclasses.dataclass(frozen=True)
+class NextToken(Objective):
+    """Mean next-token cross-entropy (nats): each window's first T tokens predict its last T."""
+
+    def loss(self, model, windows, aux):
+        return token_nll(model(windows[:, :-1]), windows[:, 1:]).mean()
+
+    def to_dict(self):
+        return {"name": "next_token"}
+
+
+def make_train_step(graphdef, tx: optax.GradientTransformation,
+                    objective: Objective = NextToken()):
+    """``step(params, opt_state, batch [B, T+1], aux) -> (params, opt_state, metrics)``, jitted,
+    with the old parameters and optimizer state donated (updated in place); ``aux`` is
+    ``objective.aux()``."""
+
+    def loss_fn(params, batch, aux):
+        return objective.loss(nnx.merge(graphdef, params), batch, aux)
 
     @functools.partial(jax.jit, donate_argnums=(0, 1))
-    def step(params, opt_state, batch):
-        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+    def step(params, opt_state, batch, aux):
+        loss, grads = jax.value_and_grad(loss_fn)(params, batch, aux)
         updates, opt_state = tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         return params, opt_state, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
@@ -173,8 +208,10 @@ def train(
     stop_after: int | None = None,
     progress: bool = True,
     extra_meta: dict[str, Any] | None = None,
+    objective: Objective = NextToken(),
 ) -> TrainResult:
-    """Train a Transformer of ``model_cfg`` on ``train_stream`` (int token ids ``[N]``).
+    """Train a Transformer of ``model_cfg`` on ``train_stream`` (int token ids ``[N]``) to
+    minimise ``objective`` (next-token cross-entropy by default).
 
     With ``checkpoint_dir`` (which needs ``tokenizer``, stored with every checkpoint), checkpoints
     are written every ``tc.checkpoint_every`` steps and at the end. ``resume=True`` continues from
@@ -211,6 +248,11 @@ def train(
             if meta.get("train_config") not in (None, tc.to_dict()):
                 raise ValueError(f"train config differs from the checkpoint's: got {tc.to_dict()}, "
                                  f"saved {meta['train_config']}")
+            saved_objective = meta.get("objective", NextToken().to_dict())
+            if saved_objective != objective.to_dict():
+                raise ValueError(f"objective differs from the checkpoint's in "
+                                 f"{str(checkpoint_dir)!r}: got {objective.to_dict()}, saved "
+                                 f"{saved_objective}")
             restored, opt_state = checkpoint.restore(
                 manager, latest, model_cfg, jax.eval_shape(tx.init, params))
             params = nnx.state(restored)
@@ -219,10 +261,11 @@ def train(
     def save(step_done: int) -> None:
         if manager is not None:
             meta = checkpoint.make_meta(model_cfg, tokenizer, step_done, train_config=tc.to_dict(),
-                                        **(extra_meta or {}))
+                                        objective=objective.to_dict(), **(extra_meta or {}))
             checkpoint.save(manager, step_done, params, meta, opt_state)
 
-    train_step = make_train_step(graphdef, tx)
+    train_step = make_train_step(graphdef, tx, objective)
+    aux = objective.aux()
     end = tc.steps if stop_after is None else stop_after
     history: list[dict[str, float]] = []
     bar = tqdm(total=tc.steps, initial=start, disable=not progress, desc="train", unit="step",
@@ -232,7 +275,7 @@ def train(
     step = start
     try:
         for step in range(start, end):
-            params, opt_state, metrics = train_step(params, opt_state, batches.batch(step))
+            params, opt_state, metrics = train_step(params, opt_state, batches.batch(step), aux)
             done = step + 1
             if done % tc.log_every == 0 or done == end:
                 loss = float(metrics["loss"])  # syncs: the rate below is honest

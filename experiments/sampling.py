@@ -11,8 +11,6 @@ compiled decode programs. Each row counts the jit compilations that happened dur
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import math
 import pathlib
 import re
@@ -32,23 +30,6 @@ PROGRAMS = {"_prefill": "compiles_generate_prefill", "_decode_loop": "compiles_g
             "_target_logprobs": "compiles_scoring", "_token_stats": "compiles_token_stats"}
 
 
-@contextlib.contextmanager
-def _compiles():
-    """Count jit traces (each is a compilation) by function name while the block runs."""
-    import jax
-
-    counts = collections.Counter()
-
-    def listen(event, duration, **kwargs):
-        del duration
-        if event == "/jax/core/compile/jaxpr_trace_duration":
-            counts[kwargs.get("fun_name")] += 1
-
-    jax.monitoring.register_event_duration_secs_listener(listen)
-    try:
-        yield counts
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listen)
 
 
 _MODELS: dict[tuple, tuple] = {}
@@ -81,7 +62,7 @@ def strategy(decode) -> quality.Strategy:
 
 
 def evaluate(config, ctx) -> dict:
-    with _compiles() as counts:
+    with experiment.count_traces() as counts:
         ctx.status("generator")
         generator, tokenizer, generator_ppl = _model(config, "generator", ctx.workdir,
                                                      ctx.show_progress)

@@ -9,8 +9,6 @@ last two tokens read back from the cache row (a one-token history reads ``t1`` t
 history from the cache exposes any error in the per-beam reordering of cache rows.
 """
 
-import collections
-import contextlib
 import itertools
 import math
 
@@ -21,7 +19,7 @@ import pytest
 from flax import nnx
 
 import decodelab as dl
-from decodelab import beam
+from decodelab import experiment
 
 
 class Chain(nnx.Module):
@@ -288,23 +286,10 @@ def test_a_prompt_gives_the_same_hypotheses_at_every_position_of_the_batch(tiny,
         np.testing.assert_allclose(moved.scores[position], tiny_beams.scores[p], rtol=0, atol=1e-5)
 
 
-@contextlib.contextmanager
-def traces():
-    counts = collections.Counter()
-
-    def listen(event, duration, **kwargs):
-        if event == "/jax/core/compile/jaxpr_trace_duration":
-            counts[kwargs.get("fun_name")] += 1
-
-    jax.monitoring.register_event_duration_secs_listener(listen)
-    try:
-        yield counts
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listen)
 
 
 def test_length_penalties_eos_ids_and_prompt_lengths_compile_once(ends):
-    with traces() as counts:
+    with experiment.count_traces() as counts:
         for i, alpha in enumerate([0.0, 0.6, 1.0, 2.5]):
             dl.beam_search(ends, [[1] * (i + 1), [2, 3]], width=3, max_new_tokens=5,
                            eos_ids=[i], length_penalty=alpha)
@@ -332,6 +317,6 @@ def test_length_penalties_eos_ids_and_prompt_lengths_compile_once(ends):
 ])
 def test_bad_input_is_rejected_before_anything_is_traced(disagree, kwargs, message):
     args = dict(prompts=[[0]], width=2, max_new_tokens=3) | kwargs
-    with traces() as counts, pytest.raises(ValueError, match=message):
+    with experiment.count_traces() as counts, pytest.raises(ValueError, match=message):
         dl.beam_search(disagree, args.pop("prompts"), **args)
     assert not counts

@@ -8,8 +8,6 @@ engine says the token sits at; with ``rule="position"`` the next token is instea
 outputs are exact.
 """
 
-import contextlib
-import collections
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +17,7 @@ import scipy.stats
 from flax import nnx
 
 import decodelab as dl
-from decodelab import decode
+from decodelab import decode, experiment
 
 V = 32
 GREEDY = dl.SamplingParams.greedy()
@@ -296,26 +294,12 @@ def test_a_request_gives_the_same_tokens_at_every_position_of_a_batch(tiny, mixe
 # --- Compile once ---------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def traces():
-    """Count jit traces (each is a compile) by function name, through jax.monitoring."""
-    counts = collections.Counter()
-
-    def listen(event, duration, **kwargs):
-        if event == "/jax/core/compile/jaxpr_trace_duration":
-            counts[kwargs.get("fun_name")] += 1
-
-    jax.monitoring.register_event_duration_secs_listener(listen)
-    try:
-        yield counts
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listen)
 
 
 def test_a_sweep_of_sampling_settings_and_seeds_compiles_the_decode_loop_once(tiny):
     rng = np.random.default_rng(0)
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]  # batch 2, bucket 16, 5 new tokens: not used elsewhere
-    with traces() as counts:
+    with experiment.count_traces() as counts:
         for i in range(20):
             params = dl.SamplingParams(temperature=float(rng.uniform(0, 1.5)),
                                        top_k=int(rng.integers(0, 50)),
@@ -361,14 +345,14 @@ def test_a_sweep_of_sampling_settings_and_seeds_compiles_the_decode_loop_once(ti
 ])
 def test_bad_input_is_rejected_before_anything_is_traced(stand_in, args, kwargs, message):
     params = kwargs.pop("params", GREEDY)
-    with traces() as counts, pytest.raises(ValueError, match=message):
+    with experiment.count_traces() as counts, pytest.raises(ValueError, match=message):
         dl.generate(stand_in, args[0], params, args[1], **kwargs)
     assert not counts
 
 
 def test_prompt_or_cache_longer_than_the_position_table_is_rejected(tiny_config):
     model = dl.Transformer(tiny_config.replace(position="learned"), rngs=nnx.Rngs(0))
-    with traces() as counts:
+    with experiment.count_traces() as counts:
         with pytest.raises(ValueError, match=r"prompts\[0\] has 64 tokens but max_len \(default: "
                                              r".*capped by the position table\) is 64"):
             run(model, [[1] * 64], 4)

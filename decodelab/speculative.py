@@ -1,0 +1,668 @@
+"""speculative_generate(): a drafter proposes ``gamma`` tokens, the target scores them all in one
+forward pass, and the rejection rule of Leviathan et al. (2023) / Chen et al. (2023) keeps the
+output distributed exactly as the target's.
+
+Conventions (every caller relies on them):
+
+- The sequence layout is ``decode``'s: ``tokens[b, j]`` is position j, ``lengths[b]`` counts prompt
+  plus output. A row with ``L`` tokens starts a round with its target cache holding positions
+  ``0 .. L-2`` (the last token heads the verify block) and its draft cache holding ``0 .. L-2`` or
+  ``0 .. L-3`` (one behind after a round that accepted every proposal; the draft's first block of
+  the next round catches it up).
+- A round, per row: the drafter proposes ``d_0 .. d_{gamma-1}`` for positions ``L .. L+gamma-1``,
+  drawn from ``q_0 .. q_{gamma-1}``. The target runs ``[t_{L-1}, d_0, .., d_{gamma-1}]`` once and
+  gives ``p_0 .. p_gamma`` for positions ``L .. L+gamma``. ``d_j`` is accepted with probability
+  ``min(1, p_j(d_j) / q_j(d_j))`` while every earlier one was; at the first rejection ``n`` the
+  row's next token is drawn from ``normalise(max(0, p_n - q_n))``, and if all were accepted from
+  ``p_gamma`` (the bonus token). The row gains ``n + 1`` tokens, and both caches are rewound to it.
+- ``p`` and ``q`` are ``sampling.processed_logprobs`` of the target's and the drafter's logits with
+  the same parameters and the history including the proposals before them: the distributions that
+  are sampled from. At temperature 0 both are one-hot, so a proposal is accepted iff it is the
+  target's argmax, and the output equals greedy ``generate``'s.
+- A drafter may propose fewer than ``gamma`` tokens for a row (``Proposal.count``); positions past
+  them have ``q = 0``, so the token there is drawn from ``p``: the rule stays exact for any count.
+  A model-free drafter's ``q`` is one-hot at its proposal: accepted with probability ``p(x)``,
+  otherwise the next token is drawn from ``p`` without ``x``, renormalised.
+- Randomness is per request: the draws for the token at position ``pos`` of request r use
+  ``fold_in(fold_in(key(seed_r), pos), stream)`` with one stream each for the draft sample, the
+  acceptance test and the target's (residual or bonus) sample. A key influences the output only
+  once its position is kept, so re-drafting a position after a rejection is still exact, and a
+  request's output never depends on its batch-mates.
+- The loop is one ``lax.while_loop`` of rounds with static shapes; rows that have stopped are
+  carried along with nothing written and their caches unchanged. Rows stop as in ``generate``
+  (EOS, stop sequences and strings, ``max_new_tokens``, ``max_len``, bad logits).
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx, struct
+
+from decodelab import decode, sampling
+from decodelab.cache import KVCache
+from decodelab.decode import (BAD_LOGITS, EOS, LENGTH, NO_ALLOWED_TOKEN, PAD_TOKEN, RUNNING, STOP,
+                              GenerateOutput)
+from decodelab.sampling import RowParams, SamplingParams
+
+# Random streams: the key of a draw is fold_in(row key at the position, stream).
+DRAFT_STREAM, ACCEPT_STREAM, TARGET_STREAM = 0, 1, 2
+
+
+def _keys(seeds: jax.Array, positions: jax.Array, stream: int) -> jax.Array:
+    """``[B]`` keys for the draws of ``stream`` at ``positions: [B]``."""
+    row = sampling.row_keys(seeds, positions)
+    return jax.vmap(lambda k: jax.random.fold_in(k, stream))(row)
+
+
+def _draw(logprobs: jax.Array, greedy: jax.Array, keys) -> jax.Array:
+    """``[B]`` tokens from ``logprobs: [B, V]``; when every row is greedy (every distribution is
+    one-hot) the argmax, without generating random numbers. ``keys()`` gives the ``[B]`` keys."""
+    return jax.lax.cond(greedy, lambda: sampling.argmax(logprobs),
+                        lambda: sampling.sample_tokens(logprobs, keys()))
+
+
+def _accepts(u: jax.Array, p: jax.Array, q: jax.Array) -> jax.Array:
+    """The rejection rule: accept a proposal x with ``p = p(x)``, ``q = q(x) > 0`` iff
+    ``u * q < p`` for ``u ~ U[0, 1)``, i.e. with probability ``min(1, p / q)``. With one-hot
+    (greedy) distributions and ``u = 0``: iff x is the target's argmax."""
+    return u * q < p
+
+
+def _usable(logits: jax.Array, logprobs: jax.Array) -> jax.Array:
+    """``[...]`` bool: finite logits that leave at least one allowed token."""
+    return ~jnp.any(jnp.isnan(logits) | (logits == jnp.inf), axis=-1) & jnp.any(
+        logprobs > -jnp.inf, axis=-1)
+
+
+# --- The loop state -------------------------------------------------------------------------------
+
+
+@struct.dataclass(kw_only=True)
+class SpecState:
+    """Everything the speculative loop carries. Its output fields are ``decode.DecodeState``'s."""
+
+    step: jax.Array  # [] int32, rounds so far
+    tokens: jax.Array  # [B, S] int32, prompt then output (slots past `lengths` are scratch)
+    prompt_lengths: jax.Array  # [B] int32
+    lengths: jax.Array  # [B] int32, prompt + output tokens so far
+    finish: jax.Array  # [B] int32, RUNNING or a decode finish code
+    target_cache: KVCache  # lengths = self.lengths - 1 for running rows
+    draft_cache: KVCache | None  # lengths >= self.lengths - 2; None for a model-free drafter
+    seeds: jax.Array  # [B] uint32
+    params: RowParams  # [B] per field
+    eos_mask: jax.Array  # [V] bool
+    stop_ids: jax.Array  # [M, W] int32, right-aligned, -1 before
+    logprobs: jax.Array  # [B, N] float32, of each output token under the target's distribution
+    top_logprobs: jax.Array  # [B, N, n] float32
+    top_ids: jax.Array  # [B, N, n] int32
+    entropy: jax.Array  # [B, N] or [B, 0] float32
+    rounds: jax.Array  # [B] int32, target calls (verify passes) each row took part in
+    tested: jax.Array  # [B, gamma] int32, proposals at each draft position that were tested
+    accepted: jax.Array  # [B, gamma] int32, and accepted
+    per_round: jax.Array  # [B, N] int32, accepted proposals in each of the row's rounds, -1 after
+
+    @property
+    def done(self) -> jax.Array:  # [B] bool
+        return self.finish != RUNNING
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.logprobs.shape[1]
+
+    @property
+    def gamma(self) -> int:
+        return self.tested.shape[1]
+
+    def history(self, tokens: jax.Array, lengths: jax.Array) -> sampling.History:
+        return sampling.History(tokens=tokens, prompt_lengths=self.prompt_lengths, lengths=lengths,
+                                eos_mask=self.eos_mask)
+
+
+@struct.dataclass(kw_only=True)
+class Proposal:
+    """What a drafter proposes for each row in one round."""
+
+    tokens: jax.Array  # [B, gamma] int32, for positions L .. L+gamma-1
+    logq: jax.Array  # [B, gamma, V] float32, the distribution each was drawn from
+    count: jax.Array  # [B] int32 in [0, gamma]: only the first `count` are proposals
+    buffer: jax.Array  # [B, S] int32, the state's tokens with the proposals at L .. L+gamma-1
+
+
+# --- Drafters -------------------------------------------------------------------------------------
+
+
+class Drafter(abc.ABC):
+    """Proposes up to ``gamma`` tokens per row, with the distributions they were drawn from.
+
+    A drafter is a hashable frozen dataclass (it is a static argument of the compiled loop); what
+    it learns (weights) comes in as the traced ``weights`` pytree.
+    """
+
+    @abc.abstractmethod
+    def prefill(self, weights: Any, block: jax.Array, num_valid: jax.Array,
+                max_len: int) -> KVCache | None:
+        """The drafter's cache after the prompt block ``[B, T]`` (``num_valid[b]`` real tokens)."""
+
+    @abc.abstractmethod
+    def propose(self, weights: Any, state: SpecState, greedy: jax.Array
+                ) -> tuple[Proposal, KVCache | None]:
+        """``state.gamma`` proposals per running row and the drafter's cache after them."""
+
+    def rewind(self, cache: KVCache | None, lengths: jax.Array) -> KVCache | None:
+        return None if cache is None else cache.rewind(lengths)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelDrafter(Drafter):
+    """A draft Transformer sampling autoregressively on its own cache with the target's
+    sampling parameters (``speculative_generate`` builds it from a draft model)."""
+
+    graphdef: Any
+
+    def prefill(self, weights, block, num_valid, max_len):
+        model = nnx.merge(self.graphdef, weights)
+        cache = KVCache.init(model.config, batch_size=block.shape[0], max_len=max_len)
+        _, cache = model(block, cache=cache, num_valid=num_valid)
+        return cache
+
+    def propose(self, weights, state, greedy):
+        model = nnx.merge(self.graphdef, weights)
+        B, S = state.tokens.shape
+        L, running = state.lengths, ~state.done
+        rows = jnp.arange(B)
+        # Catch up: feed the one or two tokens the cache lacks, ending with the last token (a
+        # block of one unless some row is two behind: a one-token pass is cheaper).
+        behind = jnp.where(running, L - state.draft_cache.lengths, 0)  # [B] in {0, 1, 2}
+
+        def catch_up(width):
+            def run(cache):
+                index = jnp.clip(cache.lengths[:, None] + jnp.arange(width, dtype=jnp.int32)[None],
+                                 0, S - 1)
+                logits, cache = model(jnp.take_along_axis(state.tokens, index, axis=1),
+                                      cache=cache, num_valid=behind)  # [B, width, V]
+                last = jnp.clip(behind - 1, 0, width - 1)[:, None, None]
+                return jnp.take_along_axis(logits, last, axis=1)[:, 0], cache  # [B, V]
+            return run
+
+        logits, cache = jax.lax.cond(jnp.any(behind == 2), catch_up(2), catch_up(1),
+                                     state.draft_cache)
+        gamma, V = state.gamma, logits.shape[-1]
+
+        def sample(j, carry):
+            logits, buffer = carry["logits"], carry["buffer"]
+            logq = sampling.processed_logprobs(logits, state.params,
+                                               state.history(buffer, L + j))  # [B, V]
+            token = _draw(logq, greedy, lambda: _keys(state.seeds, L + j, DRAFT_STREAM))
+            return token, dict(carry, buffer=buffer.at[rows, L + j].set(token, mode="drop"),
+                               tokens=carry["tokens"].at[:, j].set(token),
+                               logq=carry["logq"].at[:, j].set(logq),
+                               usable=carry["usable"].at[:, j].set(_usable(logits, logq)))
+
+        def step(j, carry):  # sample d_j and feed it for the next logits
+            token, carry = sample(j, carry)
+            logits, cache = model(token[:, None], cache=carry["cache"],
+                                  num_valid=running.astype(jnp.int32))
+            return dict(carry, logits=logits[:, 0], cache=cache)
+
+        # A loop rather than unrolled steps: the program (and its compile time) does not grow
+        # with gamma. The last proposal is not fed (the next round's first block does that).
+        carry = dict(logits=logits, cache=cache, buffer=state.tokens,
+                     tokens=jnp.zeros((B, gamma), jnp.int32),
+                     logq=jnp.zeros((B, gamma, V), jnp.float32), usable=jnp.zeros((B, gamma), bool))
+        carry = jax.lax.fori_loop(0, gamma - 1, step, carry)
+        _, carry = sample(gamma - 1, carry)
+        count = jnp.sum(jnp.cumprod(carry["usable"], axis=1), axis=1)
+        return Proposal(tokens=carry["tokens"], logq=carry["logq"], count=count.astype(jnp.int32),
+                        buffer=carry["buffer"]), carry["cache"]
+
+
+@dataclasses.dataclass(frozen=True)
+class NgramDrafter(Drafter):
+    """Prompt lookup (model-free): find the most recent earlier occurrence of the row's last n
+    tokens in its own context (prompt and output), longest n first from ``max_ngram`` down to
+    ``min_ngram``, and propose the ``gamma`` tokens that followed it (none without a match), as
+    Hugging Face's prompt lookup and vLLM's n-gram proposer do; except that a continuation
+    shorter than ``gamma`` (a match close to the end) is repeated: the tokens since the match are
+    one period of a repeat, so a row caught in a loop gets ``gamma`` proposals. Each proposal's
+    ``q`` is one-hot."""
+
+    max_ngram: int = 3
+    min_ngram: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("min_ngram", "max_ngram"):
+            value = getattr(self, name)
+            if not decode._is_int(value) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if self.min_ngram > self.max_ngram:
+            raise ValueError(f"min_ngram must be <= max_ngram={self.max_ngram}, "
+                             f"got {self.min_ngram}")
+
+    def prefill(self, weights, block, num_valid, max_len):
+        return None
+
+    def propose(self, weights, state, greedy):
+        del weights, greedy
+        tokens, L = state.tokens, state.lengths
+        B, S = tokens.shape
+        V, gamma = state.eos_mask.shape[0], state.gamma
+        slot = jnp.arange(S, dtype=jnp.int32)[None, :]  # [1, S]: where an earlier n-gram ends
+        found, end = jnp.zeros((B,), bool), jnp.zeros((B,), jnp.int32)
+        for n in range(self.max_ngram, self.min_ngram - 1, -1):
+            match = (slot >= n - 1) & (slot < L[:, None] - 1)  # [B, S]
+            for k in range(n):  # the k-th token before slot j equals the k-th before the end
+                before = jnp.take_along_axis(tokens, jnp.broadcast_to(jnp.maximum(slot - k, 0),
+                                                                      (B, S)), axis=1)
+                last = jnp.take_along_axis(tokens, jnp.maximum(L - 1 - k, 0)[:, None], axis=1)
+                match = match & (before == last)
+            latest = jnp.max(jnp.where(match, slot, -1), axis=1)  # [B]
+            use = ~found & (latest >= 0)
+            end, found = jnp.where(use, latest, end), found | use
+        # The continuation end+1 .. L-1 is one period of a repeat; past L-1 it repeats again.
+        period = jnp.maximum(L - 1 - end, 1)[:, None]  # [B, 1]
+        offsets = jnp.arange(gamma, dtype=jnp.int32)[None, :]  # [1, gamma]
+        proposed = jnp.take_along_axis(
+            tokens, jnp.clip(end[:, None] + 1 + offsets % period, 0, S - 1), axis=1)  # [B, gamma]
+        count = jnp.where(found & ~state.done, gamma, 0)
+        logq = jnp.where(jax.nn.one_hot(proposed, V, dtype=bool), 0.0, -jnp.inf)  # [B, gamma, V]
+        rows = jnp.broadcast_to(jnp.arange(B)[:, None], (B, gamma))
+        buffer = tokens.at[rows, L[:, None] + offsets].set(proposed, mode="drop")
+        return Proposal(tokens=proposed, logq=logq, count=count.astype(jnp.int32),
+                        buffer=buffer), None
+
+
+# --- One round ------------------------------------------------------------------------------------
+
+
+def _processed(logits: jax.Array, state: SpecState, buffer: jax.Array) -> jax.Array:
+    """``[B, T, V]`` target logits for positions ``L .. L+T-1`` -> their processed
+    log-probabilities, each with the history up to its position (proposals from ``buffer``)."""
+    B, T, V = logits.shape
+    repeat = lambda a: jnp.repeat(a, T, axis=0)  # noqa: E731  [B, ...] -> [B*T, ...]
+    lengths = state.lengths[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]  # [B, T]
+    history = sampling.History(tokens=repeat(buffer), prompt_lengths=repeat(state.prompt_lengths),
+                               lengths=lengths.reshape(B * T), eos_mask=state.eos_mask)
+    params = jax.tree.map(repeat, state.params)
+    return sampling.processed_logprobs(logits.reshape(B * T, V), params, history).reshape(B, T, V)
+
+
+def _round(target: nnx.Module, drafter: Drafter, draft_weights: Any,
+           state: SpecState) -> SpecState:
+    """Draft, verify in one target pass, accept, record; rewind both caches."""
+    B, S = state.tokens.shape
+    N, gamma = state.max_new_tokens, state.gamma
+    L, running = state.lengths, ~state.done
+    rows = jnp.arange(B)
+    greedy = jnp.all(state.params.temperature == 0.0)
+
+    proposal, draft_cache = drafter.propose(draft_weights, state, greedy)
+    j = jnp.arange(gamma, dtype=jnp.int32)[None, :]  # [1, gamma]
+    proposed = j < proposal.count[:, None]  # [B, gamma]
+    # q of the positions without a proposal (and of the bonus position) is 0.
+    logq = jnp.concatenate([jnp.where(proposed[..., None], proposal.logq, -jnp.inf),
+                            jnp.full((B, 1, proposal.logq.shape[-1]), -jnp.inf)], axis=1)
+
+    last = jnp.take_along_axis(state.tokens, (L - 1)[:, None], axis=1)  # [B, 1]
+    block = jnp.concatenate([last, proposal.tokens], axis=1)  # [B, gamma + 1]
+    logits, target_cache = target(block, cache=state.target_cache,
+                                  num_valid=jnp.where(running, gamma + 1, 0))
+    logp = _processed(logits, state, proposal.buffer)  # [B, gamma + 1, V]
+    bad_logits = jnp.any(jnp.isnan(logits) | (logits == jnp.inf), axis=-1)  # [B, gamma + 1]
+    no_token = ~jnp.any(logp > -jnp.inf, axis=-1)
+
+    def pick(logprobs):  # [B, gamma(+1), V] -> [B, gamma] at the proposals
+        return jnp.take_along_axis(logprobs[:, :gamma], proposal.tokens[..., None], axis=-1)[..., 0]
+
+    positions = L[:, None] + j  # [B, gamma]
+
+    def uniforms():
+        keys = _keys(jnp.repeat(state.seeds, gamma), positions.reshape(-1), ACCEPT_STREAM)
+        return jax.vmap(jax.random.uniform)(keys).reshape(B, gamma)
+
+    u = jax.lax.cond(greedy, lambda: jnp.zeros((B, gamma)), uniforms)
+    usable = ~(bad_logits | no_token)  # [B, gamma + 1]
+    ok = proposed & usable[:, :gamma] & _accepts(u, jnp.exp(pick(logp)), jnp.exp(pick(logq)))
+    n = jnp.sum(jnp.cumprod(ok, axis=1), axis=1)  # [B] accepted proposals
+
+    # The next token: from normalise(max(0, p_n - q_n)), which is p_n where q_n = 0.
+    p_n = jnp.take_along_axis(logp, n[:, None, None], axis=1)[:, 0]  # [B, V]
+    q_n = jnp.take_along_axis(logq, n[:, None, None], axis=1)[:, 0]
+    residual = jnp.maximum(jnp.exp(p_n) - jnp.exp(q_n), 0.0)
+    total = jnp.sum(residual, axis=-1, keepdims=True)
+    # total = 0 only if p_n = q_n up to rounding, where a rejection has probability ~0.
+    log_residual = jnp.where(total > 0, jnp.log(residual) - jnp.log(total), p_n)
+    y = _draw(log_residual, greedy, lambda: _keys(state.seeds, L + n, TARGET_STREAM))
+
+    # What the row keeps: d_0 .. d_{n-1}, y; fewer at the budget, an EOS or a stop sequence.
+    room = jnp.minimum(N - (L - state.prompt_lengths), S - L)  # [B]
+    failed = ~jnp.take_along_axis(usable, n[:, None], axis=1)[:, 0] & (n < room)
+    count = jnp.minimum(jnp.where(failed, n, n + 1), room)
+    k = jnp.arange(gamma + 1, dtype=jnp.int32)[None, :]  # [1, gamma + 1]
+    new = jnp.where(k < n[:, None], jnp.pad(proposal.tokens, ((0, 0), (0, 1))),
+                    y[:, None])  # [B, gamma + 1]
+    tokens = proposal.buffer.at[rows, jnp.where(failed, S, L + n)].set(y, mode="drop")
+    state_now = state.replace(tokens=tokens)
+    eos = state.eos_mask[new]  # [B, gamma + 1]
+    stop = jnp.stack([decode._ends_with_stop(state_now, L + i + 1) for i in range(gamma + 1)],
+                     axis=1)
+    ends = (eos | stop) & (k < count[:, None])
+    has_end = jnp.any(ends, axis=1)
+    first_end = jnp.argmax(ends, axis=1)
+    count = jnp.where(has_end, first_end + 1, count)
+    failed = failed & ~has_end
+    count = jnp.where(running, count, 0)
+    lengths = L + count
+
+    # Record each kept token's logprob (and top logprobs, entropy) under the target's p.
+    out = jnp.where(k < count[:, None], (L - state.prompt_lengths)[:, None] + k, N)  # [B, g+1]
+    at = (jnp.broadcast_to(rows[:, None], out.shape), out)
+    record = dict(logprobs=state.logprobs.at[at].set(
+        jnp.take_along_axis(logp, new[..., None], axis=-1)[..., 0], mode="drop"))
+    if state.top_logprobs.shape[-1]:
+        top, ids = jax.lax.top_k(logp, state.top_logprobs.shape[-1])  # [B, gamma + 1, n]
+        record.update(top_logprobs=state.top_logprobs.at[at].set(top, mode="drop"),
+                      top_ids=state.top_ids.at[at].set(ids.astype(jnp.int32), mode="drop"))
+    if state.entropy.shape[-1]:
+        p = jnp.exp(logp)
+        entropy = -jnp.sum(jnp.where(p > 0, p * logp, 0.0), axis=-1)
+        record.update(entropy=state.entropy.at[at].set(entropy, mode="drop"))
+
+    at_end = jnp.take_along_axis(new, first_end[:, None], axis=1)[:, 0]
+    code = jnp.select(
+        [failed & jnp.take_along_axis(bad_logits, n[:, None], axis=1)[:, 0], failed,
+         has_end & state.eos_mask[at_end], has_end,
+         (lengths - state.prompt_lengths >= N) | (lengths >= S)],
+        [BAD_LOGITS, NO_ALLOWED_TOKEN, EOS, STOP, LENGTH],
+        RUNNING,
+    )
+    finish = jnp.where(running, code, state.finish)
+
+    # Rewind: the target keeps every kept token but the last; the draft what it has of those.
+    target_cache = target_cache.rewind(jnp.where(running, lengths - 1, state.target_cache.lengths))
+    if draft_cache is not None:
+        draft_cache = drafter.rewind(draft_cache, jnp.where(
+            running, jnp.minimum(lengths - 1, L + gamma - 1), state.draft_cache.lengths))
+
+    tested = proposed & (j <= n[:, None]) & usable[:, :gamma] & running[:, None]
+    accepted = (j < n[:, None]) & running[:, None]
+    per_round = state.per_round.at[rows, jnp.where(running, state.rounds, N)].set(n, mode="drop")
+    return state.replace(
+        step=state.step + 1, tokens=tokens, lengths=lengths, finish=finish,
+        target_cache=target_cache, draft_cache=draft_cache,
+        rounds=state.rounds + running.astype(jnp.int32),
+        tested=state.tested + tested.astype(jnp.int32),
+        accepted=state.accepted + accepted.astype(jnp.int32), per_round=per_round, **record)
+
+
+def _running(state: SpecState) -> jax.Array:
+    return jnp.any(~state.done) & (state.step < state.max_new_tokens)
+
+
+_STATIC = ("graphdef", "drafter")
+
+
+@functools.partial(jax.jit, static_argnames=(*_STATIC, "max_len"))
+def prefill(target_weights, draft_weights, block, num_valid, *, graphdef, drafter,
+             max_len) -> tuple[KVCache, KVCache | None]:
+    """Both caches after the prompt block ``[B, T]``, of which ``num_valid[b]`` tokens are fed:
+    each prompt but its last token."""
+    target = nnx.merge(graphdef, target_weights)
+    cache = KVCache.init(target.config, batch_size=block.shape[0], max_len=max_len)
+    _, cache = target(block, cache=cache, num_valid=num_valid)
+    return cache, drafter.prefill(draft_weights, block, num_valid, max_len)
+
+
+@functools.partial(jax.jit, static_argnames=("gamma", "max_new_tokens", "top_n", "with_entropy"))
+def initial_state(target_cache: KVCache, draft_cache: KVCache | None, block: np.ndarray,
+                  prompt_lengths: np.ndarray, seeds: np.ndarray, params: RowParams,
+                  eos_mask: np.ndarray, stop_ids: np.ndarray, *, gamma: int,
+                  max_new_tokens: int, top_n: int = 0, with_entropy: bool = False) -> SpecState:
+    """The state before the first round, around the prefilled caches: a program of its own, so
+    the prefill does not depend on ``gamma`` or the output options."""
+    (B, T), S, N = block.shape, target_cache.max_len, max_new_tokens
+    return SpecState(
+        step=jnp.zeros((), jnp.int32),
+        tokens=jnp.pad(jnp.asarray(block, jnp.int32), ((0, 0), (0, S - T))),
+        prompt_lengths=jnp.asarray(prompt_lengths, jnp.int32),
+        lengths=jnp.asarray(prompt_lengths, jnp.int32),
+        finish=jnp.full((B,), RUNNING, jnp.int32),
+        target_cache=target_cache,
+        draft_cache=draft_cache,
+        seeds=jnp.asarray(seeds, jnp.uint32),
+        params=params,
+        eos_mask=jnp.asarray(eos_mask, bool),
+        stop_ids=jnp.asarray(stop_ids, jnp.int32),
+        logprobs=jnp.full((B, N), jnp.nan, jnp.float32),
+        top_logprobs=jnp.full((B, N, top_n), jnp.nan, jnp.float32),
+        top_ids=jnp.full((B, N, top_n), PAD_TOKEN, jnp.int32),
+        entropy=jnp.full((B, N if with_entropy else 0), jnp.nan, jnp.float32),
+        rounds=jnp.zeros((B,), jnp.int32),
+        tested=jnp.zeros((B, gamma), jnp.int32),
+        accepted=jnp.zeros((B, gamma), jnp.int32),
+        per_round=jnp.full((B, N), -1, jnp.int32),
+    )
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames=("state",))
+def _speculative_loop(target_weights, draft_weights, state, *, graphdef, drafter) -> SpecState:
+    """``while any row runs: state = round(state)``, compiled as one ``lax.while_loop``."""
+    target = nnx.merge(graphdef, target_weights)
+    return jax.lax.while_loop(_running, functools.partial(_round, target, drafter, draft_weights),
+                              state)
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames=("state",))
+def _speculative_round(target_weights, draft_weights, state, *, graphdef, drafter) -> SpecState:
+    """One round, for the Python-loop twin of ``_speculative_loop``."""
+    return _round(nnx.merge(graphdef, target_weights), drafter, draft_weights, state)
+
+
+# --- Output and statistics ------------------------------------------------------------------------
+
+
+def expected_tokens_per_call(alpha, gamma: int):
+    """Leviathan et al.'s expected tokens per target call, ``(1 - a^(g+1)) / (1 - a)``, for
+    i.i.d. acceptance with probability ``alpha`` (``gamma + 1`` at ``alpha = 1``)."""
+    alpha = np.asarray(alpha, np.float64)
+    safe = np.where(alpha < 1.0, alpha, 0.0)
+    return np.where(alpha < 1.0, (1.0 - safe ** (gamma + 1)) / (1.0 - safe), gamma + 1.0)
+
+
+def predicted_speedup(alpha, gamma: int, cost_ratio):
+    """Leviathan et al.'s expected wall-time improvement over target-only decoding,
+    ``(1 - a^(g+1)) / ((1 - a)(g c + 1))``, with ``c`` = draft step time / target step time."""
+    return expected_tokens_per_call(alpha, gamma) / (gamma * np.asarray(cost_ratio) + 1.0)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class SpeculativeStats:
+    """Acceptance counts of one ``speculative_generate`` call, per row.
+
+    A proposal is *tested* when every earlier proposal of its round was accepted (and the target's
+    distribution there was usable); the acceptance rate ``alpha`` is accepted / tested, the
+    quantity the i.i.d. theory's alpha estimates. Counts include proposals accepted in the last
+    round beyond what the budget, an EOS or a stop sequence let the row keep.
+    """
+
+    gamma: int
+    rounds: np.ndarray  # [B] int, target calls (verify passes; the prefill not counted)
+    generated: np.ndarray  # [B] int, output tokens (GenerateOutput.lengths before stop strings)
+    tested_by_position: np.ndarray  # [B, gamma] int
+    accepted_by_position: np.ndarray  # [B, gamma] int
+    accepted_per_round: np.ndarray  # [B, N] int, per round of the row; -1 past its rounds
+
+    @property
+    def tested(self) -> np.ndarray:  # [B]
+        return self.tested_by_position.sum(axis=1)
+
+    @property
+    def accepted(self) -> np.ndarray:  # [B]
+        return self.accepted_by_position.sum(axis=1)
+
+    @property
+    def alpha(self) -> np.ndarray:  # [B] float, NaN where nothing was tested
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return self.accepted / self.tested
+
+    @property
+    def overall_alpha(self) -> float:
+        tested = int(self.tested.sum())
+        return float(self.accepted.sum() / tested) if tested else float("nan")
+
+    @property
+    def tokens_per_call(self) -> np.ndarray:  # [B] float
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return self.generated / self.rounds
+
+    @property
+    def overall_tokens_per_call(self) -> float:
+        return float(self.generated.sum() / max(int(self.rounds.sum()), 1))
+
+    @property
+    def acceptance_by_position(self) -> np.ndarray:  # [gamma] float, over all rows
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return self.accepted_by_position.sum(axis=0) / self.tested_by_position.sum(axis=0)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class SpeculativeOutput(GenerateOutput):
+    """``GenerateOutput``'s fields (logprobs etc. under the target's distribution) plus ``stats``."""
+
+    stats: SpeculativeStats
+
+
+# --- Entry point ----------------------------------------------------------------------------------
+
+
+def _check_tokenizers(tokenizer: Any, draft_tokenizer: Any) -> None:
+    if tokenizer is None or draft_tokenizer is None or tokenizer is draft_tokenizer:
+        return
+    if hasattr(tokenizer, "serialized_model") and hasattr(draft_tokenizer, "serialized_model"):
+        same = tokenizer.serialized_model() == draft_tokenizer.serialized_model()
+    else:
+        same = tokenizer == draft_tokenizer
+    if not same:
+        raise ValueError(f"draft_tokenizer must be the target's tokenizer (token ids must mean the "
+                         f"same text), got {draft_tokenizer!r} for target tokenizer {tokenizer!r}")
+
+
+def speculative_generate(
+    target: nnx.Module,
+    draft: nnx.Module | Drafter,
+    prompts: Sequence[Sequence[int]],
+    params: SamplingParams,
+    gamma: int,
+    max_new_tokens: int,
+    seed: int | Sequence[int] = 0,
+    *,
+    eos_ids: int | Sequence[int] = (),
+    stop_sequences: Sequence[Sequence[int]] = (),
+    stop_strings: Sequence[str] = (),
+    tokenizer: Any = None,
+    draft_tokenizer: Any = None,
+    return_top_logprobs: int = 0,
+    return_entropy: bool = False,
+    max_len: int | None = None,
+    python_loop: bool = False,
+    raise_on_error: bool = True,
+) -> SpeculativeOutput:
+    """Continue each prompt by up to ``max_new_tokens`` tokens distributed exactly as ``target``'s
+    ``generate`` output, drafting ``gamma`` tokens per target call.
+
+    Args:
+      target: a ``Transformer`` (or any module with its call signature and a ``config``).
+      draft: a draft model with the target's vocabulary (it samples with ``params`` too), or a
+        model-free ``Drafter`` such as ``NgramDrafter()``.
+      prompts, params, max_new_tokens, seed, eos_ids, stop_sequences, stop_strings,
+      return_top_logprobs, return_entropy, python_loop, raise_on_error: as in ``generate``; the
+        logprobs, top logprobs and entropy are those of the target's sampling distribution.
+      gamma: proposals per round (>= 1).
+      tokenizer, draft_tokenizer: the models' tokenizers; when both are given they must be the same
+        (``tokenizer`` also serves ``stop_strings``).
+      max_len: cache slots per row, for both models. Default: the prompt bucket plus
+        ``max_new_tokens`` plus ``gamma``, capped by the smaller position table. Every prompt
+        needs room for one round: ``len(prompt) + gamma <= max_len``.
+
+    Returns a ``SpeculativeOutput``: ``generate``'s fields plus ``stats`` (``SpeculativeStats``).
+    """
+    decode.check_model("target", target)
+    if isinstance(draft, Drafter):
+        if draft_tokenizer is not None:
+            raise ValueError(f"draft_tokenizer must be None for a model-free drafter "
+                             f"({type(draft).__name__}), got {draft_tokenizer!r}")
+    else:
+        decode.check_model("draft", draft)
+        if draft.config.vocab_size != target.config.vocab_size:
+            raise ValueError(f"draft must have the target's vocabulary: draft vocab_size "
+                             f"{draft.config.vocab_size}, target vocab_size "
+                             f"{target.config.vocab_size}")
+        _check_tokenizers(tokenizer, draft_tokenizer)
+    gamma = decode._check_int("gamma", gamma, 1)
+    for name, flag in (("python_loop", python_loop), ("raise_on_error", raise_on_error)):
+        decode._check_bool(name, flag)
+    request = decode.check_request(
+        target.config.vocab_size, prompts, params, max_new_tokens, seed, eos_ids=eos_ids,
+        stop_sequences=stop_sequences, stop_strings=stop_strings, tokenizer=tokenizer,
+        return_top_logprobs=return_top_logprobs, return_entropy=return_entropy)
+    rows, N = request.rows, request.max_new_tokens
+    limits = [decode.position_limit(target)]
+    if not isinstance(draft, Drafter):
+        draft_limit = decode.position_limit(draft)
+        limits.append(draft_limit)
+        if draft_limit is not None:
+            for i, r in enumerate(rows):
+                if len(r) >= draft_limit:
+                    raise ValueError(f"prompts[{i}] has {len(r)} tokens but the draft's cache "
+                                     f"holds at most {draft_limit} (its position table, "
+                                     "max_seq_len); a prompt must be shorter to leave room for "
+                                     "output")
+            if max_len is not None and decode._is_int(max_len) and max_len > draft_limit:
+                raise ValueError(f"max_len must be <= {draft_limit}, the draft's position table "
+                                 f"(max_seq_len), got {max_len}")
+    known = [x for x in limits if x is not None]
+    longest = max(len(r) for r in rows)
+    S = decode.resolve_max_len(max_len, rows, decode.bucket_length(longest) + N + gamma,
+                               min(known) if known else None)
+    for i, r in enumerate(rows):
+        if len(r) + gamma > S:
+            raise ValueError(f"gamma={gamma} is too large for the cache: prompts[{i}] has {len(r)} "
+                             f"tokens and one round needs len(prompt) + gamma = "
+                             f"{len(r) + gamma} slots, but max_len is {S}")
+    block, lengths = decode.prompt_block(rows, S)
+    row_params = params.per_row(len(rows), target.config.vocab_size)
+
+    graphdef, target_weights = nnx.split(target)
+    if isinstance(draft, Drafter):
+        drafter, draft_weights = draft, None
+    else:
+        draft_graphdef, draft_weights = nnx.split(draft)
+        drafter = ModelDrafter(draft_graphdef)
+    caches = prefill(target_weights, draft_weights, block, lengths - 1, graphdef=graphdef,
+                     drafter=drafter, max_len=S)
+    state = initial_state(*caches, block, lengths, request.seeds, row_params, request.eos_mask,
+                          request.stop_block, gamma=gamma, max_new_tokens=N, top_n=request.top_n,
+                          with_entropy=request.with_entropy)
+    if python_loop:
+        while bool(_running(state)):
+            state = _speculative_round(target_weights, draft_weights, state, graphdef=graphdef,
+                                       drafter=drafter)
+    else:
+        state = _speculative_loop(target_weights, draft_weights, state, graphdef=graphdef,
+                                  drafter=drafter)
+    out = decode._output(state, request.top_n, request.with_entropy)
+    rounds, tested, accepted, per_round = jax.device_get(
+        (state.rounds, state.tested, state.accepted, state.per_round))
+    stats = SpeculativeStats(gamma=gamma, rounds=rounds, generated=out.lengths.copy(),
+                             tested_by_position=tested, accepted_by_position=accepted,
+                             accepted_per_round=per_round)
+    out = SpeculativeOutput(**{f.name: getattr(out, f.name)
+                               for f in dataclasses.fields(GenerateOutput)}, stats=stats)
+    return decode.finish_output(out, np.asarray(state.finish), request, tokenizer, raise_on_error)
