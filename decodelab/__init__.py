@@ -10,6 +10,9 @@ from decodelab.tokenizer import Tokenizer
 from decodelab.cache import KVCache
 from decodelab.model import Transformer, param_count
 
+# Real checkpoints (GGUF files, Hugging Face directories)
+from decodelab.convert import PretrainedTokenizer, load_hf
+
 # Training and checkpoints
 from decodelab.checkpoint import load_checkpoint, save_checkpoint
 from decodelab.train import TrainConfig  # the loop itself: decodelab.train.train
@@ -26,6 +29,8 @@ __all__ = [
     "TrainConfig",
     "Transformer",
     "load_checkpoint",
+    "load_hf",
+    "PretrainedTokenizer",
     "param_count",
     "save_checkpoint",
     # Sampling and decoding
