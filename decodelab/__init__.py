@@ -11,7 +11,7 @@ from decodelab.cache import KVCache
 from decodelab.model import Transformer, param_count
 
 # Real checkpoints (GGUF files, Hugging Face directories)
-from decodelab.convert import PretrainedTokenizer, load_hf
+from decodelab.convert import PretrainedTokenizer, load_gguf, load_hf
 
 # Training and checkpoints
 from decodelab.checkpoint import load_checkpoint, save_checkpoint
@@ -29,6 +29,7 @@ __all__ = [
     "TrainConfig",
     "Transformer",
     "load_checkpoint",
+    "load_gguf",
     "load_hf",
     "PretrainedTokenizer",
     "param_count",

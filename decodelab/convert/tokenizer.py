@@ -1,4 +1,4 @@
-"""PretrainedTokenizer: a real model's tokenizer (Hugging Face ``tokenizers``) with decodelab's interface.
+"""PretrainedTokenizer: a real model's tokenizer (``tokenizers``) with decodelab's interface.
 
 It has what experiments use of ``decodelab.Tokenizer`` (``encode``, ``decode``, ``vocab_size``,
 ``id_to_piece``, ``bos_id``, ``eos_id``, ``pad_id``) plus the model's chat template. Its special
@@ -9,7 +9,7 @@ was trained to expect one).
 Two sources build one: a Hugging Face ``tokenizer.json`` as it is, or a GGUF file's vocabulary
 (``tokenizer.ggml.*``), rebuilt here the way llama.cpp tokenizes it: ``gpt2`` files are byte-level
 BPE with the file's merges and the split rule of its ``pre`` name; ``llama`` files are
-SentencePiece-style BPE over ``▁``-spelled pieces with byte fallback, merges ranked by piece score.
+SentencePiece-style BPE over ``▁``-spelled pieces with byte fallback, merges ranked by score.
 """
 
 from __future__ import annotations
@@ -190,7 +190,8 @@ def from_gguf_metadata(fields: Mapping[str, Any], source: str) -> PretrainedToke
         scores = list(fields.get("tokenizer.ggml.scores", [0.0] * len(tokens)))
         unk = fields.get("tokenizer.ggml.unknown_token_id")
         backend = Tokenizer(models.BPE(
-            vocab={t: i for i, t in enumerate(tokens)}, merges=_sentencepiece_merges(tokens, scores),
+            vocab={t: i for i, t in enumerate(tokens)},
+            merges=_sentencepiece_merges(tokens, scores),
             unk_token=None if unk is None else tokens[unk], fuse_unk=True, byte_fallback=True))
         prefix = bool(fields.get("tokenizer.ggml.add_space_prefix", True))
         backend.normalizer = normalizers.Sequence(

@@ -177,7 +177,8 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray | jax.Ar
     checkpoints), rotated counter-clockwise by ``position * inv_freq[i]`` as in RoFormer.
     """
     inv_freq = jnp.asarray(inv_freq, jnp.float32)
-    inv_freq = inv_freq.reshape(-1 if inv_freq.ndim == 2 else 1, 1, inv_freq.shape[-1])  # [B|1, 1, H/2]
+    rows = inv_freq.shape[0] if inv_freq.ndim == 2 else 1
+    inv_freq = inv_freq.reshape(rows, 1, inv_freq.shape[-1])  # [B or 1, 1, H/2]
     angles = positions[..., None].astype(jnp.float32) * inv_freq  # [B, T, H/2]
     cos = (jnp.cos(angles) * factor)[:, :, None, :]  # [B, T, 1, H/2]
     sin = (jnp.sin(angles) * factor)[:, :, None, :]
