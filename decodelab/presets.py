@@ -71,8 +71,8 @@ def model_section(preset: str) -> config_dict.ConfigDict:
         section.pretrained = preset
         return section
     if preset not in MODEL_PRESETS:
-        raise ValueError(f"preset must be one of {sorted(MODEL_PRESETS) + sorted(PRETRAINED_MODELS)}"
-                         f", got {preset!r}")
+        names = sorted(MODEL_PRESETS) + sorted(PRETRAINED_MODELS)
+        raise ValueError(f"preset must be one of {names}, got {preset!r}")
     section = config_dict.ConfigDict()
     for field in dataclasses.fields(ModelConfig):
         if field.name == "vocab_size":

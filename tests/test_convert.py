@@ -61,8 +61,8 @@ def hf_logits(model, ids: list[int]) -> np.ndarray:
 def hf_greedy(model, ids: list[int], n: int) -> list[int]:
     with torch.no_grad():
         tokens = torch.tensor([ids])
-        out = model.generate(tokens, attention_mask=torch.ones_like(tokens), do_sample=False, num_beams=1, max_new_tokens=n, min_new_tokens=n,
-                             pad_token_id=0)
+        out = model.generate(tokens, attention_mask=torch.ones_like(tokens), do_sample=False,
+                             num_beams=1, max_new_tokens=n, min_new_tokens=n, pad_token_id=0)
     return out[0, len(ids):].tolist()
 
 
@@ -351,7 +351,8 @@ def test_smollm2_logits_and_greedy_tokens_match_transformers(smollm2):
 def test_smollm2_preset_section_holds_the_files_config(smollm2_section):
     assert smollm2_section.pretrained == "smollm2-135m"
     cfg = presets.build_model_config(smollm2_section, 49152)
-    assert (cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.d_ff) == (576, 30, 9, 3, 1536)
+    shape = (cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.d_ff)
+    assert shape == (576, 30, 9, 3, 1536)
     assert (cfg.rope_theta, cfg.tie_embeddings, cfg.max_seq_len) == (100000.0, True, 8192)
 
 
