@@ -19,6 +19,11 @@ ROPE_SCALINGS = ("none", "linear", "ntk", "yarn", "dynamic", "llama3")
 NORMS = ("rms", "layer")
 MLPS = ("swiglu", "gelu")
 DTYPES = ("float32", "bfloat16")
+# Fields that only imported checkpoints set (they came with the GGUF / Hugging Face loaders). At
+# their defaults they are left out of cache keys (``key_dict``) and of the size presets' config
+# sections, so trained models and result rows made before these fields existed keep their keys.
+CHECKPOINT_FIELDS = ("attention_bias", "mlp_bias", "llama3_low_freq_factor",
+                     "llama3_high_freq_factor")
 
 
 def _require(condition: bool, message: str) -> None:
@@ -193,6 +198,13 @@ class ModelConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def key_dict(self) -> dict[str, Any]:
+        """``to_dict`` without the CHECKPOINT_FIELDS that are at their defaults: what cache keys
+        hash."""
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        return {k: v for k, v in self.to_dict().items()
+                if k not in CHECKPOINT_FIELDS or v != defaults[k]}
 
     @classmethod
     def from_dict(cls, fields: dict[str, Any]) -> ModelConfig:

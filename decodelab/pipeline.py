@@ -71,7 +71,7 @@ def tokenizer_key(tokenizer_cfg: Any) -> str:
 
 def model_key(tokenizer_cfg: Any, model_cfg: ModelConfig, train_cfg: train.TrainConfig) -> str:
     """The cache key of a trained model: its tokenizer's key, model config and training config."""
-    return config_hash({"tokenizer": tokenizer_key(tokenizer_cfg), "model": model_cfg.to_dict(),
+    return config_hash({"tokenizer": tokenizer_key(tokenizer_cfg), "model": model_cfg.key_dict(),
                         "train": train_cfg.to_dict()})
 
 

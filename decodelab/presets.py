@@ -17,7 +17,7 @@ import pathlib
 
 from ml_collections import config_dict
 
-from decodelab.config import ModelConfig
+from decodelab.config import CHECKPOINT_FIELDS, ModelConfig
 
 MODEL_PRESETS: dict[str, dict] = {
     # Unit-test size: compiles in seconds.
@@ -61,8 +61,9 @@ _OPTIONAL_INT_FIELDS = ("n_kv_heads", "head_dim", "d_ff", "rope_original_max_len
 
 
 def model_section(preset: str) -> config_dict.ConfigDict:
-    """A ConfigDict with every ModelConfig field except ``vocab_size``, set from ``preset``; for a
-    pretrained model, the fields of its file (read from the metadata) and ``pretrained``."""
+    """A ConfigDict with every ModelConfig field except ``vocab_size`` (and, for a size preset,
+    except the CHECKPOINT_FIELDS it leaves at their defaults), set from ``preset``; for a pretrained
+    model, every field of its file's config (read from the metadata) and ``pretrained``."""
     if preset in PRETRAINED_MODELS:
         from decodelab.convert import gguf_model_config
 
@@ -75,7 +76,8 @@ def model_section(preset: str) -> config_dict.ConfigDict:
         raise ValueError(f"preset must be one of {names}, got {preset!r}")
     section = config_dict.ConfigDict()
     for field in dataclasses.fields(ModelConfig):
-        if field.name == "vocab_size":
+        if field.name == "vocab_size" or (field.name in CHECKPOINT_FIELDS
+                                          and field.name not in MODEL_PRESETS[preset]):
             continue
         value = MODEL_PRESETS[preset].get(field.name, field.default)
         if value is None and field.name in _OPTIONAL_INT_FIELDS:

@@ -207,3 +207,23 @@ def test_tiny_num_params_by_hand(tiny_config):
 def test_config_names_equal_registry_keys(names, registry):
     assert sorted(names) == sorted(registry)
     assert len(set(names)) == len(names)
+
+
+# --- Cache keys -----------------------------------------------------------------------------------
+
+
+def test_key_dict_leaves_out_checkpoint_fields_at_their_defaults(tiny_config):
+    assert set(tiny_config.to_dict()) - set(tiny_config.key_dict()) == set(config.CHECKPOINT_FIELDS)
+    biased = tiny_config.replace(attention_bias=True)
+    assert biased.key_dict()["attention_bias"] is True
+
+
+def test_size_preset_sections_keep_the_keys_they_had_before_checkpoint_fields():
+    # Hashes of the sections as they were before CHECKPOINT_FIELDS existed: results rows and
+    # cached models made then are still found.
+    from decodelab import experiment, presets
+
+    assert {p: experiment.config_hash(presets.model_section(p)) for p in ("tiny", "small")} == {
+        "tiny": "3a1eb894e0aba306", "small": "87f3ffe3d7b051c4"}
+    small = presets.build_model_config(presets.model_section("small"), 4096)
+    assert experiment.config_hash(small.key_dict()) == "5c1053b54398a476"
