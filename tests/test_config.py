@@ -117,7 +117,7 @@ def test_yarn_beta_fast_must_exceed_beta_slow(tiny_config, fast, slow):
 
 @pytest.mark.parametrize("low, high", [(4.0, 4.0), (4.0, 1.0)])
 def test_llama3_high_freq_factor_must_exceed_low(tiny_config, low, high):
-    with pytest.raises(ValueError, match="^llama3_high_freq_factor must be > llama3_low_freq_factor"):
+    with pytest.raises(ValueError, match="^llama3_high_freq_factor must be > llama3_low"):
         tiny_config.replace(llama3_low_freq_factor=low, llama3_high_freq_factor=high)
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import decodelab as dl
-from decodelab import pipeline, presets
+from decodelab import pipeline, presets, quality
 from decodelab.sampling import SamplingParams
 
 torch = pytest.importorskip("torch", reason="the parity tests need torch (the test extra)")
@@ -367,6 +367,20 @@ def test_smollm2_preset_overrides_apply_to_the_loaded_weights(smollm2, smollm2_s
     section.d_ff = 1024
     with pytest.raises(ValueError, match="^cfg must keep the model's parameter shapes"):
         pipeline.pretrained_model(section)
+
+
+@pytest.mark.slow
+def test_chat_prompts_wrap_the_passage_in_the_models_template(smollm2):
+    _, _, tokenizer = smollm2
+    plain = quality.held_out_prompts(tokenizer, per_document=1, prompt_tokens=16, new_tokens=8)
+    chat = quality.held_out_prompts(tokenizer, per_document=1, prompt_tokens=16, new_tokens=8,
+                                    instruction="Continue the passage.")
+    assert [p.reference for p in chat] == [p.reference for p in plain]
+    for c, p in zip(chat, plain):
+        assert c.tokens[0] == tokenizer.bos_id  # <|im_start|>
+        text = tokenizer.backend.decode(c.tokens, skip_special_tokens=False)
+        assert f"user\nContinue the passage.\n\n{tokenizer.decode(p.tokens)}<|im_end|>" in text
+        assert text.endswith("<|im_start|>assistant\n")
 
 
 def test_pretrained_model_needs_a_pretrained_section():
