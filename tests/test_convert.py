@@ -124,6 +124,21 @@ def test_load_hf_llama_greedy_tokens_match_transformers(llama_pair):
     assert greedy(model, ids, 32) == hf_greedy(hf, ids, 32)
 
 
+def test_load_hf_reads_bfloat16_and_sharded_checkpoints(tmp_path):
+    hf = tiny_llama("default").to(torch.bfloat16)
+    hf.save_pretrained(tmp_path, max_shard_size="100KB")
+    byte_level_tokenizer().save(str(tmp_path / "tokenizer.json"))
+    assert (tmp_path / "model.safetensors.index.json").is_file()
+    model, _ = dl.load_hf(tmp_path)
+    # bfloat16 widens to float32 exactly.
+    np.testing.assert_array_equal(
+        np.asarray(model.embed.embedding[...]),
+        hf.state_dict()["model.embed_tokens.weight"].float().numpy())
+    np.testing.assert_array_equal(
+        np.asarray(model.blocks[1].mlp.down.kernel[...]).T,
+        hf.state_dict()["model.layers.1.mlp.down_proj.weight"].float().numpy())
+
+
 # --- GPT-2 (safetensors) --------------------------------------------------------------------------
 
 

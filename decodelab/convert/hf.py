@@ -165,7 +165,8 @@ def _gpt2_ignored(name: str) -> bool:
 
 
 def _llama_ignored(name: str) -> bool:
-    return name.endswith(".rotary_emb.inv_freq")  # a buffer older transformers saved
+    # A buffer older transformers saved; a tied head may be saved as a copy.
+    return name.endswith(".rotary_emb.inv_freq") or name == "lm_head.weight"
 
 
 # model_type -> (config rule, parameter rule, tensors to skip)

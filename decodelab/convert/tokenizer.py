@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-# GGUF token types (llama.cpp's llama_token_type).
-_NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = range(1, 7)
+# GGUF token types (llama.cpp's llama_token_type) that this module reads.
+_NORMAL, _CONTROL, _USER_DEFINED = 1, 3, 4
 
 _SPACE = "\u2581"
 
@@ -133,14 +133,12 @@ class PretrainedTokenizer:
                 isinstance(m, Mapping) and "role" in m and "content" in m for m in messages):
             raise ValueError(f"messages must be a list of {{'role': ..., 'content': ...}} dicts, "
                              f"got {messages!r}")
-        import jinja2
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         def raise_exception(message: str):
             raise ValueError(f"the chat template refused the messages: {message}")
 
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                            undefined=jinja2.Undefined)
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = raise_exception
         piece = lambda i: None if i is None else self.id_to_piece(i)  # noqa: E731
         return env.from_string(self.chat_template).render(
