@@ -51,7 +51,11 @@ class Attention(nnx.Module):
         D, N, K, H = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         dtype = jnp.dtype(cfg.dtype)
         init = normal(D**-0.5)
-        bias = (lambda *shape: shape) if cfg.attention_bias else (lambda *shape: None)  # its shape
+
+        def bias(*shape: int) -> tuple[int, ...] | None:
+            """A projection's bias shape (None: no bias)."""
+            return shape if cfg.attention_bias else None
+
         self.q = nnx.Einsum("BTD,DNH->BTNH", (D, N, H), bias(N, H), dtype=dtype, kernel_init=init,
                             rngs=rngs)
         self.k = nnx.Einsum("BTD,DKH->BTKH", (D, K, H), bias(K, H), dtype=dtype, kernel_init=init,
