@@ -20,11 +20,16 @@ import decodelab as dl
 from decodelab import pipeline, presets, quality
 from decodelab.sampling import SamplingParams
 
-torch = pytest.importorskip("torch", reason="the parity tests need torch (the test extra)")
-transformers = pytest.importorskip("transformers",
-                                   reason="the parity tests need transformers (the test extra)")
 pytest.importorskip("safetensors", reason="load_hf needs safetensors (the real extra)")
 pytest.importorskip("tokenizers", reason="the loaders need tokenizers (the real extra)")
+
+
+def peer():
+    """``(torch, transformers)``, the reference the parity tests compare with; a test that needs
+    them is skipped where they are not installed."""
+    return (pytest.importorskip("torch", reason="the parity tests need torch (the test extra)"),
+            pytest.importorskip("transformers",
+                                reason="the parity tests need transformers (the test extra)"))
 
 VOCAB = 320  # the tiny models' vocabulary; their tokenizers have at most TOKENIZER_VOCAB pieces
 TOKENIZER_VOCAB = 300
@@ -54,11 +59,13 @@ def save_hf(model, directory) -> None:
 
 
 def hf_logits(model, ids: list[int]) -> np.ndarray:
+    torch, _ = peer()
     with torch.no_grad():
         return model(torch.tensor([ids])).logits[0].float().numpy()  # [T, V]
 
 
 def hf_greedy(model, ids: list[int], n: int) -> list[int]:
+    torch, _ = peer()
     with torch.no_grad():
         tokens = torch.tensor([ids])
         out = model.generate(tokens, attention_mask=torch.ones_like(tokens), do_sample=False,
@@ -89,6 +96,7 @@ ROPE_SCALINGS = {
 
 
 def tiny_llama(rope: str, *, tie: bool = True):
+    torch, transformers = peer()
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -125,6 +133,7 @@ def test_load_hf_llama_greedy_tokens_match_transformers(llama_pair):
 
 
 def test_load_hf_reads_bfloat16_and_sharded_checkpoints(tmp_path):
+    torch, _ = peer()
     hf = tiny_llama("default").to(torch.bfloat16)
     hf.save_pretrained(tmp_path, max_shard_size="100KB")
     byte_level_tokenizer().save(str(tmp_path / "tokenizer.json"))
@@ -144,6 +153,7 @@ def test_load_hf_reads_bfloat16_and_sharded_checkpoints(tmp_path):
 
 @pytest.fixture(scope="module")
 def gpt2_pair(tmp_path_factory):
+    torch, transformers = peer()
     torch.manual_seed(0)
     config = transformers.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4,
                                      n_positions=64, initializer_range=0.2, bos_token_id=None,
@@ -338,6 +348,7 @@ def smollm2_section():
 def smollm2(smollm2_section):
     """(transformers model, decodelab model, tokenizer) of the SmolLM2-135M GGUF, decodelab's
     through the preset (``pipeline.pretrained_model`` -> ``dl.load_gguf``)."""
+    torch, transformers = peer()
     pytest.importorskip("accelerate", reason="transformers needs accelerate to read a GGUF")
     path = presets.pretrained_path("smollm2-135m")
     hf = transformers.LlamaForCausalLM.from_pretrained(
