@@ -505,3 +505,30 @@ def test_load_hf_unsupported_activation_is_rejected(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**config, "hidden_act": "relu"}))
     with pytest.raises(ValueError, match=r"hidden_act must be one of \('silu',\).*got 'relu'"):
         dl.load_hf(tmp_path)
+
+
+def plain_tokenizer(**changes) -> dl.PretrainedTokenizer:
+    return dl.PretrainedTokenizer(byte_level_tokenizer(), **{"bos_id": None, "eos_id": 0,
+                                                             **changes})
+
+
+def test_pretrained_tokenizer_rejects_ids_outside_its_vocabulary():
+    tokenizer = plain_tokenizer()
+    with pytest.raises(ValueError, match=rf"^ids must be in \[0, {tokenizer.vocab_size}\), got "
+                                         rf"\[{tokenizer.vocab_size}\]"):
+        tokenizer.decode([1, tokenizer.vocab_size])
+    with pytest.raises(ValueError, match=r"^eos_id must be None or an id in \[0, "):
+        plain_tokenizer(eos_id=10_000)
+
+
+def test_pretrained_tokenizer_without_bos_refuses_add_bos():
+    with pytest.raises(ValueError, match="^add_bos=True needs a tokenizer with a bos token"):
+        plain_tokenizer().encode("a", add_bos=True)
+
+
+def test_chat_template_needs_a_template_and_role_content_messages():
+    with pytest.raises(ValueError, match="^apply_chat_template needs a checkpoint with a chat"):
+        plain_tokenizer().apply_chat_template([{"role": "user", "content": "hi"}])
+    templated = plain_tokenizer(chat_template="{{ messages[0]['content'] }}")
+    with pytest.raises(ValueError, match=r"^messages must be a list of \{'role': ..., 'content'"):
+        templated.apply_chat_template(["hi"])
