@@ -2,19 +2,27 @@
 
 Decode speed of `dl.generate` (greedy, EOS ignored: every row generates exactly `new_tokens`) for
 the `tiny`, `small` and `medium` presets at batch 1, 8 and 32, each measured against this machine's
-roofline, the no-cache baseline and Hugging Face transformers `generate`, all in the same run. The
-weights are random (vocabulary 4096): speed does not depend on what the weights are. Render the
-page with `python -m experiments.report --workdir=runs/bench_decode --out=results`. A quick look:
+roofline, the no-cache baseline and Hugging Face transformers `generate` (on the same weights), all
+in the same run. The weights are random (vocabulary 4096): speed does not depend on what the weights
+are. A pretrained preset (`presets.PRETRAINED_MODELS`) runs its real weights at batch 1 and 8:
+
+    python -m experiments.bench_decode --config=configs/bench_decode.py:smollm2-135m \
+        --workdir=runs/bench_decode
+
+Render the page (both sweeps' rows, if they share the workdir) with
+`python -m experiments.report --workdir=runs/bench_decode --out=results`. A quick look:
 `--config.new_tokens=16 --config.repeats=1 --config.peer.enabled=False`.
 """
 
 from ml_collections import config_dict
 
 from decodelab.experiment import cross, product
-from decodelab.presets import MODEL_PRESETS, model_section
+from decodelab.presets import MODEL_PRESETS, PRETRAINED_MODELS, model_section
 
 PRESETS = ("tiny", "small", "medium")
 BATCH_SIZES = (1, 8, 32)
+# A pretrained model's batch sizes (its weights are 4-16x the medium preset's).
+PRETRAINED_BATCH_SIZES = (1, 8)
 
 
 def get_config(arg: str | None = None) -> config_dict.ConfigDict:
@@ -24,10 +32,13 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
     # Seed of the random weights and of the random prompt ids.
     config.seed = 0
     # Preset name (a label; the sweep also sets every model field from it, so rows hold them).
+    # A pretrained preset's name (the config argument) loads its real weights instead.
     config.preset = arg or "tiny"
-    # Model architecture (every ModelConfig field but the vocabulary).
+    # Model architecture (every ModelConfig field but the vocabulary; for a pretrained preset
+    # also `pretrained`, its name).
     config.model = model_section(config.preset)
-    # Vocabulary size of the random model (the size of the repo's tokenizer).
+    # Vocabulary size of a random model (the size of the repo's tokenizer; a pretrained model
+    # has its own).
     config.vocab_size = 4096
     # Rows decoded together; all rows share the prompt length.
     config.batch_size = 1
@@ -62,7 +73,8 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
 
 
 def get_sweep(arg: str | None = None) -> list[dict]:
-    del arg
+    if arg in PRETRAINED_MODELS:
+        return product({"batch_size": list(PRETRAINED_BATCH_SIZES)})
     presets = [{"preset": name, **{f"model.{k}": v for k, v in MODEL_PRESETS[name].items()}}
                for name in PRESETS]
     return cross(presets, product({"batch_size": list(BATCH_SIZES)}))

@@ -6,11 +6,24 @@ through the three test plays) with each strategy below, several samples per prom
 a larger model (the `scorer` preset, same tokenizer and data) judges the samples. One point per
 strategy, plus the `human` point: the same metrics on the true continuation of each prompt. Render
 the page with `python -m experiments.report --workdir=runs/sampling --out=results`.
+
+On a real instruct model (a pretrained preset, e.g. SmolLM2-135M-Instruct):
+
+    python -m experiments.sampling --config=configs/sampling.py:smollm2-135m \
+        --workdir=runs/sampling_smollm2
+
+The model is both generator and scorer (the only real model installed: its perplexity is its own
+judgement of the text, not an outside one), and each prompt is a chat turn asking it to continue
+the passage (`prompts.instruction`).
 """
 
 from ml_collections import config_dict
 
-from decodelab.presets import model_section, train_section
+from decodelab.presets import PRETRAINED_MODELS, model_section, train_section
+
+# The user turn of a pretrained instruct model's prompts, before the passage.
+INSTRUCTION = ("Continue this passage from a play by Shakespeare. Reply with the next lines only, "
+               "in the same style.")
 
 # name -> decode settings (fields of config.decode). "sample" uses generate() with SamplingParams;
 # "beam" uses beam_search() (deterministic: one hypothesis per prompt, repeated as its samples);
@@ -41,7 +54,9 @@ STRATEGIES: dict[str, dict] = {
 
 
 def get_config(arg: str | None = None) -> config_dict.ConfigDict:
-    del arg
+    if arg is not None and arg not in PRETRAINED_MODELS:
+        raise ValueError(f"the config argument must be empty or a pretrained model, one of "
+                         f"{sorted(PRETRAINED_MODELS)}; got {arg!r}")
     config = config_dict.ConfigDict()
     # Experiment name: rows of other experiments are refused in the same workdir.
     config.experiment = "sampling"
@@ -90,6 +105,15 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
         # Sequences per scoring forward pass.
         batch_size=32,
     ))
+    if arg is not None:
+        # A real instruct model generates and judges; its training sections only set the
+        # validation windows' length (nothing is trained).
+        config.generator.model = model_section(arg)
+        config.scorer.model = model_section(arg)
+        # One section for both roles, so the model is loaded and evaluated once.
+        config.scorer.train = train_section(**config.generator.train.to_dict())
+        # The chat turn each prompt is wrapped in (quality.held_out_prompts).
+        config.prompts.instruction = INSTRUCTION
     return config
 
 

@@ -10,6 +10,9 @@ from decodelab.tokenizer import Tokenizer
 from decodelab.cache import KVCache
 from decodelab.model import Transformer, param_count
 
+# Real checkpoints (GGUF files, Hugging Face directories)
+from decodelab.convert import PretrainedTokenizer, load_gguf, load_hf
+
 # Training and checkpoints
 from decodelab.checkpoint import load_checkpoint, save_checkpoint
 from decodelab.train import TrainConfig  # the loop itself: decodelab.train.train
@@ -27,6 +30,9 @@ __all__ = [
     "TrainConfig",
     "Transformer",
     "load_checkpoint",
+    "load_gguf",
+    "load_hf",
+    "PretrainedTokenizer",
     "param_count",
     "save_checkpoint",
     # Sampling and decoding

@@ -15,10 +15,15 @@ from typing import Any
 # The names a config may use; each registry in the model package is keyed by exactly these names
 # (a test checks the two agree), so the config never imports the model.
 POSITIONS = ("learned", "sinusoidal", "t5", "alibi", "rope", "nope")
-ROPE_SCALINGS = ("none", "linear", "ntk", "yarn")
+ROPE_SCALINGS = ("none", "linear", "ntk", "yarn", "dynamic", "llama3")
 NORMS = ("rms", "layer")
 MLPS = ("swiglu", "gelu")
 DTYPES = ("float32", "bfloat16")
+# Fields that only imported checkpoints set (they came with the GGUF / Hugging Face loaders). At
+# their defaults they are left out of cache keys (``key_dict``) and of the size presets' config
+# sections, so trained models and result rows made before these fields existed keep their keys.
+CHECKPOINT_FIELDS = ("attention_bias", "mlp_bias", "llama3_low_freq_factor",
+                     "llama3_high_freq_factor")
 
 
 def _require(condition: bool, message: str) -> None:
@@ -71,13 +76,18 @@ class ModelConfig:
     rope_theta: float = 10000.0
     # Context-extension rule applied to RoPE frequencies, one of ROPE_SCALINGS.
     rope_scaling: str = "none"
-    # Extension factor s for linear / ntk / yarn (1.0 means no change).
+    # Extension factor s for every scaling but none (1.0 means no change).
     rope_scaling_factor: float = 1.0
-    # Context length the RoPE model was trained at (YaRN's correction range); defaults to max_seq_len.
+    # Context length the RoPE model was trained at (YaRN's correction range, Llama 3's wavelength
+    # bounds, the length past which dynamic NTK starts scaling); defaults to max_seq_len.
     rope_original_max_len: int | None = None
     # YaRN ramp bounds in rotations (Peng et al. 2023 defaults).
     yarn_beta_fast: float = 32.0
     yarn_beta_slow: float = 1.0
+    # Llama 3 scaling: wavelengths above original / low are interpolated by s, those below
+    # original / high are kept, a smooth blend between (Meta's Llama 3.1 defaults).
+    llama3_low_freq_factor: float = 1.0
+    llama3_high_freq_factor: float = 4.0
     # T5 relative attention: number of buckets and the distance beyond which all share one bucket.
     t5_num_buckets: int = 32
     t5_max_distance: int = 128
@@ -86,6 +96,9 @@ class ModelConfig:
     norm_eps: float = 1e-6
     # MLP variant, one of MLPS.
     mlp: str = "swiglu"
+    # Biases on the attention projections q, k, v, o (GPT-2) and on the MLP projections.
+    attention_bias: bool = False
+    mlp_bias: bool = False
     # Share the token embedding with the output projection.
     tie_embeddings: bool = True
     # Computation dtype (parameters are always float32), one of DTYPES.
@@ -122,7 +135,8 @@ class ModelConfig:
         _one_of("norm", self.norm, NORMS)
         _one_of("mlp", self.mlp, MLPS)
         _one_of("dtype", self.dtype, DTYPES)
-        for name in ("rope_theta", "norm_eps", "yarn_beta_fast", "yarn_beta_slow"):
+        for name in ("rope_theta", "norm_eps", "yarn_beta_fast", "yarn_beta_slow",
+                     "llama3_low_freq_factor", "llama3_high_freq_factor"):
             _positive_float(name, getattr(self, name))
         _positive_float("rope_scaling_factor", self.rope_scaling_factor)
         _require(
@@ -136,9 +150,13 @@ class ModelConfig:
             f"{self.yarn_beta_slow}",
         )
         _require(
-            isinstance(self.tie_embeddings, bool),
-            f"tie_embeddings must be a bool, got {self.tie_embeddings!r}",
+            self.llama3_high_freq_factor > self.llama3_low_freq_factor,
+            f"llama3_high_freq_factor must be > llama3_low_freq_factor, got "
+            f"{self.llama3_high_freq_factor} <= {self.llama3_low_freq_factor}",
         )
+        for name in ("tie_embeddings", "attention_bias", "mlp_bias"):
+            _require(isinstance(getattr(self, name), bool),
+                     f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.position == "rope":
             _require(
                 self.head_dim % 2 == 0,
@@ -181,6 +199,13 @@ class ModelConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def key_dict(self) -> dict[str, Any]:
+        """``to_dict`` without the CHECKPOINT_FIELDS that are at their defaults: what cache keys
+        hash."""
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        return {k: v for k, v in self.to_dict().items()
+                if k not in CHECKPOINT_FIELDS or v != defaults[k]}
+
     @classmethod
     def from_dict(cls, fields: dict[str, Any]) -> ModelConfig:
         known = {f.name for f in dataclasses.fields(cls)}
@@ -193,7 +218,11 @@ class ModelConfig:
         D, F, L, V = self.d_model, self.d_ff, self.n_layers, self.vocab_size
         N, K, H = self.n_heads, self.n_kv_heads, self.head_dim
         attn = D * N * H + 2 * D * K * H + N * H * D
+        if self.attention_bias:
+            attn += N * H + 2 * K * H + D
         mlp = (3 if self.mlp == "swiglu" else 2) * D * F
+        if self.mlp_bias:
+            mlp += (2 if self.mlp == "swiglu" else 1) * F + D
         norm = D if self.norm == "rms" else 2 * D
         total = V * D + L * (attn + mlp + 2 * norm) + norm
         if not self.tie_embeddings:

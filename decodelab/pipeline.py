@@ -1,4 +1,5 @@
-"""Trained tokenizers and models, cached in a workdir under the hash of what determines them.
+"""Trained tokenizers and models, cached in a workdir under the hash of what determines them; and
+the pretrained models a config can name instead (``pretrained_model``, ``model_for``).
 
 Layout::
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import functools
 import inspect
 import json
 import os
@@ -31,10 +33,11 @@ from typing import Any
 
 from ml_collections import config_dict
 
-from decodelab import checkpoint, data, distill, train
+from decodelab import checkpoint, data, distill, presets, train
 from decodelab.config import ModelConfig
+from decodelab.convert import PretrainedTokenizer, load_gguf
 from decodelab.experiment import config_hash
-from decodelab.model import Transformer
+from decodelab.model import Transformer, with_config
 from decodelab.presets import build_model_config
 from decodelab.tokenizer import Tokenizer
 
@@ -69,7 +72,7 @@ def tokenizer_key(tokenizer_cfg: Any) -> str:
 
 def model_key(tokenizer_cfg: Any, model_cfg: ModelConfig, train_cfg: train.TrainConfig) -> str:
     """The cache key of a trained model: its tokenizer's key, model config and training config."""
-    return config_hash({"tokenizer": tokenizer_key(tokenizer_cfg), "model": model_cfg.to_dict(),
+    return config_hash({"tokenizer": tokenizer_key(tokenizer_cfg), "model": model_cfg.key_dict(),
                         "train": train_cfg.to_dict()})
 
 
@@ -173,7 +176,7 @@ def load_or_distill(tokenizer_cfg: Any, teacher_cfg_section: Any, teacher_train_
                                    teacher.tokenizer.vocab_size)
     train_cfg = _train_config(train_cfg)
     objective = distill.KLToTeacher(teacher.model, teacher.directory.name, temperature)
-    key = config_hash({"tokenizer": tokenizer_key(tokenizer_cfg), "model": model_cfg.to_dict(),
+    key = config_hash({"tokenizer": tokenizer_key(tokenizer_cfg), "model": model_cfg.key_dict(),
                        "train": train_cfg.to_dict(), "objective": objective.to_dict()})
     spec = {"tokenizer": _tokenizer_args(tokenizer_cfg), "model": model_cfg.to_dict(),
             "train": train_cfg.to_dict(), "objective": objective.to_dict()}
@@ -216,6 +219,35 @@ def _load_or_run(directory: pathlib.Path, spec: dict[str, Any], tokenizer: Token
         _write_atomic(history_path, json.dumps(history).encode("utf-8"))
     return TrainedModel(result.model, tokenizer, directory, result.step, result.resumed_from,
                         history)
+
+
+@functools.cache
+def _load_pretrained(name: str) -> tuple[Transformer, PretrainedTokenizer]:
+    return load_gguf(presets.pretrained_path(name))
+
+
+def pretrained_model(model_cfg_section: Any) -> tuple[Transformer, PretrainedTokenizer]:
+    """``(model, tokenizer)`` of a pretrained model's section (``presets.model_section`` of a
+    ``presets.PRETRAINED_MODELS`` name), loaded once per process and shared: treat it as
+    read-only. The section's fields apply to the loaded weights; changing one that holds
+    parameters (a width, the vocabulary, biases) is a ValueError."""
+    fields = _as_dict("model_cfg_section", model_cfg_section)
+    if not presets.is_pretrained(fields):
+        raise ValueError(f"model_cfg_section must name a pretrained model (one of "
+                         f"{sorted(presets.PRETRAINED_MODELS)}), got a section without "
+                         "'pretrained'")
+    model, tokenizer = _load_pretrained(fields["pretrained"])
+    return with_config(model, build_model_config(fields, model.config.vocab_size)), tokenizer
+
+
+def model_for(tokenizer_cfg: Any, model_cfg_section: Any, train_cfg: Any,
+              workdir: str | os.PathLike, *, progress: bool = True
+              ) -> tuple[Transformer, Tokenizer | PretrainedTokenizer]:
+    """The model a config section names: its pretrained model (``pretrained_model``; the
+    tokenizer and training configs are not used) or, for a size preset, ``trained_model``."""
+    if presets.is_pretrained(_as_dict("model_cfg_section", model_cfg_section)):
+        return pretrained_model(model_cfg_section)
+    return trained_model(tokenizer_cfg, model_cfg_section, train_cfg, workdir, progress=progress)
 
 
 def trained_model(tokenizer_cfg: Any, model_cfg_section: Any, train_cfg: Any,

@@ -5,7 +5,9 @@ Conventions (every caller relies on them):
 
 - A prompt is ``prompt_tokens`` tokens of a held-out document, starting at a paragraph; its
   *reference* is the true next ``new_tokens`` tokens (the human continuation, cut at the same
-  budget as the samples, so lengths compare).
+  budget as the samples, so lengths compare). For an instruct model the prompt may instead be a
+  chat: a user turn holding an instruction and the text of those tokens, then the start of the
+  assistant's turn; the reference stays the document's true continuation.
 - A strategy continues each of ``P`` prompts ``samples`` times; sample ``j`` of prompt ``i`` is row
   ``j * P + i`` of one batch and gets seed ``seed + j * P + i``. Greedy decoding repeats itself
   across seeds; beam search is run once and its best hypothesis stands for every sample; the
@@ -51,9 +53,15 @@ class HeldOutPrompt:
 
 
 def held_out_prompts(tokenizer: Any, *, per_document: int, prompt_tokens: int, new_tokens: int,
-                     split: str = "test") -> list[HeldOutPrompt]:
+                     split: str = "test", instruction: str | None = None) -> list[HeldOutPrompt]:
     """``per_document`` prompts from each document of ``split`` (sorted by name), starting at the
-    first paragraph after ``10% + 80% (k + 0.5) / per_document`` of the text, k = 0, 1, ..."""
+    first paragraph after ``10% + 80% (k + 0.5) / per_document`` of the text, k = 0, 1, ...
+
+    With an ``instruction``, each prompt is the tokenizer's chat template (a
+    ``PretrainedTokenizer``'s ``apply_chat_template``) of one user message, the instruction, a
+    blank line and the prompt's text, ready for the assistant's reply."""
+    if instruction is not None and not (isinstance(instruction, str) and instruction.strip()):
+        raise ValueError(f"instruction must be None or a non-empty str, got {instruction!r}")
     for name, value in (("per_document", per_document), ("prompt_tokens", prompt_tokens),
                         ("new_tokens", new_tokens)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -65,7 +73,11 @@ def held_out_prompts(tokenizer: Any, *, per_document: int, prompt_tokens: int, n
             start = text.find("\n\n", at) + 2 if "\n\n" in text[at:] else at
             # ~4 characters per token on this corpus; 50 per token leaves a wide margin.
             ids = list(tokenizer.encode(text[start:start + 50 * (prompt_tokens + new_tokens)]))
-            prompts.append(HeldOutPrompt(name, ids[:prompt_tokens],
+            tokens = ids[:prompt_tokens]
+            if instruction is not None:
+                tokens = tokenizer.encode(tokenizer.apply_chat_template(
+                    [{"role": "user", "content": f"{instruction}\n\n{tokenizer.decode(tokens)}"}]))
+            prompts.append(HeldOutPrompt(name, tokens,
                                          ids[prompt_tokens:prompt_tokens + new_tokens]))
     return prompts
 

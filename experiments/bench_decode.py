@@ -1,12 +1,15 @@
 """Decode-speed benchmark: dl.generate against the roofline, the no-cache baseline and transformers.
 
     python -m experiments.bench_decode --config=configs/bench_decode.py --workdir=runs/bench_decode
+    python -m experiments.bench_decode --config=configs/bench_decode.py:smollm2-135m \
+        --workdir=runs/bench_decode
     python -m experiments.report --workdir=runs/bench_decode --out=results
 
-One point = one preset and batch size: a model with random weights (speed does not depend on the
-weights), ``batch_size`` rows of ``prompt_len`` random token ids, greedy decoding of exactly
-``new_tokens`` tokens per row (no EOS). Every figure is the median of ``repeats`` timed runs after
-a warm-up run; every call blocks until its results are on the host. What each number is:
+One point = one preset and batch size: a model with random weights for a size preset (speed does
+not depend on the weights) or the real weights of a pretrained preset (``smollm2-135m``, its GGUF
+dequantized to float32), ``batch_size`` rows of ``prompt_len`` random token ids, greedy decoding
+of exactly ``new_tokens`` tokens per row (no EOS). Every figure is the median of ``repeats`` timed
+runs after a warm-up run; every call blocks until its results are on the host. What each number is:
 
 - ``generate_s``: one ``dl.generate`` call (prefill, decode loop, results copied to NumPy);
   ``tokens_per_s = batch_size * new_tokens / generate_s``.
@@ -27,8 +30,9 @@ a warm-up run; every call blocks until its results are on the host. What each nu
   nocache_tokens_per_s``.
 - ``hf_tokens_per_s``: transformers ``LlamaForCausalLM.generate`` in PyTorch on the CPU with
   ``torch.set_num_threads`` set to the threads XLA uses: the same shapes (width, layers, heads, kv
-  heads, head width, MLP width, vocabulary, tied embeddings, RoPE theta, norm epsilon), its own
-  random weights, the same prompt ids, greedy, ``max_new_tokens = min_new_tokens = new_tokens``.
+  heads, head width, MLP width, vocabulary, tied embeddings, RoPE theta, norm epsilon), the same
+  float32 weights (copied from the decodelab model), the same prompt ids, greedy,
+  ``max_new_tokens = min_new_tokens = new_tokens``.
   ``speed_vs_hf = tokens_per_s / hf_tokens_per_s``. Without torch and transformers (the ``peer``
   extra) these are n/a.
 """
@@ -47,7 +51,7 @@ import numpy as np
 from absl import app
 from flax import nnx
 
-from decodelab import experiment, presets, results, roofline
+from decodelab import experiment, pipeline, presets, results, roofline
 from decodelab.config import ModelConfig
 from decodelab.decode import generate
 from decodelab.model import Transformer
@@ -165,11 +169,35 @@ def llama_config(cfg: ModelConfig, max_positions: int):
         mlp_bias=False, torch_dtype="float32")
 
 
-def time_hf_generate(cfg: ModelConfig, prompts: np.ndarray, new_tokens: int, repeats: int,
-                     seed: int) -> dict:
-    """Median seconds of transformers' greedy ``generate`` on the same shapes and prompt ids, after
-    a short warm-up call (eager PyTorch compiles nothing; the warm-up only starts its thread pool
-    and allocator); ``{}`` if torch or transformers is not installed."""
+def llama_state_dict(model: Transformer) -> dict[str, np.ndarray]:
+    """``model``'s parameters under transformers' ``LlamaForCausalLM`` names, each projection as
+    PyTorch's ``[out, in]`` matrix (the inverse of ``decodelab.convert``'s Llama mapping)."""
+    cfg = model.config
+    D = cfg.d_model
+    value = lambda param: np.asarray(param[...], np.float32)  # noqa: E731
+    state = {"model.embed_tokens.weight": value(model.embed.embedding),
+             "model.norm.weight": value(model.final_norm.scale)}
+    if not cfg.tie_embeddings:
+        state["lm_head.weight"] = value(model.lm_head.kernel).T
+    for i, block in enumerate(model.blocks):
+        p = f"model.layers.{i}."
+        state[p + "input_layernorm.weight"] = value(block.attn_norm.scale)
+        state[p + "post_attention_layernorm.weight"] = value(block.mlp_norm.scale)
+        for key in "qkv":
+            kernel = value(getattr(block.attn, key).kernel)  # [D, heads, H]
+            state[p + f"self_attn.{key}_proj.weight"] = kernel.reshape(D, -1).T
+        state[p + "self_attn.o_proj.weight"] = value(block.attn.o.kernel).reshape(-1, D).T
+        for key in ("gate", "up", "down"):
+            state[p + f"mlp.{key}_proj.weight"] = value(getattr(block.mlp, key).kernel).T
+    return state
+
+
+def time_hf_generate(model: Transformer, prompts: np.ndarray, new_tokens: int,
+                     repeats: int) -> dict:
+    """Median seconds of transformers' greedy ``generate`` with ``model``'s shapes and weights
+    and the same prompt ids, after a short warm-up call (eager PyTorch compiles nothing; the
+    warm-up only starts its thread pool and allocator); ``{}`` if torch or transformers is not
+    installed."""
     try:
         import torch
         import transformers
@@ -177,15 +205,20 @@ def time_hf_generate(cfg: ModelConfig, prompts: np.ndarray, new_tokens: int, rep
         return {}
     transformers.logging.set_verbosity_error()
     torch.set_num_threads(threads())
-    torch.manual_seed(seed)
+    cfg = model.config
     B, P = prompts.shape
-    model = transformers.LlamaForCausalLM(llama_config(cfg, P + new_tokens)).eval()
-    if model.num_parameters() != cfg.num_params():
-        raise RuntimeError(f"the transformers model has {model.num_parameters()} parameters, "
+    peer = transformers.LlamaForCausalLM(llama_config(cfg, P + new_tokens)).eval()
+    if peer.num_parameters() != cfg.num_params():
+        raise RuntimeError(f"the transformers model has {peer.num_parameters()} parameters, "
                            f"decodelab's {cfg.num_params()}: the shapes differ")
+    weights = {k: torch.from_numpy(v.copy()) for k, v in llama_state_dict(model).items()}
+    missing, unexpected = peer.load_state_dict(weights, strict=False)
+    if unexpected or set(missing) - ({"lm_head.weight"} if cfg.tie_embeddings else set()):
+        raise RuntimeError(f"decodelab's weights do not fill the transformers model: missing "
+                           f"{missing}, unexpected {unexpected}")
     input_ids = torch.as_tensor(prompts, dtype=torch.long)
     def run(n: int):
-        return model.generate(input_ids, attention_mask=torch.ones_like(input_ids),
+        return peer.generate(input_ids, attention_mask=torch.ones_like(input_ids),
                               do_sample=False, num_beams=1, max_new_tokens=n, min_new_tokens=n,
                               pad_token_id=0)
 
@@ -219,8 +252,12 @@ def benchmark(config, ctx) -> dict:
         if value < minimum:
             raise ValueError(f"config.{name} must be >= {minimum}, got {value}")
     load = os.getloadavg()[0]
-    cfg = presets.build_model_config(config.model, config.vocab_size)
-    model = Transformer(cfg, rngs=nnx.Rngs(config.seed))
+    if presets.is_pretrained(config.model):
+        model, _ = pipeline.pretrained_model(config.model)
+        cfg = model.config
+    else:
+        cfg = presets.build_model_config(config.model, config.vocab_size)
+        model = Transformer(cfg, rngs=nnx.Rngs(config.seed))
     rng = np.random.default_rng(config.seed)
     prompts = rng.integers(0, cfg.vocab_size, (B, P), dtype=np.int32)  # [B, P]
 
@@ -239,10 +276,12 @@ def benchmark(config, ctx) -> dict:
     hf = {}
     if config.peer.enabled:
         ctx.status("transformers")
-        hf = time_hf_generate(cfg, prompts, N, config.peer.repeats, config.seed)
+        hf = time_hf_generate(model, prompts, N, config.peer.repeats)
     hf_tokens_per_s = hf.get("hf_tokens_per_s")
     return {
         "preset": config.preset, "batch_size": B, "params": cfg.num_params(), "threads": threads(),
+        "vocab_size": cfg.vocab_size, "weights": "pretrained" if presets.is_pretrained(
+            config.model) else "random",
         "load_avg_1min": load,
         "bandwidth_gb_s": bandwidth / 1e9, "matmul_gflop_s": flops_per_s / 1e9,
         **ours,
@@ -376,6 +415,23 @@ def _findings(metrics: list[dict], new_tokens: int) -> str:
     return "\n".join(lines)
 
 
+def _models(metrics: list[dict], vocab_size: int) -> str:
+    """What the rows ran: size presets with random weights, pretrained ones with their own."""
+    presets_with = lambda kind: list(dict.fromkeys(  # noqa: E731
+        m["preset"] for m in metrics if m.get("weights", "random") == kind))
+    names = lambda presets: ", ".join(f"`{p}`" for p in presets)  # noqa: E731
+    parts = []
+    if presets_with("random"):
+        parts.append(f"the {names(presets_with('random'))} presets with random weights at "
+                     f"vocabulary {vocab_size} (speed does not depend on what the weights are)")
+    for preset in presets_with("pretrained"):
+        row = next(m for m in metrics if m["preset"] == preset)
+        parts.append(f"the pretrained `{preset}` ({row['params'] / 1e6:.0f}M parameters, "
+                     f"vocabulary {row['vocab_size']}) with its real weights, dequantized from "
+                     "its GGUF file to float32")
+    return "; and ".join(parts)
+
+
 def report(rows, out_dir) -> list[pathlib.Path]:
     out_dir = pathlib.Path(out_dir)
     metrics = _metric_rows(rows)
@@ -385,8 +441,7 @@ def report(rows, out_dir) -> list[pathlib.Path]:
     hf_versions = sorted({m["hf_version"] for m in metrics})
     page.text(
         f"Greedy decoding of exactly {N} new tokens per row after a {P}-token prompt (random ids; "
-        "EOS ignored) with the `tiny`, `small` and `medium` presets, random weights at vocabulary "
-        f"{config['vocab_size']}: speed does not depend on what the weights are. Medians of "
+        f"EOS ignored) with {_models(metrics, config['vocab_size'])}. Medians of "
         f"{config['repeats']} timed runs after a warm-up run (no cache: "
         f"{config['nocache']['repeats']} at each length; transformers: "
         f"{config['peer']['repeats']}). Measured in the same run on this "
@@ -417,7 +472,11 @@ def report(rows, out_dir) -> list[pathlib.Path]:
         f"each new token, timed at {metrics[0]['nocache_lengths_timed']} sequence lengths from "
         f"{P} to {P + N - 1} and interpolated linearly over the {N} steps (running all of them "
         "at medium batch 32 would take longer than the rest of the benchmark). transformers: "
-        "`LlamaForCausalLM.generate` with the same shapes, greedy, `max_new_tokens = "
+        "`LlamaForCausalLM.generate` with the same shapes and "
+        + ("weights" if all("weights" in m for m in metrics) else
+           "weights (rows measured before the benchmark recorded `weights`: transformers' own "
+           "random weights)")
+        + ", greedy, `max_new_tokens = "
         f"min_new_tokens = {N}`, after a {HF_WARMUP_TOKENS}-token warm-up call; its ms/token is "
         f"its whole call / {N}.")
     page.table(_speed_table(metrics), out_dir / "decode_speed.csv", number_format="{:.3g}",

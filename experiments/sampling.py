@@ -5,7 +5,8 @@ of held-out prompts, and of the true continuations.
     python -m experiments.report --workdir=runs/sampling --out=results
 
 Each point is one strategy (configs/sampling.py lists them). The first point trains the generator
-and the scorer (cached in the workdir); the process keeps them, so every later point reuses the
+and the scorer (cached in the workdir), or loads a pretrained model
+(`configs/sampling.py:smollm2-135m`); the process keeps them, so every later point reuses the
 compiled decode programs. Each row counts the jit compilations that happened during its point.
 """
 
@@ -41,8 +42,8 @@ def _model(config, role: str, workdir, progress: bool):
     key = (str(workdir), experiment.config_hash({"tokenizer": config.tokenizer.to_dict(),
                                                  **section.to_dict()}))
     if key not in _MODELS:
-        model, tokenizer = pipeline.trained_model(config.tokenizer, section.model, section.train,
-                                                  workdir, progress=progress)
+        model, tokenizer = pipeline.model_for(config.tokenizer, section.model, section.train,
+                                              workdir, progress=progress)
         windows = data.eval_windows(data.token_stream(tokenizer, "validation"),
                                     section.train.seq_len)
         _MODELS[key] = (model, tokenizer, train.evaluate(model, windows, 32)["perplexity"])
@@ -73,7 +74,8 @@ def evaluate(config, ctx) -> dict:
             raise ValueError("generator and scorer must share one tokenizer")
         p = config.prompts
         prompts = quality.held_out_prompts(tokenizer, per_document=p.per_play,
-                                           prompt_tokens=p.prompt_tokens, new_tokens=p.new_tokens)
+                                           prompt_tokens=p.prompt_tokens, new_tokens=p.new_tokens,
+                                           instruction=p.get("instruction"))
         method = strategy(config.decode)
         ctx.status("decode")
         start = time.perf_counter()
@@ -292,17 +294,31 @@ def report(rows, out_dir) -> list[pathlib.Path]:
     p = c["prompts"]
     any_row = first["metrics"]
     page = results.Page("Sampling strategies against human text", rows)
+    pretrained = c["generator"]["model"].get("pretrained")
+    if pretrained:
+        models = (
+            f"The pretrained instruct model `{pretrained}` ({any_row['generator_params']:,} "
+            f"parameters, perplexity {any_row['generator_val_ppl']:.1f} on the validation plays) "
+            f"is asked to continue {any_row['prompts']} held-out passages ({p['per_play']} "
+            f"paragraph starts spread through each of the three test plays, {p['prompt_tokens']} "
+            f"tokens each, in a chat turn: \"{p['instruction']}\") by {p['new_tokens']} tokens, "
+            f"{p['samples']} samples per prompt with fixed seeds, under each strategy. It also "
+            "scores the text (the only real model installed), so the scorer columns are its own "
+            "judgement, not an outside one.")
+    else:
+        models = (
+            f"The `small` model ({any_row['generator_params']:,} parameters, "
+            f"{c['generator']['train']['steps']} training steps, validation perplexity "
+            f"{any_row['generator_val_ppl']:.1f}) continues "
+            f"{any_row['prompts']} held-out prompts ({p['per_play']} paragraph starts spread "
+            f"through each of the three test plays, {p['prompt_tokens']} tokens each) by "
+            f"{p['new_tokens']} tokens, {p['samples']} samples per prompt with fixed seeds, under "
+            f"each strategy. A larger model, the `scorer` preset ({any_row['scorer_params']:,} "
+            f"parameters, {c['scorer']['train']['steps']} steps, validation perplexity "
+            f"{any_row['scorer_val_ppl']:.1f}; same tokenizer and training plays) judges the "
+            "text.")
     page.text(
-        f"The `small` model ({any_row['generator_params']:,} parameters, "
-        f"{c['generator']['train']['steps']} training steps, validation perplexity "
-        f"{any_row['generator_val_ppl']:.1f}) continues "
-        f"{any_row['prompts']} held-out prompts ({p['per_play']} paragraph starts spread through "
-        f"each of the three test plays, {p['prompt_tokens']} tokens each) by {p['new_tokens']} "
-        f"tokens, {p['samples']} samples per prompt with fixed seeds, under each strategy. A "
-        f"larger model, the `scorer` preset ({any_row['scorer_params']:,} parameters, "
-        f"{c['scorer']['train']['steps']} steps, validation perplexity "
-        f"{any_row['scorer_val_ppl']:.1f}; same tokenizer and training plays) judges the text. "
-        f"The **human** row is the same metrics on the true continuation of each prompt "
+        f"{models} The **human** row is the same metrics on the true continuation of each prompt "
         f"(one per prompt, so no self-BLEU). Beam search (width {c['decode']['beam_width']}, "
         f"GNMT length penalty {c['decode']['length_penalty']}) is deterministic: its best "
         f"hypothesis stands for every sample; \"no early EOS\" forbids EOS before the budget.")

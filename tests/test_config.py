@@ -82,20 +82,22 @@ def test_float_is_not_accepted_as_int(tiny_config, field):
         tiny_config.replace(**{field: 64.0})
 
 
-def test_tie_embeddings_must_be_a_bool(tiny_config):
-    with pytest.raises(ValueError, match="^tie_embeddings must be a bool, got 1"):
-        tiny_config.replace(tie_embeddings=1)
+@pytest.mark.parametrize("field", ["tie_embeddings", "attention_bias", "mlp_bias"])
+def test_flag_must_be_a_bool(tiny_config, field):
+    with pytest.raises(ValueError, match=f"^{field} must be a bool, got 1"):
+        tiny_config.replace(**{field: 1})
 
 
 @pytest.mark.parametrize("field", ["rope_theta", "norm_eps", "yarn_beta_fast", "yarn_beta_slow",
-                                   "rope_scaling_factor"])
+                                   "rope_scaling_factor", "llama3_low_freq_factor",
+                                   "llama3_high_freq_factor"])
 @pytest.mark.parametrize("value", [0.0, -1.0, math.inf, math.nan, True, "1.0"])
 def test_float_field_must_be_finite_and_positive(tiny_config, field, value):
     with pytest.raises(ValueError, match=f"^{field} must be a finite number > 0"):
         tiny_config.replace(**{field: value})
 
 
-@pytest.mark.parametrize("scaling", ["linear", "ntk", "yarn"])
+@pytest.mark.parametrize("scaling", ["linear", "ntk", "yarn", "dynamic", "llama3"])
 def test_rope_scaling_factor_below_one_is_rejected(tiny_config, scaling):
     with pytest.raises(ValueError, match=r"^rope_scaling_factor must be >= 1.0.*got 0.5"):
         tiny_config.replace(rope_scaling=scaling, rope_scaling_factor=0.5)
@@ -111,6 +113,12 @@ def test_rope_scaling_without_rope_is_rejected(tiny_config, position):
 def test_yarn_beta_fast_must_exceed_beta_slow(tiny_config, fast, slow):
     with pytest.raises(ValueError, match="^yarn_beta_fast must be > yarn_beta_slow"):
         tiny_config.replace(yarn_beta_fast=fast, yarn_beta_slow=slow)
+
+
+@pytest.mark.parametrize("low, high", [(4.0, 4.0), (4.0, 1.0)])
+def test_llama3_high_freq_factor_must_exceed_low(tiny_config, low, high):
+    with pytest.raises(ValueError, match="^llama3_high_freq_factor must be > llama3_low"):
+        tiny_config.replace(llama3_low_freq_factor=low, llama3_high_freq_factor=high)
 
 
 # --- Defaults, immutability, serialisation -------------------------------------------------------
@@ -165,6 +173,14 @@ def test_num_params_matches_the_built_model(tiny_config, position, norm, mlp, ti
     assert cfg.num_params() == dl.param_count(model)
 
 
+@pytest.mark.parametrize("mlp, attention_bias, mlp_bias",
+                         list(itertools.product(config.MLPS, [True, False], [True, False])))
+def test_num_params_matches_with_biases(tiny_config, mlp, attention_bias, mlp_bias):
+    cfg = tiny_config.replace(mlp=mlp, attention_bias=attention_bias, mlp_bias=mlp_bias)
+    model = nnx.eval_shape(lambda: dl.Transformer(cfg, rngs=nnx.Rngs(0)))
+    assert cfg.num_params() == dl.param_count(model)
+
+
 @pytest.mark.parametrize("n_kv_heads, head_dim", [(1, 8), (4, 32)])
 def test_num_params_matches_with_explicit_head_shapes(tiny_config, n_kv_heads, head_dim):
     cfg = tiny_config.replace(n_kv_heads=n_kv_heads, head_dim=head_dim)
@@ -191,3 +207,23 @@ def test_tiny_num_params_by_hand(tiny_config):
 def test_config_names_equal_registry_keys(names, registry):
     assert sorted(names) == sorted(registry)
     assert len(set(names)) == len(names)
+
+
+# --- Cache keys -----------------------------------------------------------------------------------
+
+
+def test_key_dict_leaves_out_checkpoint_fields_at_their_defaults(tiny_config):
+    assert set(tiny_config.to_dict()) - set(tiny_config.key_dict()) == set(config.CHECKPOINT_FIELDS)
+    biased = tiny_config.replace(attention_bias=True)
+    assert biased.key_dict()["attention_bias"] is True
+
+
+def test_size_preset_sections_keep_the_keys_they_had_before_checkpoint_fields():
+    # Hashes of the sections as they were before CHECKPOINT_FIELDS existed: results rows and
+    # cached models made then are still found.
+    from decodelab import experiment, presets
+
+    assert {p: experiment.config_hash(presets.model_section(p)) for p in ("tiny", "small")} == {
+        "tiny": "3a1eb894e0aba306", "small": "87f3ffe3d7b051c4"}
+    small = presets.build_model_config(presets.model_section("small"), 4096)
+    assert experiment.config_hash(small.key_dict()) == "5c1053b54398a476"

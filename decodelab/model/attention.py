@@ -44,16 +44,25 @@ def causal_attention(
 
 
 class Attention(nnx.Module):
-    """Projections D -> (N, H) queries and (K, H) keys/values, causal attention, (N, H) -> D."""
+    """Projections D -> (N, H) queries and (K, H) keys/values, causal attention, (N, H) -> D;
+    each projection has a bias when ``cfg.attention_bias``."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         D, N, K, H = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         dtype = jnp.dtype(cfg.dtype)
         init = normal(D**-0.5)
-        self.q = nnx.Einsum("BTD,DNH->BTNH", (D, N, H), dtype=dtype, kernel_init=init, rngs=rngs)
-        self.k = nnx.Einsum("BTD,DKH->BTKH", (D, K, H), dtype=dtype, kernel_init=init, rngs=rngs)
-        self.v = nnx.Einsum("BTD,DKH->BTKH", (D, K, H), dtype=dtype, kernel_init=init, rngs=rngs)
-        self.o = nnx.Einsum("BTNH,NHD->BTD", (N, H, D), dtype=dtype,
+
+        def bias(*shape: int) -> tuple[int, ...] | None:
+            """A projection's bias shape (None: no bias)."""
+            return shape if cfg.attention_bias else None
+
+        self.q = nnx.Einsum("BTD,DNH->BTNH", (D, N, H), bias(N, H), dtype=dtype, kernel_init=init,
+                            rngs=rngs)
+        self.k = nnx.Einsum("BTD,DKH->BTKH", (D, K, H), bias(K, H), dtype=dtype, kernel_init=init,
+                            rngs=rngs)
+        self.v = nnx.Einsum("BTD,DKH->BTKH", (D, K, H), bias(K, H), dtype=dtype, kernel_init=init,
+                            rngs=rngs)
+        self.o = nnx.Einsum("BTNH,NHD->BTD", (N, H, D), bias(D), dtype=dtype,
                             kernel_init=residual_init(cfg, N * H), rngs=rngs)
 
     def __call__(

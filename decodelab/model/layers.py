@@ -36,16 +36,21 @@ def residual_init(cfg: ModelConfig, fan_in: int) -> Callable:
     return normal(1.0 / math.sqrt(fan_in * 2 * cfg.n_layers))
 
 
+def _mlp_bias(cfg: ModelConfig, width: int) -> tuple[int] | None:
+    """The bias shape of an MLP projection to ``width`` outputs (None: no bias)."""
+    return (width,) if cfg.mlp_bias else None
+
+
 class SwiGLU(nnx.Module):
     """``down(silu(gate(x)) * up(x))`` (Shazeer 2020); x: [B, T, D] -> [B, T, D]."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         D, F, dtype = cfg.d_model, cfg.d_ff, jnp.dtype(cfg.dtype)
-        self.gate = nnx.Einsum("BTD,DF->BTF", (D, F), dtype=dtype,
+        self.gate = nnx.Einsum("BTD,DF->BTF", (D, F), _mlp_bias(cfg, F), dtype=dtype,
                                kernel_init=normal(D**-0.5), rngs=rngs)
-        self.up = nnx.Einsum("BTD,DF->BTF", (D, F), dtype=dtype,
+        self.up = nnx.Einsum("BTD,DF->BTF", (D, F), _mlp_bias(cfg, F), dtype=dtype,
                              kernel_init=normal(D**-0.5), rngs=rngs)
-        self.down = nnx.Einsum("BTF,FD->BTD", (F, D), dtype=dtype,
+        self.down = nnx.Einsum("BTF,FD->BTD", (F, D), _mlp_bias(cfg, D), dtype=dtype,
                                kernel_init=residual_init(cfg, F), rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -57,9 +62,9 @@ class GeluMLP(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         D, F, dtype = cfg.d_model, cfg.d_ff, jnp.dtype(cfg.dtype)
-        self.up = nnx.Einsum("BTD,DF->BTF", (D, F), dtype=dtype,
+        self.up = nnx.Einsum("BTD,DF->BTF", (D, F), _mlp_bias(cfg, F), dtype=dtype,
                              kernel_init=normal(D**-0.5), rngs=rngs)
-        self.down = nnx.Einsum("BTF,FD->BTD", (F, D), dtype=dtype,
+        self.down = nnx.Einsum("BTF,FD->BTD", (F, D), _mlp_bias(cfg, D), dtype=dtype,
                                kernel_init=residual_init(cfg, F), rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:

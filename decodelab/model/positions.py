@@ -82,31 +82,34 @@ class Sinusoidal(PositionEncoding):
 
 
 # --- RoPE ---------------------------------------------------------------------------------------
-# A scaling rule maps the config to (inverse frequencies [H/2], attention factor). Position
-# interpolation, NTK-aware and YaRN all act only through these two, so they are one mechanism.
+# A scaling rule maps the config and each row's extent (the number of positions the row reaches in
+# this call, [B] int32) to inverse frequencies and an attention factor (the cos/sin multiplier).
+# Position interpolation, NTK-aware, YaRN and Llama 3 ignore the extent and give [H/2] constants;
+# dynamic NTK depends on it and gives [B, H/2]. All act only through these two values, so they are
+# one mechanism.
 
 
 def _rope_base_frequencies(cfg: ModelConfig, theta: float) -> np.ndarray:
     return theta ** (-np.arange(0, cfg.head_dim, 2, dtype=np.float64) / cfg.head_dim)
 
 
-def _rope_none(cfg: ModelConfig) -> tuple[np.ndarray, float]:
+def _rope_none(cfg: ModelConfig, extent: jax.Array | None) -> tuple[np.ndarray, float]:
     return _rope_base_frequencies(cfg, cfg.rope_theta), 1.0
 
 
-def _rope_linear(cfg: ModelConfig) -> tuple[np.ndarray, float]:
+def _rope_linear(cfg: ModelConfig, extent: jax.Array | None) -> tuple[np.ndarray, float]:
     # Position interpolation (Chen et al. 2023): position p is rotated as p / s.
     return _rope_base_frequencies(cfg, cfg.rope_theta) / cfg.rope_scaling_factor, 1.0
 
 
-def _rope_ntk(cfg: ModelConfig) -> tuple[np.ndarray, float]:
+def _rope_ntk(cfg: ModelConfig, extent: jax.Array | None) -> tuple[np.ndarray, float]:
     # NTK-aware: raise the base so the lowest frequency is interpolated by s and the highest kept.
     H, s = cfg.head_dim, cfg.rope_scaling_factor
     exponent = H / (H - 2) if H > 2 else 1.0
     return _rope_base_frequencies(cfg, cfg.rope_theta * s**exponent), 1.0
 
 
-def _rope_yarn(cfg: ModelConfig) -> tuple[np.ndarray, float]:
+def _rope_yarn(cfg: ModelConfig, extent: jax.Array | None) -> tuple[np.ndarray, float]:
     # YaRN (Peng et al. 2023): dimensions with many rotations over the original context keep their
     # frequency, those with few are interpolated by s, a linear ramp between; logits get sqrt(t)
     # with sqrt(t) = 0.1 ln s + 1, applied here to both cos and sin (so q.k scales by its square).
@@ -127,21 +130,55 @@ def _rope_yarn(cfg: ModelConfig) -> tuple[np.ndarray, float]:
     return inv_freq, 0.1 * math.log(s) + 1.0
 
 
-ROPE_SCALING_RULES = {"none": _rope_none, "linear": _rope_linear, "ntk": _rope_ntk, "yarn": _rope_yarn}
+def _rope_llama3(cfg: ModelConfig, extent: jax.Array | None) -> tuple[np.ndarray, float]:
+    # Llama 3.1: wavelengths longer than original / low_freq_factor are interpolated by s, those
+    # shorter than original / high_freq_factor kept, and those between blended by how many times
+    # they fit into the original context.
+    s, original = cfg.rope_scaling_factor, cfg.rope_original_max_len
+    low, high = cfg.llama3_low_freq_factor, cfg.llama3_high_freq_factor
+    base_freq = _rope_base_frequencies(cfg, cfg.rope_theta)
+    wavelength = 2 * math.pi / base_freq
+    smooth = np.clip((original / wavelength - low) / (high - low), 0.0, 1.0)  # 0: interpolate
+    return base_freq / s * (1.0 - smooth) + base_freq * smooth, 1.0
 
 
-def rope_frequencies(cfg: ModelConfig) -> tuple[np.ndarray, float]:
-    """Inverse frequencies ``[H/2]`` and the cos/sin multiplier for ``cfg``'s RoPE scaling."""
-    return ROPE_SCALING_RULES[cfg.rope_scaling](cfg)
+def _rope_dynamic(cfg: ModelConfig, extent: jax.Array | None) -> tuple[jax.Array, float]:
+    # Dynamic NTK (Hugging Face's "dynamic"): a row reaching L > original positions uses the base
+    # theta * (s L / original - (s - 1))^(H / (H - 2)), recomputed per call from the row's own
+    # extent (Hugging Face takes the batch's longest row); keys keep the rotation they were cached
+    # with. Without an extent (or L <= original) the frequencies are the unscaled ones.
+    base_freq = _rope_base_frequencies(cfg, cfg.rope_theta)
+    if extent is None:
+        return base_freq, 1.0
+    H, s, original = cfg.head_dim, cfg.rope_scaling_factor, cfg.rope_original_max_len
+    length = jnp.maximum(extent, original).astype(jnp.float32)  # [B]
+    growth = (s * length / original - (s - 1.0)) ** (H / (H - 2))  # [B]: base multiplier
+    exponents = jnp.asarray(np.arange(0, H, 2) / H, jnp.float32)  # [H/2]
+    return (cfg.rope_theta * growth[:, None]) ** -exponents[None, :], 1.0  # [B, H/2]
 
 
-def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray, factor: float) -> jax.Array:
-    """Rotate ``x: [B, T, heads, H]`` by ``positions: [B, T]``.
+ROPE_SCALING_RULES = {"none": _rope_none, "linear": _rope_linear, "ntk": _rope_ntk,
+                      "yarn": _rope_yarn, "dynamic": _rope_dynamic, "llama3": _rope_llama3}
+
+
+def rope_frequencies(cfg: ModelConfig, extent: jax.Array | None = None
+                     ) -> tuple[np.ndarray | jax.Array, float]:
+    """Inverse frequencies and the cos/sin multiplier for ``cfg``'s RoPE scaling: ``[H/2]``, or
+    ``[B, H/2]`` for a rule that depends on each row's ``extent: [B]`` (dynamic NTK)."""
+    return ROPE_SCALING_RULES[cfg.rope_scaling](cfg, extent)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray | jax.Array,
+               factor: float) -> jax.Array:
+    """Rotate ``x: [B, T, heads, H]`` by ``positions: [B, T]`` at ``inv_freq: [H/2]`` (or one row
+    of frequencies per batch row, ``[B, H/2]``).
 
     Pairs are (i, i + H/2) ("rotate half", the GPT-NeoX / Llama layout used by Hugging Face
     checkpoints), rotated counter-clockwise by ``position * inv_freq[i]`` as in RoFormer.
     """
-    inv_freq = jnp.asarray(inv_freq, jnp.float32)[None, None, :]  # [1, 1, H/2]
+    inv_freq = jnp.asarray(inv_freq, jnp.float32)
+    rows = inv_freq.shape[0] if inv_freq.ndim == 2 else 1
+    inv_freq = inv_freq.reshape(rows, 1, inv_freq.shape[-1])  # [B or 1, 1, H/2]
     angles = positions[..., None].astype(jnp.float32) * inv_freq  # [B, T, H/2]
     cos = (jnp.cos(angles) * factor)[:, :, None, :]  # [B, T, 1, H/2]
     sin = (jnp.sin(angles) * factor)[:, :, None, :]
@@ -154,12 +191,13 @@ class Rope(PositionEncoding):
     """Rotary position embedding (Su et al.), with the context-extension scaling of the config."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        inv_freq, factor = rope_frequencies(cfg)
-        self.inv_freq = tuple(float(f) for f in inv_freq)  # static: a constant in the program
-        self.factor = factor
+        self.config = cfg
 
     def rotate(self, x, positions):
-        return apply_rope(x, positions, np.asarray(self.inv_freq), self.factor)
+        # A row's extent is its last position + 1: the model gives block padding the row's last
+        # real position, so padding never changes it. Rules that ignore it make constants.
+        inv_freq, factor = rope_frequencies(self.config, jnp.max(positions, axis=1) + 1)
+        return apply_rope(x, positions, inv_freq, factor)
 
 
 # --- Attention biases ---------------------------------------------------------------------------

@@ -4,7 +4,7 @@
 ``model(tokens, cache=cache)`` appends the block at each row's own cache length (positions
 ``lengths[b] .. lengths[b] + T - 1``) and returns ``(logits, cache)``; ``num_valid[b]`` (default
 ``T``) says how many leading tokens of row b are real, the rest being padding that is written but
-not counted, so the next block overwrites it. Logits are float32 whatever the compute dtype.
+not counted, so the next block overwrites it (padding sits at the row's last real position). Logits are float32 whatever the compute dtype.
 """
 
 from __future__ import annotations
@@ -99,7 +99,10 @@ class Transformer(nnx.Module):
                     raise ValueError(
                         f"num_valid must be in [0, T={T}] per row, got {counts.tolist()}")
             cache.check_room(num_valid)
-            q_pos = cache.positions(T)
+            # Padding takes the row's last real position (or its first slot if it has none), so
+            # what depends on how far a row reaches (a dynamic RoPE) never sees the padding.
+            last = cache.lengths + jnp.maximum(num_valid, 1) - 1  # [B]
+            q_pos = jnp.minimum(cache.positions(T), last[:, None])
             k_pos = jnp.broadcast_to(jnp.arange(cache.max_len, dtype=jnp.int32), (B, cache.max_len))
             reach = cache.max_len
         limit = self.positions.max_positions
