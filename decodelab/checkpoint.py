@@ -1,6 +1,7 @@
 """Orbax checkpoints that are self-contained: parameters, optional optimizer state, and a JSON
-``meta`` item holding the step, the ModelConfig, the tokenizer (its SentencePiece model bytes) and
-any caller metadata (e.g. the training config).
+``meta`` item holding the step, the ModelConfig, the tokenizer (a trained one's SentencePiece model
+bytes under ``tokenizer``, a pretrained model's ``PretrainedTokenizer.to_json`` under
+``pretrained_tokenizer``) and any caller metadata (e.g. the training config).
 
 Every checkpoint directory is an Orbax ``CheckpointManager`` directory (one sub-folder per step), so
 a training run's folder and a model saved with ``save_checkpoint`` load the same way. Orbax writes
@@ -19,6 +20,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from decodelab.config import ModelConfig
+from decodelab.convert.tokenizer import PretrainedTokenizer
 from decodelab.model import Transformer
 from decodelab.tokenizer import Tokenizer
 
@@ -35,13 +37,20 @@ def open_manager(directory, *, max_to_keep: int | None = 3, read_only: bool = Fa
     return ocp.CheckpointManager(directory, options=options)
 
 
-def make_meta(cfg: ModelConfig, tokenizer: Tokenizer, step: int, **extra: Any) -> dict[str, Any]:
-    return {
-        "step": int(step),
-        "model_config": cfg.to_dict(),
-        "tokenizer": base64.b64encode(tokenizer.serialized_model()).decode("ascii"),
-        **extra,
-    }
+def make_meta(cfg: ModelConfig, tokenizer: Tokenizer | PretrainedTokenizer, step: int,
+              **extra: Any) -> dict[str, Any]:
+    if isinstance(tokenizer, PretrainedTokenizer):
+        saved = {"pretrained_tokenizer": tokenizer.to_json()}
+    else:
+        saved = {"tokenizer": base64.b64encode(tokenizer.serialized_model()).decode("ascii")}
+    return {"step": int(step), "model_config": cfg.to_dict(), **saved, **extra}
+
+
+def _meta_tokenizer(meta: dict[str, Any]) -> Tokenizer | PretrainedTokenizer:
+    """The tokenizer ``make_meta`` stored."""
+    if "pretrained_tokenizer" in meta:
+        return PretrainedTokenizer.from_json(meta["pretrained_tokenizer"])
+    return Tokenizer.from_serialized(base64.b64decode(meta["tokenizer"]))
 
 
 def save(manager, step: int, params: nnx.State, meta: dict[str, Any], opt_state=None) -> None:
@@ -90,8 +99,8 @@ def restore(manager, step: int, cfg: ModelConfig, opt_state_like=None):
     return model, (restored["opt_state"] if opt_state_like is not None else None)
 
 
-def save_checkpoint(path, model: Transformer, tokenizer: Tokenizer, *, step: int = 0,
-                    **extra: Any) -> None:
+def save_checkpoint(path, model: Transformer, tokenizer: Tokenizer | PretrainedTokenizer, *,
+                    step: int = 0, **extra: Any) -> None:
     """Save a ready-to-use model and its tokenizer to the directory ``path``."""
     manager = open_manager(path)
     save(manager, step, nnx.state(model, nnx.Param),
@@ -99,7 +108,8 @@ def save_checkpoint(path, model: Transformer, tokenizer: Tokenizer, *, step: int
     manager.close()
 
 
-def load_checkpoint(path, *, step: int | None = None) -> tuple[Transformer, Tokenizer]:
+def load_checkpoint(path, *, step: int | None = None
+                    ) -> tuple[Transformer, Tokenizer | PretrainedTokenizer]:
     """Load ``(model, tokenizer)`` from a checkpoint directory (the latest step unless given)."""
     path = pathlib.Path(path)
     if not path.is_dir():
@@ -110,4 +120,4 @@ def load_checkpoint(path, *, step: int | None = None) -> tuple[Transformer, Toke
     cfg = ModelConfig.from_dict(meta["model_config"])
     model, _ = restore(manager, step, cfg)
     manager.close()
-    return model, Tokenizer.from_serialized(base64.b64decode(meta["tokenizer"]))
+    return model, _meta_tokenizer(meta)

@@ -8,7 +8,11 @@ Layout::
     <workdir>/models/<model key>/history.json              training log of the runs that returned
     <workdir>/models/<model key>/checkpoints/              Orbax checkpoints of train.train
 
-The tokenizer key hashes the tokenizer config and the corpus (its checksums and its split); the model
+A tokenizer section either trains a tokenizer (fields: arguments of ``Tokenizer.train``) or names
+a pretrained model whose tokenizer to use (``pretrained = <name>`` of ``presets.PRETRAINED_MODELS``
+and nothing else), so that a model trained here shares a real model's vocabulary (e.g. a draft for
+it). The tokenizer key hashes the tokenizer config (for a pretrained one, its name and the hash of
+its ``to_json``: the tokenizer itself) and the corpus (its checksums and its split); the model
 key hashes the tokenizer key, the resolved ModelConfig and the TrainConfig (and, for a model
 distilled from a teacher, the objective, which names the teacher's key). A finished model is loaded
 instead of retrained, an interrupted one continues from its last checkpoint (exactly: see train.py),
@@ -23,6 +27,7 @@ import contextlib
 import dataclasses
 import fcntl
 import functools
+import hashlib
 import inspect
 import json
 import os
@@ -35,7 +40,7 @@ from ml_collections import config_dict
 
 from decodelab import checkpoint, data, distill, presets, train
 from decodelab.config import ModelConfig
-from decodelab.convert import PretrainedTokenizer, load_gguf
+from decodelab.convert import PretrainedTokenizer, gguf_tokenizer, load_gguf
 from decodelab.experiment import config_hash
 from decodelab.model import Transformer, with_config
 from decodelab.presets import build_model_config
@@ -54,6 +59,11 @@ def _as_dict(name: str, section: Any) -> dict[str, Any]:
 
 def _tokenizer_args(tokenizer_cfg: Any) -> dict[str, Any]:
     args = _as_dict("tokenizer_cfg", tokenizer_cfg)
+    if "pretrained" in args:
+        if set(args) != {"pretrained"} or args["pretrained"] not in presets.PRETRAINED_MODELS:
+            raise ValueError(f"a pretrained tokenizer_cfg must hold only pretrained = one of "
+                             f"{sorted(presets.PRETRAINED_MODELS)}, got {args}")
+        return args
     unknown = sorted(set(args) - set(_TOKENIZER_ARGS))
     if unknown:
         raise ValueError(f"tokenizer_cfg fields must be arguments of Tokenizer.train "
@@ -65,8 +75,12 @@ def _tokenizer_args(tokenizer_cfg: Any) -> dict[str, Any]:
 
 def tokenizer_key(tokenizer_cfg: Any) -> str:
     """The cache key of a tokenizer: its config and the training text it is trained on."""
+    args = _tokenizer_args(tokenizer_cfg)
+    if "pretrained" in args:
+        identity = hashlib.sha256(_pretrained_tokenizer(args["pretrained"]).to_json().encode())
+        args = {**args, "sha256": identity.hexdigest()}
     corpus = (data.CORPUS_DIR / "SHA256SUMS").read_text(encoding="utf-8")
-    return config_hash({"tokenizer": _tokenizer_args(tokenizer_cfg), "corpus": corpus,
+    return config_hash({"tokenizer": args, "corpus": corpus,
                         "held_out": [list(data.VALIDATION_DOCS), list(data.TEST_DOCS)]})
 
 
@@ -109,10 +123,28 @@ def _check_workdir(workdir: str | os.PathLike) -> pathlib.Path:
     return workdir
 
 
+@functools.cache
+def _pretrained_tokenizer(name: str) -> PretrainedTokenizer:
+    return gguf_tokenizer(presets.pretrained_path(name))
+
+
+def tokenizer_for(tokenizer_cfg: Any, workdir: str | os.PathLike
+                  ) -> Tokenizer | PretrainedTokenizer:
+    """The tokenizer a section names: a pretrained model's (``pretrained = <name>``; loaded once
+    per process from the installed file) or ``trained_tokenizer``'s."""
+    args = _tokenizer_args(tokenizer_cfg)
+    if "pretrained" in args:
+        return _pretrained_tokenizer(args["pretrained"])
+    return trained_tokenizer(args, workdir)
+
+
 def trained_tokenizer(tokenizer_cfg: Any, workdir: str | os.PathLike) -> Tokenizer:
     """The tokenizer of ``tokenizer_cfg`` (fields: arguments of ``Tokenizer.train``), trained on the
     training plays the first time and loaded from ``<workdir>/tokenizers/<key>/`` after."""
     args = _tokenizer_args(tokenizer_cfg)
+    if "pretrained" in args:
+        raise ValueError(f"tokenizer_cfg must be a tokenizer to train, got {args} (a pretrained "
+                         "model's tokenizer: tokenizer_for)")
     directory = _check_workdir(workdir) / "tokenizers" / tokenizer_key(args)
     path = directory / "tokenizer.model"
     with _lock(directory.with_suffix(".lock")):
@@ -128,7 +160,7 @@ def trained_tokenizer(tokenizer_cfg: Any, workdir: str | os.PathLike) -> Tokeniz
 @dataclasses.dataclass
 class TrainedModel:
     model: Transformer
-    tokenizer: Tokenizer
+    tokenizer: Tokenizer | PretrainedTokenizer
     # <workdir>/models/<model key>
     directory: pathlib.Path
     # Steps the model has been trained for (train_cfg.steps).
@@ -148,10 +180,14 @@ def load_or_train(tokenizer_cfg: Any, model_cfg_section: Any, train_cfg: Any,
     ``model_cfg_section`` holds every ModelConfig field but ``vocab_size`` (``presets.model_section``);
     ``train_cfg`` is a TrainConfig or its fields. ``resume=False`` refuses to reuse or continue
     existing checkpoints (as ``train.train`` does), for programs that want a fresh run made explicit.
+    ``tokenizer_cfg`` may name a pretrained model's tokenizer (module docstring).
     """
-    tokenizer = trained_tokenizer(tokenizer_cfg, workdir)
-    model_cfg = build_model_config(_as_dict("model_cfg_section", model_cfg_section),
-                                   tokenizer.vocab_size)
+    fields = _as_dict("model_cfg_section", model_cfg_section)
+    if presets.is_pretrained(fields):
+        raise ValueError(f"model_cfg_section must be an architecture to train, got the pretrained "
+                         f"model {fields['pretrained']!r} (load it with pretrained_model)")
+    tokenizer = tokenizer_for(tokenizer_cfg, workdir)
+    model_cfg = build_model_config(fields, tokenizer.vocab_size)
     train_cfg = _train_config(train_cfg)
     key = model_key(tokenizer_cfg, model_cfg, train_cfg)
     spec = {"tokenizer": _tokenizer_args(tokenizer_cfg), "model": model_cfg.to_dict(),
@@ -190,7 +226,8 @@ def _train_config(train_cfg: Any) -> train.TrainConfig:
     return train.TrainConfig(**_as_dict("train_cfg", train_cfg))
 
 
-def _load_or_run(directory: pathlib.Path, spec: dict[str, Any], tokenizer: Tokenizer,
+def _load_or_run(directory: pathlib.Path, spec: dict[str, Any],
+                 tokenizer: Tokenizer | PretrainedTokenizer,
                  model_cfg: ModelConfig, train_cfg: train.TrainConfig,
                  objective: train.Objective, *, resume: bool, progress: bool) -> TrainedModel:
     """Load the finished model in ``directory``, or continue or start its training run."""
@@ -252,7 +289,7 @@ def model_for(tokenizer_cfg: Any, model_cfg_section: Any, train_cfg: Any,
 
 def trained_model(tokenizer_cfg: Any, model_cfg_section: Any, train_cfg: Any,
                   workdir: str | os.PathLike, *, progress: bool = True
-                  ) -> tuple[Transformer, Tokenizer]:
+                  ) -> tuple[Transformer, Tokenizer | PretrainedTokenizer]:
     """``(model, tokenizer)`` of ``load_or_train`` (trained once, then reused from the workdir)."""
     trained = load_or_train(tokenizer_cfg, model_cfg_section, train_cfg, workdir,
                             progress=progress)
@@ -262,7 +299,7 @@ def trained_model(tokenizer_cfg: Any, model_cfg_section: Any, train_cfg: Any,
 def distilled_model(tokenizer_cfg: Any, teacher_cfg_section: Any, teacher_train_cfg: Any,
                     model_cfg_section: Any, train_cfg: Any, workdir: str | os.PathLike, *,
                     temperature: float = 1.0, progress: bool = True
-                    ) -> tuple[Transformer, Tokenizer]:
+                    ) -> tuple[Transformer, Tokenizer | PretrainedTokenizer]:
     """``(model, tokenizer)`` of ``load_or_distill`` (distilled once, then reused)."""
     distilled = load_or_distill(tokenizer_cfg, teacher_cfg_section, teacher_train_cfg,
                                 model_cfg_section, train_cfg, workdir, temperature=temperature,

@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 
 from decodelab import checkpoint
 from decodelab.config import ModelConfig
+from decodelab.convert.tokenizer import PretrainedTokenizer
 from decodelab.data import PackedBatches
 from decodelab.model import Transformer
 from decodelab.tokenizer import Tokenizer
@@ -202,7 +203,7 @@ def train(
     tc: TrainConfig,
     train_stream: np.ndarray,
     *,
-    tokenizer: Tokenizer | None = None,
+    tokenizer: Tokenizer | PretrainedTokenizer | None = None,
     checkpoint_dir=None,
     resume: bool = False,
     stop_after: int | None = None,

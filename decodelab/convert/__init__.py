@@ -5,8 +5,8 @@
 extra installs them).
 """
 
-from decodelab.convert.from_gguf import gguf_model_config, load_gguf
+from decodelab.convert.from_gguf import gguf_model_config, gguf_tokenizer, load_gguf
 from decodelab.convert.hf import load_hf
 from decodelab.convert.tokenizer import PretrainedTokenizer
 
-__all__ = ["PretrainedTokenizer", "gguf_model_config", "load_gguf", "load_hf"]
+__all__ = ["PretrainedTokenizer", "gguf_model_config", "gguf_tokenizer", "load_gguf", "load_hf"]

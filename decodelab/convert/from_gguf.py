@@ -135,13 +135,23 @@ def gguf_model_config(path: str | os.PathLike) -> ModelConfig:
     return gguf_config(meta, set(tensors), str(path))
 
 
+def _tokenizer(meta: Mapping[str, Any], source: str) -> PretrainedTokenizer:
+    return from_gguf_metadata({k: v for k, v in meta.items() if k.startswith("tokenizer.")},
+                              source)
+
+
+def gguf_tokenizer(path: str | os.PathLike) -> PretrainedTokenizer:
+    """The tokenizer of a GGUF file alone (no tensor is dequantized)."""
+    meta, _ = read_metadata(path)
+    return _tokenizer(meta, str(path))
+
+
 def load_gguf(path: str | os.PathLike) -> tuple[Transformer, PretrainedTokenizer]:
     """The float32 model and the tokenizer of a Llama-architecture GGUF file (module docstring)."""
     meta, tensors = read_metadata(path)
     source = str(path)
     cfg = gguf_config(meta, set(tensors), source)
-    tokenizer = from_gguf_metadata({k: v for k, v in meta.items() if k.startswith("tokenizer.")},
-                                   source)
+    tokenizer = _tokenizer(meta, source)
     src = TensorSource(source, tensors, lambda name: _dequantize(tensors[name], source))
     params = llama.llama_params(cfg, src, llama.GGUF_NAMES, interleaved_to_rotate_half)
     src.check_used()

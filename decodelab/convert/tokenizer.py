@@ -145,6 +145,27 @@ class PretrainedTokenizer:
             messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt,
             bos_token=piece(self.bos_id) or "", eos_token=piece(self.eos_id) or "")
 
+    def to_json(self) -> str:
+        """Everything that defines this tokenizer as one JSON string (``from_json`` inverts it):
+        checkpoints embed it, and its hash identifies the tokenizer in cache keys."""
+        return json.dumps({"backend": self._tok.to_str(), "bos_id": self.bos_id,
+                           "eos_id": self.eos_id, "pad_id": self.pad_id, "unk_id": self.unk_id,
+                           "add_bos_by_default": self.add_bos_by_default,
+                           "chat_template": self.chat_template}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> PretrainedTokenizer:
+        """The tokenizer of a ``to_json`` string."""
+        from tokenizers import Tokenizer
+
+        try:
+            fields = json.loads(text)
+            backend = Tokenizer.from_str(fields.pop("backend"))
+            return cls(backend, **fields)
+        except Exception as e:  # the JSON, its fields or the backend's own parser
+            raise ValueError(f"text must be a PretrainedTokenizer.to_json string, got one that "
+                             f"fails to load ({type(e).__name__}: {e})") from None
+
     def __repr__(self) -> str:
         return (f"PretrainedTokenizer(vocab_size={self.vocab_size}, bos_id={self.bos_id}, "
                 f"eos_id={self.eos_id})")
