@@ -75,10 +75,11 @@ def held_out_prompts(tokenizer, num: int, length: int) -> list[list[int]]:
 
 
 def load_models(config, ctx):
-    """``(target, drafter, tokenizer)`` for the point's drafter (trained or loaded once)."""
+    """``(target, drafter, tokenizer)`` for the point's drafter (trained or loaded once); the
+    target is trained, or a pretrained model's (``pipeline.model_for``)."""
     def target():
-        return pipeline.trained_model(config.tokenizer, config.target.model, config.target.train,
-                                      ctx.workdir, progress=ctx.show_progress)
+        return pipeline.model_for(config.tokenizer, config.target.model, config.target.train,
+                                  ctx.workdir, progress=ctx.show_progress)
 
     model, tokenizer = _cached(("target", experiment.config_hash(config.target)), target)
     if config.drafter == "ngram":
@@ -317,8 +318,10 @@ def _grid_plot(rows, path, measured: str, predicted: str, ylabel: str, title: st
 
 
 def _summary(rows) -> str:
-    """The reading of the table, computed from the rows: the targets, the theory, distillation."""
+    """The reading of the table, computed from the rows: the targets (of the default study, whose
+    target model is trained here), the theory, distillation."""
     lines = []
+    targets = _pretrained(rows[0]) is None
     greedy1 = _where(rows, batch_size=1, temperature=0.0)
     if greedy1:
         best = max(greedy1, key=lambda r: _m(r, "speedup"))
@@ -326,7 +329,8 @@ def _summary(rows) -> str:
         error = _m(best, "prediction_error")
         within = error is not None and abs(error) <= 0.2
         lines.append(
-            f"**Target 1 (>= 1.5x at batch 1, temperature 0): {'met' if met else 'not met'}.** "
+            (f"**Target 1 (>= 1.5x at batch 1, temperature 0): {'met' if met else 'not met'}.** "
+             if targets else "**Batch 1, temperature 0.** ") +
             f"The best point is {DRAFTER_LABELS[_m(best, 'drafter')]} at gamma "
             f"{best['config']['gamma']}: {_m(best, 'speedup'):.2f}x the target-only tokens/s "
             f"({_m(best, 'speculative_tokens_per_s'):.0f} vs {_m(best, 'target_tokens_per_s'):.0f}"
@@ -341,13 +345,19 @@ def _summary(rows) -> str:
                     f"{b['config']['gamma']} (alpha {_m(b, 'alpha'):.3f}, c = {_m(b, 'c'):.3f}, "
                     f"predicted {_m(b, 'predicted_speedup'):.2f}x).")
         lines.append("")
-        lines.append(
-            f"**Target 2 (measured within 20% of predicted, at that point): "
-            f"{'met' if within else 'not met'}** — measured / predicted = "
-            f"{1 + error:.2f}." if error is not None else "**Target 2**: n/a (no alpha).")
+        if not targets:
+            lines.append("At that point measured / predicted = " + (
+                "n/a (no alpha)." if error is None else f"{1 + error:.2f}."))
+        elif error is not None:
+            lines.append(f"**Target 2 (measured within 20% of predicted, at that point): "
+                         f"{'met' if within else 'not met'}** — measured / predicted = "
+                         f"{1 + error:.2f}.")
+        else:
+            lines.append("**Target 2**: n/a (no alpha).")
         errors = [_m(r, "prediction_error") for r in rows if _m(r, "prediction_error") is not None]
         inside = sum(abs(e) <= 0.2 for e in errors)
         costs = [_m(r, "round_cost") for r in greedy1]
+        batches = {r["config"]["batch_size"] for r in rows}
         lines.append(
             f"Over all {len(errors)} points, {inside} are within 20% of the prediction "
             f"(median measured / predicted {1 + statistics.median(errors):.2f}). The theory "
@@ -357,8 +367,9 @@ def _summary(rows) -> str:
             f"gamma + 1 tokens is dearer than one decode step, and a round's bookkeeping (the "
             f"processors and the accept test on gamma + 1 positions, the cache rewinds) is paid "
             f"per round, not per token. Where a round costs more than the theory charges, the "
-            f"speed-up falls short of the prediction by that factor (at batch 8 also because a "
-            f"batch runs as many rounds as its slowest row).")
+            f"speed-up falls short of the prediction by that factor" + (
+                f" (at batch {max(batches)} also because a batch runs as many rounds as its "
+                f"slowest row)." if max(batches) > 1 else "."))
     lines.append("")
     for temperature in sorted({r["config"]["temperature"] for r in rows}):
         pairs = []
@@ -382,45 +393,89 @@ def _summary(rows) -> str:
     return "\n".join(lines)
 
 
+def _pretrained(row) -> str | None:
+    """The pretrained preset a row's target is (None: the `small` model trained here)."""
+    return row["config"]["target"]["model"].get("pretrained")
+
+
+def _intro(rows) -> str:
+    """What the rows measured: the target, the drafters present, the prompts and the timing."""
+    config, m0 = rows[0]["config"], rows[0]["metrics"]
+    pretrained = _pretrained(rows[0])
+    if pretrained is None:
+        target = (f"`small` ({m0['target_params']:,} parameters, "
+                  f"{config['target']['train']['steps']} training steps)")
+        vocabulary = ""
+        prompts = "from the held-out test plays"
+    else:
+        target = (f"the pretrained `{pretrained}` ({m0['target_params']:,} parameters, its GGUF "
+                  f"file dequantized to float32)")
+        vocabulary = " in the target's tokens (its tokenizer, not one trained here)"
+        prompts = ("from the held-out test plays, plain text in the target's tokens (no chat "
+                   "turn: the instruct model continues the passage)")
+    descriptions = {
+        "draft": f"the `draft` preset ({max(_m(r, 'draft_params') for r in rows):,} parameters) "
+                 f"trained on the corpus{vocabulary} for {config['draft']['train']['steps']} steps",
+        "distilled": f"the same preset distilled from the target for as many steps (forward KL "
+                     f"to its next-token distributions at temperature "
+                     f"{config['distill_temperature']:g})",
+        "ngram": f"prompt lookup (n-grams {config['ngram']['min_ngram']}.."
+                 f"{config['ngram']['max_ngram']})",
+    }
+    present = {_m(r, "drafter") for r in rows}
+    drafters = [text for name, text in descriptions.items() if name in present]
+    if len(drafters) > 1:
+        drafters = ["; ".join(drafters[:-1]) + "; and " + drafters[-1]]
+    batching = ", ".join(
+        "at batch 1 the prompts run one after another" if b == 1 else
+        f"at batch {b} together" if b == config["num_prompts"] else f"at batch {b} in groups"
+        for b in sorted({r["config"]["batch_size"] for r in rows}))
+    return (
+        f"Target: {target}. Drafters: {drafters[0]}. "
+        f"{config['num_prompts']} prompts of {config['prompt_tokens']} tokens {prompts}, "
+        f"{config['new_tokens']} new tokens each, no EOS; {batching}. Speed-up: target-only "
+        f"`dl.generate` time over `dl.speculative_generate` time, same prompts, parameters, seeds "
+        f"and cache size, medians of {config['repeats']} interleaved repetitions after a warm-up "
+        f"(compilation excluded). c: draft step time over target step time, measured in the same "
+        f"process. Theory: tokens per call (1 - a^(g+1)) / (1 - a), speed-up (1 - a^(g+1)) / "
+        f"((1 - a)(g c + 1)) from the measured alpha and c. See `experiments/speculative.py` for "
+        f"exactly what is timed.")
+
+
 def report(rows, out_dir) -> list[pathlib.Path]:
-    out_dir = pathlib.Path(out_dir)
-    config = rows[0]["config"]
-    m0 = rows[0]["metrics"]
-    page = results.Page("Speculative decoding", rows)
-    page.text(
-        f"Target: `small` ({m0['target_params']:,} parameters, {config['target']['train']['steps']}"
-        f" training steps). Drafters: the `draft` preset "
-        f"({max(_m(r, 'draft_params') for r in rows):,} parameters) trained on the corpus for "
-        f"{config['draft']['train']['steps']} steps; the same preset distilled from the target "
-        f"for as many steps (forward KL to its next-token distributions at temperature "
-        f"{config['distill_temperature']:g}); and prompt lookup (n-grams "
-        f"{config['ngram']['min_ngram']}..{config['ngram']['max_ngram']}). "
-        f"{config['num_prompts']} prompts of {config['prompt_tokens']} tokens from the held-out "
-        f"test plays, {config['new_tokens']} new tokens each, no EOS; at batch 1 the prompts run "
-        f"one after another, at batch 8 together. Speed-up: target-only `dl.generate` time over "
-        f"`dl.speculative_generate` time, same prompts, parameters, seeds and cache size, medians "
-        f"of {config['repeats']} interleaved repetitions after a warm-up (compilation excluded). "
-        f"c: draft step time over target step time, measured in the same process. Theory: "
-        f"tokens per call (1 - a^(g+1)) / (1 - a), speed-up (1 - a^(g+1)) / ((1 - a)(g c + 1)) "
-        f"from the measured alpha and c. See `experiments/speculative.py` for exactly what is "
-        f"timed.")
+    """One page per target: ``speculative.md`` for the `small` target trained here,
+    ``speculative_<preset>.md`` for a pretrained one (each with its own tables and plots)."""
+    targets: dict[str | None, list] = {}
+    for row in rows:
+        targets.setdefault(_pretrained(row), []).append(row)
+    return [path for pretrained, group in targets.items()
+            for path in _page(group, pathlib.Path(out_dir),
+                              "speculative" + ("" if pretrained is None else f"_{pretrained}"))]
+
+
+def _page(rows, out_dir: pathlib.Path, name: str) -> list[pathlib.Path]:
+    """The page of one target's rows, its files named ``<name>...``."""
+    pretrained = _pretrained(rows[0])
+    page = results.Page("Speculative decoding" if pretrained is None else
+                        f"Speculative decoding of the pretrained `{pretrained}`", rows)
+    page.text(_intro(rows))
     page.text(_summary(rows))
-    page.table(_best_table(rows), out_dir / "speculative_best.csv", number_format="{:.3g}",
+    page.table(_best_table(rows), out_dir / f"{name}_best.csv", number_format="{:.3g}",
                caption="**Best gamma per drafter, batch size and temperature** (by measured "
                        "speed-up).")
-    speedup = _grid_plot(rows, out_dir / "speculative_speedup.png", "speedup",
+    speedup = _grid_plot(rows, out_dir / f"{name}_speedup.png", "speedup",
                          "predicted_speedup", "speed-up over target only",
                          "Speed-up against gamma: measured (solid) and theory (dashed)")
     page.image(speedup, "speed-up against gamma, measured and predicted")
-    calls = _grid_plot(rows, out_dir / "speculative_tokens_per_call.png", "tokens_per_call",
+    calls = _grid_plot(rows, out_dir / f"{name}_tokens_per_call.png", "tokens_per_call",
                        "expected_tokens_per_call", "tokens per target call",
                        "Tokens per target call: measured (solid) and (1-a^(g+1))/(1-a) (dashed)")
     page.image(calls, "tokens per target call against gamma, measured and expected")
-    page.table(_points_table(rows), out_dir / "speculative.csv", number_format="{:.3g}",
+    page.table(_points_table(rows), out_dir / f"{name}.csv", number_format="{:.3g}",
                caption="**Every point.** `round cost`: measured time per round over the "
                        "theory's gamma * c + 1 target steps.")
-    return [page.write(out_dir / "speculative.md"), out_dir / "speculative.csv",
-            out_dir / "speculative_best.csv", speedup, calls]
+    return [page.write(out_dir / f"{name}.md"), out_dir / f"{name}.csv",
+            out_dir / f"{name}_best.csv", speedup, calls]
 
 
 def main(argv) -> None:
