@@ -6,8 +6,11 @@ drafters against target-only decoding, beside the theory of Leviathan et al. (20
 
 One point = one (drafter, gamma, temperature, batch size). The target is `small` trained on the
 corpus; the drafters are the `draft` preset trained on the corpus, the same preset distilled from
-the target, and prompt lookup. The prompts are ``num_prompts`` evenly spaced windows of the held-out
-test plays, run in consecutive batches of ``batch_size``; every request generates exactly
+the target, and prompt lookup. With ``configs/speculative.py:<pretrained preset>`` the target is
+that real model (``pipeline.model_for``) and the draft is trained on the corpus in its tokenizer
+(``tokenizer.pretrained``); each target's rows get a page of their own (``report``). The prompts are
+``num_prompts`` evenly spaced windows of the held-out test plays (in the target's tokens), run in
+consecutive batches of ``batch_size``; every request generates exactly
 ``new_tokens`` tokens (no EOS), with seed ``seed + i`` for prompt i. What each number is:
 
 - ``alpha``: accepted / tested proposals over all requests (``SpeculativeStats.overall_alpha``;
