@@ -74,7 +74,8 @@ def _tokenizer_args(tokenizer_cfg: Any) -> dict[str, Any]:
 
 
 def tokenizer_key(tokenizer_cfg: Any) -> str:
-    """The cache key of a tokenizer: its config and the training text it is trained on."""
+    """The cache key of a tokenizer: its config (for a pretrained model's, its name and the hash
+    of the tokenizer itself) and the corpus the models of this key are trained on."""
     args = _tokenizer_args(tokenizer_cfg)
     if "pretrained" in args:
         identity = hashlib.sha256(_pretrained_tokenizer(args["pretrained"]).to_json().encode())
