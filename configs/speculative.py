@@ -21,8 +21,9 @@ On a real target (a pretrained preset, e.g. SmolLM2-135M-Instruct), with prompt 
 
 The prompts are plain-text windows of the test plays in the target's tokens (no chat turn: the
 instruct model continues the text), and the sweep is smaller (batch 1, fewer gammas and
-temperatures, fewer and shorter requests): ~35 s a point (estimated) on 2 busy CPU cores (SmolLM2 decodes
-~40 tokens/s at batch 1), ~10 minutes for the 16 points after ~4 minutes of draft training.
+temperatures, fewer and shorter requests): ~35 s a point (estimated) on 2 busy CPU cores
+(SmolLM2 decodes ~40 tokens/s at batch 1), ~10 minutes for the 16 points after ~4 minutes of
+draft training.
 """
 
 from ml_collections import config_dict
