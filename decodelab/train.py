@@ -21,7 +21,6 @@ import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx

@@ -105,7 +105,7 @@ def test_rope_scaling_factor_below_one_is_rejected(tiny_config, scaling):
 
 @pytest.mark.parametrize("position", ["learned", "sinusoidal", "t5", "alibi", "nope"])
 def test_rope_scaling_without_rope_is_rejected(tiny_config, position):
-    with pytest.raises(ValueError, match=f"^rope_scaling='linear' needs position='rope'"):
+    with pytest.raises(ValueError, match="^rope_scaling='linear' needs position='rope'"):
         tiny_config.replace(position=position, rope_scaling="linear", rope_scaling_factor=2.0)
 
 

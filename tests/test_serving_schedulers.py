@@ -2,7 +2,6 @@
 static waits for a full batch, dynamic for a window, continuous for nothing; a request that cannot
 fit is rejected with a record while the others complete."""
 
-import numpy as np
 import pytest
 from flax import nnx
 

@@ -1,7 +1,6 @@
 """Request traces (seeded Poisson arrivals, length distributions, JSONL round trip and its errors)
 and the metric conventions (TTFT, TPOT, percentiles, throughput, occupancy)."""
 
-import json
 
 import numpy as np
 import pytest
