@@ -286,15 +286,20 @@ def claims(rows) -> str:
 
 
 def report(rows, out_dir) -> list[pathlib.Path]:
+    """The page, its CSV and plot: ``sampling.*`` for the models trained here,
+    ``sampling_<preset>.*`` for a pretrained generator (so the two studies' pages coexist)."""
     out_dir = pathlib.Path(out_dir)
     rows = sorted(rows, key=lambda r: r["sweep_index"])
+    pretrained = rows[0]["config"]["generator"]["model"].get("pretrained")
+    stem = "sampling" + (f"_{pretrained}" if pretrained else "")
     m = _by_name(rows)
     first = rows[0]
     c = first["config"]
     p = c["prompts"]
     any_row = first["metrics"]
-    page = results.Page("Sampling strategies against human text", rows)
-    pretrained = c["generator"]["model"].get("pretrained")
+    page = results.Page("Sampling strategies against human text" if not pretrained else
+                        f"Sampling strategies against human text: the pretrained `{pretrained}`",
+                        rows)
     if pretrained:
         models = (
             f"The pretrained instruct model `{pretrained}` ({any_row['generator_params']:,} "
@@ -323,7 +328,7 @@ def report(rows, out_dir) -> list[pathlib.Path]:
         f"GNMT length penalty {c['decode']['length_penalty']}) is deterministic: its best "
         f"hypothesis stands for every sample; \"no early EOS\" forbids EOS before the budget.")
     markdown, table = _table(rows)
-    csv_path = out_dir / "sampling.csv"
+    csv_path = out_dir / f"{stem}.csv"
     csv_path.parent.mkdir(parents=True, exist_ok=True)
     csv_path.write_text(table.to_csv(), encoding="utf-8")
     page.text(markdown + f"\nCSV: [{csv_path.name}]({csv_path.name})")
@@ -340,7 +345,7 @@ def report(rows, out_dir) -> list[pathlib.Path]:
         "median, 90th percentile over all steps; temperature alone allows the whole vocabulary); "
         "length in tokens; EOS, the share of samples "
         "that ended on their own (the prompts sit mid-play: the true continuations never end).")
-    plot = _plot(rows, out_dir / "sampling.png")
+    plot = _plot(rows, out_dir / f"{stem}.png")
     page.image(plot, "diversity against perplexity under the scorer, one point per strategy")
     page.text("## What the seed claims, on our models\n\n" + claims(rows))
     compiled = {metric: sum(r["metrics"].get(metric, 0) for r in rows)
@@ -362,7 +367,7 @@ def report(rows, out_dir) -> list[pathlib.Path]:
         examples.append(f"| {name} | {text.replace('|', '/')} |")
     prompt = " ".join(first["metrics"]["example_prompt"].split())
     page.text(f"Example continuations of the first prompt, \"{prompt}\":\n\n" + "\n".join(examples))
-    return [page.write(out_dir / "sampling.md"), csv_path, plot]
+    return [page.write(out_dir / f"{stem}.md"), csv_path, plot]
 
 
 def main(argv) -> None:

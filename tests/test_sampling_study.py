@@ -74,6 +74,7 @@ def test_the_page_has_one_row_per_strategy_plus_human_a_csv_and_a_plot(study, tm
     assert (tmp_path / "sampling.png").stat().st_size > 10_000
 
 
+
 def test_claim_verdicts_follow_the_numbers(study):
     holds = study.claims(_rows({}))
     assert '"deterministic but repetitive"**: holds' in holds
@@ -128,7 +129,13 @@ def test_the_pretrained_variants_page_names_the_model_and_its_chat_prompts(study
                  overrides=p.overrides, config=p.config.to_dict(),
                  metrics=_metrics(p.config.decode.name), start_time="2026-01-01T00:00:00+00:00",
                  wall_time_s=1.0, provenance=provenance) for p in points]
-    study.report(rows, tmp_path)
-    page = (tmp_path / "sampling.md").read_text()
+    written = study.report(rows, tmp_path)
+    # Files of its own, beside the default study's sampling.*.
+    assert {p.name for p in written} == {"sampling_smollm2-135m.md", "sampling_smollm2-135m.csv",
+                                         "sampling_smollm2-135m.png"}
+    page = (tmp_path / "sampling_smollm2-135m.md").read_text()
+    assert page.startswith("# Sampling strategies against human text: the pretrained "
+                           "`smollm2-135m`")
+    assert "[sampling_smollm2-135m.csv](sampling_smollm2-135m.csv)" in page
     assert "The pretrained instruct model `smollm2-135m`" in page
     assert module.INSTRUCTION in page
