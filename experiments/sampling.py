@@ -360,7 +360,8 @@ def report(rows, out_dir) -> list[pathlib.Path]:
         f"for {beams}; the scoring forward pass {compiled['compiles_scoring']} (one per model and "
         f"padded length) and the token statistics {compiled['compiles_token_stats']}. Decoding "
         f"took {sum(r['metrics']['decode_s'] for r in rows):.1f} s in all; the rest of the wall "
-        f"time is training the two models (first point) and scoring.")
+        f"time is {'loading and evaluating the model' if pretrained else 'training the two models'}"
+        f" (first point) and scoring.")
     examples = ["| strategy | first sample of the first prompt |", "|---|---|"]
     for name, metrics_ in m.items():
         text = " ".join(metrics_["example"].split())
