@@ -372,7 +372,8 @@ def wait_for_rows(workdir, count, process, timeout=30.0):
 
 
 def test_a_killed_sweep_resumes_to_every_point_exactly_once(tmp_path):
-    args = ["--config.sleep_s=0.4"]
+    # Points long enough that a busy machine cannot finish the sweep before the kill arrives.
+    args = ["--config.sleep_s=1.0"]
     process = start_toy(*args, workdir=tmp_path)
     wait_for_rows(tmp_path, 2, process)
     process.send_signal(signal.SIGKILL)
@@ -385,11 +386,13 @@ def test_a_killed_sweep_resumes_to_every_point_exactly_once(tmp_path):
     assert after[:len(before)] == before  # finished points were kept, not rerun
     rows = [json.loads(line) for line in after]  # every line is a whole row
     assert sorted(r["sweep_index"] for r in rows) == list(range(6))
-    assert {r["config_hash"] for r in rows} == toy_sweep_hashes(sleep_s=0.4)
+    assert {r["config_hash"] for r in rows} == toy_sweep_hashes(sleep_s=1.0)
 
 
 def test_ctrl_c_keeps_finished_points_and_says_how_to_continue(tmp_path):
-    process = start_toy("--config.sleep_s=0.4", workdir=tmp_path)
+    # 5 points of 1.5 s left after the first row: the interrupt lands mid-sweep even when a busy
+    # machine delays this process by seconds.
+    process = start_toy("--config.sleep_s=1.5", workdir=tmp_path)
     wait_for_rows(tmp_path, 1, process)
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=30)
