@@ -40,10 +40,17 @@ def measure(config, ctx):
     return {"loss": config.model.width + config.eval.length / 16, "name": config.model.position}
 
 
+def _interruptible():
+    # A shell starts background jobs with SIGINT ignored, and a child inherits that (Python then
+    # installs no KeyboardInterrupt handler): give the program Ctrl-C as a terminal would.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_toy(*args, workdir):
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     return subprocess.Popen([sys.executable, *TOY, f"--workdir={workdir}", *args], cwd=REPO,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_interruptible)
 
 
 def run_toy(*args, workdir, config=None):
