@@ -19,7 +19,7 @@ the passage (`prompts.instruction`).
 
 from ml_collections import config_dict
 
-from decodelab.presets import PRETRAINED_MODELS, model_section, train_section
+from decodelab.presets import check_config_arg, model_section, train_section
 
 # The user turn of a pretrained instruct model's prompts, before the passage.
 INSTRUCTION = ("Continue this passage from a play by Shakespeare. Reply with the next lines only, "
@@ -54,9 +54,7 @@ STRATEGIES: dict[str, dict] = {
 
 
 def get_config(arg: str | None = None) -> config_dict.ConfigDict:
-    if arg is not None and arg not in PRETRAINED_MODELS:
-        raise ValueError(f"the config argument must be empty or a pretrained model, one of "
-                         f"{sorted(PRETRAINED_MODELS)}; got {arg!r}")
+    check_config_arg(arg)
     config = config_dict.ConfigDict()
     # Experiment name: rows of other experiments are refused in the same workdir.
     config.experiment = "sampling"

@@ -29,7 +29,8 @@ draft training.
 from ml_collections import config_dict
 
 from decodelab.experiment import product
-from decodelab.presets import PRETRAINED_MODELS, model_section, train_section
+from decodelab.presets import (PRETRAINED_MODELS, check_config_arg, model_section,
+                               train_section)
 
 DRAFTERS = ("draft", "distilled", "ngram")
 GAMMAS = (1, 2, 3, 4, 5, 6, 7, 8)
@@ -43,9 +44,7 @@ PRETRAINED_BATCH_SIZES = (1,)
 
 
 def get_config(arg: str | None = None) -> config_dict.ConfigDict:
-    if arg is not None and arg not in PRETRAINED_MODELS:
-        raise ValueError(f"the config argument must be empty or a pretrained model, one of "
-                         f"{sorted(PRETRAINED_MODELS)}; got {arg!r}")
+    check_config_arg(arg)
     config = config_dict.ConfigDict()
     # Experiment name: rows of other experiments are refused in the same workdir.
     config.experiment = "speculative"

