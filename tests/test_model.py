@@ -42,6 +42,11 @@ CASES = {
     "rope-yarn": dict(position="rope", rope_scaling="yarn", rope_scaling_factor=4.0),
     "rope-llama3": dict(position="rope", rope_scaling="llama3", rope_scaling_factor=8.0,
                         rope_original_max_len=16),
+    # Dynamic NTK past its original context of 8 (the sequences reach 24): each token's rotation
+    # depends on its own position only, so full forward, step-by-step decoding, chunked prefill
+    # and rewound verify blocks agree.
+    "rope-dynamic": dict(position="rope", rope_scaling="dynamic", rope_scaling_factor=4.0,
+                         rope_original_max_len=8),
     "mqa": dict(n_kv_heads=1),
     "mha": dict(n_kv_heads=4),
     "layernorm-gelu-untied": dict(norm="layer", mlp="gelu", tie_embeddings=False),
@@ -325,8 +330,8 @@ def test_rope_dynamic_raises_the_base_only_for_rows_past_the_original_length(tin
 
 
 def test_rope_dynamic_ragged_prefill_matches_each_prompt_alone(tiny_config):
-    # Prompts of 5, 12 and 9 tokens past an original length of 4: each row's frequencies come
-    # from its own length, never from the block's padding or its batch-mates.
+    # Prompts of 5, 12 and 9 tokens past an original length of 4: each token's frequencies come
+    # from its own position, never from the block's padding or its batch-mates.
     m = Compiled(tiny_config.replace(rope_scaling="dynamic", rope_scaling_factor=4.0,
                                      rope_original_max_len=4))
     logits, _ = m.prefill()

@@ -82,11 +82,11 @@ class Sinusoidal(PositionEncoding):
 
 
 # --- RoPE ---------------------------------------------------------------------------------------
-# A scaling rule maps the config and each row's extent (the number of positions the row reaches in
-# this call, [B] int32) to inverse frequencies and an attention factor (the cos/sin multiplier).
-# Position interpolation, NTK-aware, YaRN and Llama 3 ignore the extent and give [H/2] constants;
-# dynamic NTK depends on it and gives [B, H/2]. All act only through these two values, so they are
-# one mechanism.
+# A scaling rule maps the config and each token's extent (the number of positions its row reaches
+# at that token: position + 1, any shape [...] int32) to inverse frequencies and an attention
+# factor (the cos/sin multiplier). Position interpolation, NTK-aware, YaRN and Llama 3 ignore the
+# extent and give [H/2] constants; dynamic NTK depends on it and gives [..., H/2]. All act only
+# through these two values, so they are one mechanism.
 
 
 def _rope_base_frequencies(cfg: ModelConfig, theta: float) -> np.ndarray:
@@ -143,18 +143,30 @@ def _rope_llama3(cfg: ModelConfig, extent: jax.Array | None) -> tuple[np.ndarray
 
 
 def _rope_dynamic(cfg: ModelConfig, extent: jax.Array | None) -> tuple[jax.Array, float]:
-    # Dynamic NTK (Hugging Face's "dynamic"): a row reaching L > original positions uses the base
-    # theta * (s L / original - (s - 1))^(H / (H - 2)), recomputed per call from the row's own
-    # extent (Hugging Face takes the batch's longest row); keys keep the rotation they were cached
-    # with. Without an extent (or L <= original) the frequencies are the unscaled ones.
+    """Dynamic NTK, per position: the token at position p is rotated with the base
+    ``theta * (s * E / original - (s - 1)) ** (H / (H - 2))``, ``E = max(p + 1, original)``.
+
+    Hugging Face's "dynamic" rope computes one base per forward pass from the longest sequence in
+    it (``E`` = the pass's largest position + 1, shared by every token and row of the pass). That
+    depends on how the sequence is cut into passes: a full forward over L tokens rotates position
+    p with extent L, token-by-token decoding with extent p + 1, and a chunk or a speculative
+    verify block with the extent of its last position; cached keys keep the rotation of the pass
+    that wrote them. Here the extent is each token's own (``extent = positions + 1``), so a
+    token's rotation depends only on its position: a full forward, a prefill then step-by-step
+    decoding, a chunked prefill and a verify block of ``gamma + 1`` tokens give the same logits,
+    and speculative decoding stays exact. Up to the original context both definitions are the
+    unscaled RoPE; past it they agree with each other on the last token of each Hugging Face pass
+    (so they agree exactly in token-by-token decoding). Without an extent the frequencies are the
+    unscaled ones."""
     base_freq = _rope_base_frequencies(cfg, cfg.rope_theta)
     if extent is None:
         return base_freq, 1.0
     H, s, original = cfg.head_dim, cfg.rope_scaling_factor, cfg.rope_original_max_len
-    length = jnp.maximum(extent, original).astype(jnp.float32)  # [B]
-    growth = (s * length / original - (s - 1.0)) ** (H / (H - 2))  # [B]: base multiplier
+    length = jnp.maximum(extent, original).astype(jnp.float32)  # [...]
+    growth = (s * length / original - (s - 1.0)) ** (H / (H - 2))  # [...]: base multiplier
     exponents = jnp.asarray(np.arange(0, H, 2) / H, jnp.float32)  # [H/2]
-    return (cfg.rope_theta * growth[:, None]) ** -exponents[None, :], 1.0  # [B, H/2]
+    exponents = exponents.reshape((1,) * growth.ndim + (-1,))  # [1.., H/2]
+    return (cfg.rope_theta * growth[..., None]) ** -exponents, 1.0  # [..., H/2]
 
 
 ROPE_SCALING_RULES = {"none": _rope_none, "linear": _rope_linear, "ntk": _rope_ntk,
@@ -164,21 +176,22 @@ ROPE_SCALING_RULES = {"none": _rope_none, "linear": _rope_linear, "ntk": _rope_n
 def rope_frequencies(cfg: ModelConfig, extent: jax.Array | None = None
                      ) -> tuple[np.ndarray | jax.Array, float]:
     """Inverse frequencies and the cos/sin multiplier for ``cfg``'s RoPE scaling: ``[H/2]``, or
-    ``[B, H/2]`` for a rule that depends on each row's ``extent: [B]`` (dynamic NTK)."""
+    ``[..., H/2]`` for a rule that depends on the ``extent: [...]`` (dynamic NTK)."""
     return ROPE_SCALING_RULES[cfg.rope_scaling](cfg, extent)
 
 
 def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray | jax.Array,
                factor: float) -> jax.Array:
     """Rotate ``x: [B, T, heads, H]`` by ``positions: [B, T]`` at ``inv_freq: [H/2]`` (or one row
-    of frequencies per batch row, ``[B, H/2]``).
+    of frequencies per batch row, ``[B, H/2]``, or per token, ``[B, T, H/2]``).
 
     Pairs are (i, i + H/2) ("rotate half", the GPT-NeoX / Llama layout used by Hugging Face
     checkpoints), rotated counter-clockwise by ``position * inv_freq[i]`` as in RoFormer.
     """
     inv_freq = jnp.asarray(inv_freq, jnp.float32)
-    rows = inv_freq.shape[0] if inv_freq.ndim == 2 else 1
-    inv_freq = inv_freq.reshape(rows, 1, inv_freq.shape[-1])  # [B or 1, 1, H/2]
+    if inv_freq.ndim < 3:
+        rows = inv_freq.shape[0] if inv_freq.ndim == 2 else 1
+        inv_freq = inv_freq.reshape(rows, 1, inv_freq.shape[-1])  # [B or 1, 1, H/2]
     angles = positions[..., None].astype(jnp.float32) * inv_freq  # [B, T, H/2]
     cos = (jnp.cos(angles) * factor)[:, :, None, :]  # [B, T, 1, H/2]
     sin = (jnp.sin(angles) * factor)[:, :, None, :]
@@ -194,9 +207,9 @@ class Rope(PositionEncoding):
         self.config = cfg
 
     def rotate(self, x, positions):
-        # A row's extent is its last position + 1: the model gives block padding the row's last
-        # real position, so padding never changes it. Rules that ignore it make constants.
-        inv_freq, factor = rope_frequencies(self.config, jnp.max(positions, axis=1) + 1)
+        # Each token's extent is its own position + 1 (see _rope_dynamic: cache-consistent).
+        # Rules that ignore it make constants.
+        inv_freq, factor = rope_frequencies(self.config, positions + 1)
         return apply_rope(x, positions, inv_freq, factor)
 
 
