@@ -18,7 +18,8 @@ from decodelab.checkpoint import load_checkpoint, save_checkpoint
 from decodelab.train import TrainConfig  # the loop itself: decodelab.train.train
 
 # Sampling and decoding
-from decodelab.decode import GenerateOutput, generate
+from decodelab.request import GenerateOutput
+from decodelab.decode import generate
 from decodelab.sampling import SamplingParams
 from decodelab.beam import BeamSearchOutput, beam_search
 from decodelab.speculative import NgramDrafter, SpeculativeOutput, speculative_generate

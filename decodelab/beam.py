@@ -22,7 +22,10 @@ Conventions (every caller relies on them):
 - Ties go to the lower beam index, then the lower token id. Prompts never interact: a prompt's
   hypotheses do not depend on its batch-mates or its position in the batch.
 - The programs compile once per (prompts, prompt bucket, ``W``, ``max_new_tokens``, ``max_len``);
-  prompt lengths, EOS ids, ``alpha`` and ``min_new_tokens`` are array values.
+  prompt lengths, EOS ids, ``alpha`` and ``min_new_tokens`` are array values. ``BEAM_LOOP`` runs
+  the steps compiled or, with ``python_loop``, as their Python twin.
+- Finish codes are ``request``'s table: a hypothesis ends with ``EOS`` or ``LENGTH``, and an empty
+  slot of the n-best list is ``NO_HYPOTHESIS`` (finish reason "none").
 """
 
 from __future__ import annotations
@@ -38,13 +41,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
-from decodelab import decode
 from decodelab.cache import KVCache
-from decodelab.decode import (PAD_TOKEN, _check_eos, _check_int, _check_prompts, _is_int,
-                              bucket_length)
-
-FINISH_REASONS = ("none", "eos", "length")  # BeamState.finished_reason codes
-NONE, EOS, LENGTH = range(3)
+from decodelab.checks import check_bool, check_model, check_size, is_int, position_limit
+from decodelab.loop import CompiledLoop
+from decodelab.request import (EOS, FINISH_REASONS, LENGTH, NO_HYPOTHESIS, PAD_TOKEN, bucket_length,
+                               check_eos, check_prompts, prompt_block, resolve_max_len)
 
 
 @struct.dataclass(kw_only=True)
@@ -65,7 +66,7 @@ class BeamState:
     pool_scores: jax.Array  # [B, W] float32, their rank scores (-inf: empty slot)
     pool_logprobs: jax.Array  # [B, W] float32
     pool_lengths: jax.Array  # [B, W] int32
-    pool_reasons: jax.Array  # [B, W] int32, NONE | EOS | LENGTH
+    pool_reasons: jax.Array  # [B, W] int32, NO_HYPOTHESIS | EOS | LENGTH (request's codes)
     eos_mask: jax.Array  # [V] bool
     alpha: jax.Array  # [] float32, the length penalty exponent
 
@@ -155,7 +156,7 @@ def _select_and_record(state: BeamState) -> tuple[BeamState, jax.Array]:
         pool_logprobs=keep_old(state.pool_logprobs, _rows(cand_logprobs, keep)),
         pool_lengths=keep_old(state.pool_lengths, jnp.where(filled, _rows(cand_lengths, keep), 0)),
         pool_reasons=keep_old(state.pool_reasons, jnp.where(filled, _rows(cand_reasons, keep),
-                                                            NONE)),
+                                                            NO_HYPOTHESIS)),
     )
     return state, keep_old(identity, running_parent.astype(jnp.int32))
 
@@ -175,6 +176,14 @@ def _step(model: nnx.Module, state: BeamState) -> BeamState:
 
 def _running(state: BeamState) -> jax.Array:
     return jnp.any(~state.done) & (state.step < state.max_new_tokens)
+
+
+def _body(weights, state: BeamState, *, graphdef) -> BeamState:
+    return _step(nnx.merge(graphdef, weights), state)
+
+
+BEAM_LOOP = CompiledLoop("_beam", _body, lambda weights, state: _running(state),
+                         static_argnames=("graphdef",))
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "width", "max_len", "max_new_tokens"))
@@ -205,23 +214,10 @@ def _beam_prefill(weights, block, prompt_lengths, budgets, eos_mask, alpha, min_
         pool_scores=jnp.full((B, W), -jnp.inf, jnp.float32),
         pool_logprobs=jnp.full((B, W), -jnp.inf, jnp.float32),
         pool_lengths=jnp.zeros((B, W), jnp.int32),
-        pool_reasons=jnp.full((B, W), NONE, jnp.int32),
+        pool_reasons=jnp.full((B, W), NO_HYPOTHESIS, jnp.int32),
         eos_mask=eos_mask,
         alpha=alpha,
     )
-
-
-@functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("state",))
-def _beam_loop(weights, state: BeamState, *, graphdef) -> BeamState:
-    """``while any prompt runs: state = step(state)``, one ``lax.while_loop``."""
-    model = nnx.merge(graphdef, weights)
-    return jax.lax.while_loop(_running, functools.partial(_step, model), state)
-
-
-@functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("state",))
-def _beam_step(weights, state: BeamState, *, graphdef) -> BeamState:
-    """One step, for the Python-loop twin of ``_beam_loop``."""
-    return _step(nnx.merge(graphdef, weights), state)
 
 
 # --- Output ---------------------------------------------------------------------------------------
@@ -307,34 +303,28 @@ def beam_search(
         ``max_new_tokens``, at most the model's position table if it has one.
       python_loop: run the steps from Python (same step function, same hypotheses).
     """
-    decode.check_model("model", model)
+    check_model("model", model)
     V = model.config.vocab_size
-    rows = _check_prompts(prompts, V)
-    W = _check_int("width", width, 1)
+    rows = check_prompts(prompts, V)
+    W = check_size("width", width, 1)
     if W > V:
         raise ValueError(f"width must be <= the vocabulary size {V}, got {width}")
-    N = _check_int("max_new_tokens", max_new_tokens, 1)
+    N = check_size("max_new_tokens", max_new_tokens, 1)
     alpha = _check_alpha(length_penalty)
     R = W if num_return is None else num_return
-    if not _is_int(R) or not 1 <= R <= W:
+    if not is_int(R) or not 1 <= R <= W:
         raise ValueError(f"num_return must be an int in [1, width={W}], got {num_return!r}")
-    eos_mask = _check_eos(eos_ids, V)
-    min_new = _check_int("min_new_tokens", min_new_tokens, 0)
-    if not isinstance(python_loop, bool):
-        raise ValueError(f"python_loop must be a bool, got {python_loop!r}")
+    eos_mask = check_eos(eos_ids, V)
+    min_new = check_size("min_new_tokens", min_new_tokens, 0)
+    check_bool("python_loop", python_loop)
     longest = max(len(r) for r in rows)
-    S = decode.resolve_max_len(max_len, rows, bucket_length(longest) + N,
-                               decode.position_limit(model))
+    S = resolve_max_len(max_len, rows, bucket_length(longest) + N, position_limit(model))
 
-    block, lengths = decode.prompt_block(rows, S)
+    block, lengths = prompt_block(rows, S)
     budgets = np.minimum(N, S - lengths).astype(np.int32)
     graphdef, weights = nnx.split(model)
     state = _beam_prefill(weights, block, lengths, budgets, eos_mask, np.float32(alpha),
                           np.int32(min_new), graphdef=graphdef, width=W, max_len=S,
                           max_new_tokens=N)
-    if python_loop:
-        while bool(_running(state)):
-            state = _beam_step(weights, state, graphdef=graphdef)
-    else:
-        state = _beam_loop(weights, state, graphdef=graphdef)
+    state = BEAM_LOOP.run(weights, state, python_loop=python_loop, graphdef=graphdef)
     return _output(state, R)

@@ -6,24 +6,27 @@ Conventions (every caller relies on them):
   The prefill leaves the logits for each row's next token in the state; one step samples from
   them, records the token, and feeds it to the model for the next logits. So sampling is
   compiled once, in the loop, and the cache holds every token of a running row.
-- Prompts are padded to a power-of-two block (``bucket_length``) for one prefill; a row's cache
-  advances by its own prompt length only, so padding is never attended. Every other varying
+- Prompts are padded to a power-of-two block (``request.bucket_length``) for one prefill; a row's
+  cache advances by its own prompt length only, so padding is never attended. Every other varying
   input (sampling parameters, seeds, prompt lengths within a bucket) is an array value, so the
   programs compile once per (batch size, prompt bucket, ``max_new_tokens``, ``max_len``, number
   and width of stop sequences, output options).
-- The token at position p of request r is drawn with ``fold_in(key(seed_r), p)``
-  (``sampling.row_keys``): a request's output does not depend on its batch-mates or its row.
+- The token at position p of row b is drawn with ``fold_in(request key b, p)``
+  (``sampling.row_keys``; the request keys come from the seeds, see ``request``).
 - A row stops at the first of: an EOS id ("eos"), the end of a stop sequence ("stop"),
   ``max_new_tokens`` generated or ``max_len`` tokens in the row ("length"), or logits that hold
   NaN / +inf or leave no allowed token ("error"; nothing is sampled from them). The finishing
-  EOS or stop sequence is part of the output.
+  EOS or stop sequence is part of the output. The finish codes are ``request``'s table.
 - The loop ends when every row has stopped; rows that stopped earlier are carried along
-  without advancing their cache.
+  without advancing their cache. ``DECODE_LOOP`` runs it compiled or, with ``python_loop``, as
+  its Python twin (same step, same tokens).
+
+Validation of the arguments and the output dataclass live in ``request``, shared with beam search,
+speculative decoding and the serving engine.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Sequence
 from typing import Any
@@ -35,20 +38,12 @@ from flax import nnx, struct
 
 from decodelab import sampling
 from decodelab.cache import KVCache
+from decodelab.checks import check_bool, check_model, position_limit
+from decodelab.loop import CompiledLoop
+from decodelab.request import (BAD_LOGITS, EOS, LENGTH, NO_ALLOWED_TOKEN, PAD_TOKEN, RUNNING, STOP,
+                               GenerateOutput, bucket_length, check_request, finish_output,
+                               host_output, prompt_block, resolve_max_len)
 from decodelab.sampling import RowParams, SamplingParams
-
-# DecodeState.finish codes. Both error codes are reported as finish reason "error".
-RUNNING, EOS, STOP, LENGTH, BAD_LOGITS, NO_ALLOWED_TOKEN = range(6)
-FINISH_REASONS = ("running", "eos", "stop", "length", "error", "error")
-
-PAD_TOKEN = -1  # GenerateOutput.tokens past a row's length
-
-
-def bucket_length(n: int, minimum: int = 16) -> int:
-    """The power of two >= max(n, minimum): prompt blocks are padded to it so new prompt lengths
-    reuse a compiled program."""
-    return max(minimum, 1 << (int(n) - 1).bit_length())
-
 
 # --- The loop -------------------------------------------------------------------------------------
 
@@ -64,7 +59,7 @@ class DecodeState:
     finish: jax.Array  # [B] int32, RUNNING or a finish code
     cache: KVCache  # lengths = self.lengths for running rows
     logits: jax.Array  # [B, V] float32, the model's logits for each row's next token
-    seeds: jax.Array  # [B] uint32, one per request
+    keys: jax.Array  # [B, ...] uint32, each request's key data (request.request_keys)
     params: RowParams  # [B] per field
     eos_mask: jax.Array  # [V] bool
     stop_ids: jax.Array  # [M, W] or per row [B, M, W] int32, each sequence right-aligned, -1 before
@@ -92,7 +87,7 @@ class DecodeState:
                                 lengths=self.lengths, eos_mask=self.eos_mask)
 
 
-def _ends_with_stop(state: DecodeState, lengths: jax.Array) -> jax.Array:
+def ends_with_stop(state: DecodeState, lengths: jax.Array) -> jax.Array:
     """``[B]`` bool: the output of row b (up to ``lengths[b]``) ends with a stop sequence."""
     M, W = state.stop_ids.shape[-2:]
     B, S = state.tokens.shape
@@ -122,7 +117,7 @@ def _sample_and_record(state: DecodeState) -> DecodeState:
     token = jax.lax.cond(
         jnp.all(state.params.temperature == 0.0),
         lambda: sampling.argmax(logprobs),
-        lambda: sampling.sample_tokens(logprobs, sampling.row_keys(state.seeds, state.lengths)),
+        lambda: sampling.sample_tokens(logprobs, sampling.row_keys(state.keys, state.lengths)),
     )  # [B]
     write = running & ~bad_logits & ~no_token
 
@@ -144,7 +139,7 @@ def _sample_and_record(state: DecodeState) -> DecodeState:
     lengths = state.lengths + write.astype(jnp.int32)
     state = state.replace(tokens=tokens, **record)
     code = jnp.select(
-        [bad_logits, no_token, state.eos_mask[token], _ends_with_stop(state, lengths),
+        [bad_logits, no_token, state.eos_mask[token], ends_with_stop(state, lengths),
          (lengths - state.prompt_lengths >= state.budgets) | (lengths >= S)],
         [BAD_LOGITS, NO_ALLOWED_TOKEN, EOS, STOP, LENGTH],
         RUNNING,
@@ -153,8 +148,9 @@ def _sample_and_record(state: DecodeState) -> DecodeState:
     return state.replace(step=state.step + 1, lengths=lengths, finish=finish)
 
 
-def _step(model: nnx.Module, state: DecodeState) -> DecodeState:
-    """Sample and record each running row's next token, then feed it for the next logits.
+def step(model: nnx.Module, state: DecodeState) -> DecodeState:
+    """One round of the decode loop (also the serving engine's): sample and record each running
+    row's next token, then feed it for the next logits.
 
     Rows that have stopped are fed too (the batch is static) but their cache does not advance.
     """
@@ -164,15 +160,17 @@ def _step(model: nnx.Module, state: DecodeState) -> DecodeState:
     return state.replace(cache=cache, logits=logits[:, 0])
 
 
-def _running(state: DecodeState) -> jax.Array:
+def running(state: DecodeState) -> jax.Array:
+    """``[]`` bool: some row runs and the step budget is not spent."""
     return jnp.any(~state.done) & (state.step < state.max_new_tokens)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_len", "max_new_tokens", "top_n",
                                              "with_entropy"))
-def _prefill(weights, block, prompt_lengths, seeds, params, eos_mask, stop_ids, *, graphdef,
-             max_len, max_new_tokens, top_n, with_entropy) -> DecodeState:
-    """Run the padded prompt block ``[B, T]`` through the model: the state before the first step."""
+def prefill(weights, block, prompt_lengths, keys, params, eos_mask, stop_ids, *, graphdef,
+            max_len, max_new_tokens, top_n, with_entropy) -> DecodeState:
+    """Run the padded prompt block ``[B, T]`` through the model: the state before the first step
+    (also the serving engine's prefill of one request)."""
     model = nnx.merge(graphdef, weights)
     B, T = block.shape
     N = max_new_tokens
@@ -187,7 +185,7 @@ def _prefill(weights, block, prompt_lengths, seeds, params, eos_mask, stop_ids, 
         finish=jnp.full((B,), RUNNING, jnp.int32),
         cache=cache,
         logits=last,
-        seeds=seeds,
+        keys=keys,
         params=params,
         eos_mask=eos_mask,
         stop_ids=stop_ids,
@@ -200,282 +198,12 @@ def _prefill(weights, block, prompt_lengths, seeds, params, eos_mask, stop_ids, 
     return state
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("state",))
-def _decode_loop(weights, state: DecodeState, *, graphdef) -> DecodeState:
-    """``while any row runs: state = step(state)``, compiled as one ``lax.while_loop``."""
-    model = nnx.merge(graphdef, weights)
-    return jax.lax.while_loop(_running, functools.partial(_step, model), state)
+def _body(weights, state: DecodeState, *, graphdef) -> DecodeState:
+    return step(nnx.merge(graphdef, weights), state)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("state",))
-def _decode_step(weights, state: DecodeState, *, graphdef) -> DecodeState:
-    """One step, for the Python-loop twin of ``_decode_loop`` (debugging, streaming)."""
-    return _step(nnx.merge(graphdef, weights), state)
-
-
-# --- Output ---------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class GenerateOutput:
-    """Per-row results of ``generate``; arrays are padded to ``max_new_tokens`` columns."""
-
-    tokens: np.ndarray  # [B, N] int32, the output only; PAD_TOKEN past lengths[b]
-    lengths: np.ndarray  # [B] int32, output tokens per row
-    finish_reason: list[str]  # per row: "eos" | "stop" | "length" | "error"
-    logprobs: np.ndarray  # [B, N] float32, of each token under the distribution it was drawn from
-    top_logprobs: np.ndarray | None  # [B, N, n] float32, that distribution's n largest, descending
-    top_ids: np.ndarray | None  # [B, N, n] int32, their ids (arbitrary where the logprob is -inf)
-    entropy: np.ndarray | None  # [B, N] float32, that distribution's entropy in nats
-
-    def token_lists(self) -> list[list[int]]:
-        return [row[:n].tolist() for row, n in zip(self.tokens, self.lengths)]
-
-
-def _output(state: DecodeState, top_n: int, with_entropy: bool) -> GenerateOutput:
-    """The host-side output of a finished loop state (a DecodeState, or any state with its output
-    fields: ``speculative.SpecState``). Only the output fields come to the host, never the cache."""
-    (tokens, prompt_lengths, lengths, finish, logprobs, top_logprobs, top_ids, entropy) = (
-        jax.device_get((state.tokens, state.prompt_lengths, state.lengths, state.finish,
-                        state.logprobs, state.top_logprobs, state.top_ids, state.entropy)))
-    N = logprobs.shape[1]
-    generated = (lengths - prompt_lengths).astype(np.int32)
-    index = np.minimum(prompt_lengths[:, None] + np.arange(N)[None, :], tokens.shape[1] - 1)
-    valid = np.arange(N)[None, :] < generated[:, None]
-    return GenerateOutput(
-        tokens=np.where(valid, np.take_along_axis(tokens, index, axis=1), PAD_TOKEN),
-        lengths=generated,
-        finish_reason=[FINISH_REASONS[c] for c in finish],
-        logprobs=logprobs,
-        top_logprobs=top_logprobs if top_n else None,
-        top_ids=top_ids if top_n else None,
-        entropy=entropy if with_entropy else None,
-    )
-
-
-def _cut_at_stop_strings(out: GenerateOutput, stop_strings: Sequence[str],
-                         tokenizer: Any) -> GenerateOutput:
-    """End each row at the first token whose text completes a stop string (finish reason "stop")."""
-    tokens, lengths = out.tokens.copy(), out.lengths.copy()
-    names = ("logprobs", "top_logprobs", "top_ids", "entropy")
-    arrays = {name: getattr(out, name) for name in names}
-    arrays = {name: (a.copy() if a is not None else None) for name, a in arrays.items()}
-    reasons = list(out.finish_reason)
-    for row, n in enumerate(out.lengths):
-        ids = tokens[row, :n].tolist()
-        if not any(s in tokenizer.decode(ids) for s in stop_strings):
-            continue
-        cut = next(k for k in range(1, n + 1)
-                   if any(s in tokenizer.decode(ids[:k]) for s in stop_strings))
-        lengths[row], reasons[row] = cut, "stop"
-        tokens[row, cut:] = PAD_TOKEN
-        for name, a in arrays.items():
-            if a is not None:
-                a[row, cut:] = PAD_TOKEN if name == "top_ids" else np.nan
-    return dataclasses.replace(out, tokens=tokens, lengths=lengths, finish_reason=reasons, **arrays)
-
-
-# --- Input checks ---------------------------------------------------------------------------------
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
-
-
-def _id_list(name: str, ids: Any, vocab_size: int) -> np.ndarray:
-    """``ids`` as a non-empty 1-D int32 array of token ids, or a ValueError naming ``name``."""
-    if isinstance(ids, (str, bytes)) or isinstance(ids, jax.core.Tracer):
-        raise ValueError(f"{name} must be a list of token ids, got {ids!r}")
-    try:
-        array = np.asarray(ids)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a list of token ids, got {ids!r}") from None
-    if array.ndim != 1:
-        raise ValueError(f"{name} must be a 1-D list of token ids, got shape {array.shape}")
-    if array.size == 0:
-        raise ValueError(f"{name} is empty; it needs at least one token")
-    if not np.issubdtype(array.dtype, np.integer):
-        raise ValueError(f"{name} must hold int token ids, got {ids!r}")
-    bad = np.flatnonzero((array < 0) | (array >= vocab_size))
-    if bad.size:
-        raise ValueError(f"{name} holds token id {int(array[bad[0]])} at index {int(bad[0])}; "
-                         f"ids must be in [0, {vocab_size})")
-    return array.astype(np.int32)
-
-
-def _check_int(name: str, value: Any, minimum: int) -> int:
-    if not _is_int(value) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return int(value)
-
-
-def _check_prompts(prompts: Any, vocab_size: int) -> list[np.ndarray]:
-    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (Sequence, np.ndarray)):
-        raise ValueError(f"prompts must be a list of token-id lists, got {type(prompts).__name__}")
-    if len(prompts) == 0:
-        raise ValueError("prompts is empty; give at least one prompt (a list of token ids)")
-    return [_id_list(f"prompts[{i}]", p, vocab_size) for i, p in enumerate(prompts)]
-
-
-def _check_seeds(seed: Any, B: int) -> np.ndarray:
-    limit = 2**32
-    if _is_int(seed):
-        if not 0 <= seed <= limit - B:
-            raise ValueError(f"seed must be an int in [0, 2**32 - {B}] (prompt i gets seed + i), "
-                             f"got {seed!r}")
-        return (int(seed) + np.arange(B)).astype(np.uint32)
-    if not isinstance(seed, (Sequence, np.ndarray)) or isinstance(seed, (str, bytes)):
-        raise ValueError(f"seed must be an int or one int per prompt, got {seed!r}")
-    if len(seed) != B:
-        raise ValueError(f"seed has {len(seed)} values but there are {B} prompts; give one int or "
-                         f"one per prompt")
-    for i, s in enumerate(seed):
-        if not _is_int(s) or not 0 <= s < limit:
-            raise ValueError(f"seed[{i}] must be an int in [0, 2**32), got {s!r}")
-    return np.asarray([int(s) for s in seed], np.uint64).astype(np.uint32)
-
-
-def _check_eos(eos_ids: Any, vocab_size: int) -> np.ndarray:
-    ids = [eos_ids] if _is_int(eos_ids) else eos_ids
-    if isinstance(ids, (str, bytes)) or not isinstance(ids, (Sequence, np.ndarray)):
-        raise ValueError(f"eos_ids must be an int or a list of ints, got {eos_ids!r}")
-    mask = np.zeros((vocab_size,), bool)
-    for i in ids:
-        if not _is_int(i) or not 0 <= i < vocab_size:
-            raise ValueError(f"eos_ids must be token ids in [0, {vocab_size}), got {i!r}")
-        mask[i] = True
-    return mask
-
-
-def _check_stop_strings(stop_strings: Any, tokenizer: Any) -> list[str]:
-    if isinstance(stop_strings, str) or not isinstance(stop_strings, Sequence):
-        raise ValueError(f"stop_strings must be a list of non-empty strings, got {stop_strings!r}")
-    for s in stop_strings:
-        if not isinstance(s, str) or not s:
-            raise ValueError(f"stop_strings must be non-empty strings, got {s!r}")
-    if stop_strings and not (hasattr(tokenizer, "encode") and hasattr(tokenizer, "decode")):
-        raise ValueError(f"stop_strings need a tokenizer with encode/decode, got "
-                         f"tokenizer={tokenizer!r}")
-    return list(stop_strings)
-
-
-def _stop_block(sequences: list[np.ndarray]) -> np.ndarray:
-    """Stop sequences right-aligned in an ``[M, W]`` block, -1 before each."""
-    width = max((len(s) for s in sequences), default=1)
-    block = np.full((len(sequences), width), -1, np.int32)
-    for m, s in enumerate(sequences):
-        block[m, width - len(s):] = s
-    return block
-
-
-def _check_bool(name: str, flag: Any) -> bool:
-    if not isinstance(flag, bool):
-        raise ValueError(f"{name} must be a bool, got {flag!r}")
-    return flag
-
-
-def check_model(name: str, model: Any) -> None:
-    if not isinstance(model, nnx.Module) or not hasattr(model, "config"):
-        raise ValueError(f"{name} must be an nnx.Module with a config, got {type(model).__name__}")
-
-
-def position_limit(model: nnx.Module) -> int | None:
-    """The model's position-table size (positions it can encode), or None if it has no table."""
-    return getattr(getattr(model, "positions", None), "max_positions", None)
-
-
-@dataclasses.dataclass(frozen=True)
-class Request:
-    """A validated request: what ``generate`` and ``speculative_generate`` share."""
-
-    rows: list[np.ndarray]  # one int32 prompt per row
-    max_new_tokens: int
-    seeds: np.ndarray  # [B] uint32
-    params: SamplingParams  # validated; per_row(B, V) is left to the caller's last step
-    eos_mask: np.ndarray  # [V] bool
-    stop_block: np.ndarray  # [M, W] int32 (stop sequences, and stop strings' own tokenizations)
-    stop_strings: list[str]
-    top_n: int
-    with_entropy: bool
-
-
-def check_request(vocab_size: int, prompts: Any, params: Any, max_new_tokens: Any, seed: Any, *,
-                  eos_ids: Any, stop_sequences: Any, stop_strings: Any, tokenizer: Any,
-                  return_top_logprobs: Any, return_entropy: Any) -> Request:
-    """Validate the arguments every decoding entry point takes; ValueError names the bad one.
-    It converts nothing to JAX arrays (the caller's ``params.per_row``, its last step, does), so
-    an entry point can check more and still reject bad input before anything is traced."""
-    V = vocab_size
-    rows = _check_prompts(prompts, V)
-    B = len(rows)
-    if not isinstance(params, SamplingParams):
-        raise ValueError(f"params must be a SamplingParams, got {params!r}")
-    N = _check_int("max_new_tokens", max_new_tokens, 1)
-    seeds = _check_seeds(seed, B)
-    eos_mask = _check_eos(eos_ids, V)
-    if isinstance(stop_sequences, (str, bytes)) or not isinstance(stop_sequences, Sequence):
-        raise ValueError(f"stop_sequences must be a list of token-id lists, got {stop_sequences!r}")
-    stops = [_id_list(f"stop_sequences[{i}]", s, V) for i, s in enumerate(stop_sequences)]
-    strings = _check_stop_strings(stop_strings, tokenizer)
-    top_n = _check_int("return_top_logprobs", return_top_logprobs, 0)
-    if top_n > V:
-        raise ValueError(f"return_top_logprobs must be <= the vocabulary size {V}, got {top_n}")
-    _check_bool("return_entropy", return_entropy)
-    # Stop strings also stop the loop early where their own tokenization shows up in the output.
-    for s in strings:
-        ids = list(tokenizer.encode(s))
-        if ids and s in tokenizer.decode(ids):
-            stops.append(_id_list(f"tokenizer.encode({s!r})", ids, V))
-    return Request(rows=rows, max_new_tokens=N, seeds=seeds, params=params,
-                   eos_mask=eos_mask, stop_block=_stop_block(stops), stop_strings=strings,
-                   top_n=top_n, with_entropy=return_entropy)
-
-
-def resolve_max_len(max_len: Any, rows: list[np.ndarray], default: int,
-                    limit: int | None) -> int:
-    """Cache slots per row: ``max_len``, or ``default`` capped by the position table ``limit``;
-    every prompt must be shorter than it."""
-    if max_len is None:
-        S = min(default, limit) if limit else default
-        source = "max_len (default: prompt bucket + max_new_tokens, capped by the position table)"
-    else:
-        S = _check_int("max_len", max_len, 2)
-        source = "max_len"
-        if limit and S > limit:
-            raise ValueError(f"max_len must be <= {limit}, the model's position table "
-                             f"(max_seq_len), got {S}")
-    for i, r in enumerate(rows):
-        if len(r) >= S:
-            raise ValueError(f"prompts[{i}] has {len(r)} tokens but {source} is {S}; a prompt "
-                             f"must be shorter than max_len to leave room for output")
-    return S
-
-
-def prompt_block(rows: list[np.ndarray], max_len: int) -> tuple[np.ndarray, np.ndarray]:
-    """The prompts left-aligned in a ``[B, T]`` block (T: the bucket of the longest, at most
-    ``max_len``), zero-padded, and their lengths ``[B]``."""
-    T = min(bucket_length(max(len(r) for r in rows)), max_len)
-    block = np.zeros((len(rows), T), np.int32)
-    for i, r in enumerate(rows):
-        block[i, :len(r)] = r
-    return block, np.asarray([len(r) for r in rows], np.int32)
-
-
-def finish_output(out: GenerateOutput, finish: np.ndarray, request: Request, tokenizer: Any,
-                  raise_on_error: bool) -> GenerateOutput:
-    """Raise for rows that failed (unless told not to), then cut rows at their stop strings."""
-    errors = [i for i, c in enumerate(finish) if c in (BAD_LOGITS, NO_ALLOWED_TOKEN)]
-    if errors and raise_on_error:
-        causes = {BAD_LOGITS: "the model's logits hold NaN or +inf",
-                  NO_ALLOWED_TOKEN: "no token has a finite probability (the sampling parameters "
-                                    "or the model's logits exclude every token)"}
-        detail = "; ".join(f"row {i} after {int(out.lengths[i])} tokens: {causes[int(finish[i])]}"
-                           for i in errors)
-        raise ValueError(f"generation failed, nothing was sampled from these rows: {detail} "
-                         f"(raise_on_error=False returns the other rows)")
-    if request.stop_strings:
-        out = _cut_at_stop_strings(out, request.stop_strings, tokenizer)
-    return out
+DECODE_LOOP = CompiledLoop("_decode", _body, lambda weights, state: running(state),
+                           static_argnames=("graphdef",))
 
 
 # --- Entry points ---------------------------------------------------------------------------------
@@ -505,7 +233,8 @@ def generate(
       prompts: one list of token ids per request, of any lengths.
       params: ``SamplingParams``; each field a scalar or one value per prompt.
       max_new_tokens: the output budget per row.
-      seed: one int per prompt, or an int s meaning prompt i gets s + i.
+      seed: one int per prompt (its output then depends only on its own prompt, parameters and
+        seed), or one int s: row r draws from ``fold_in(key(s), r)``.
       eos_ids: ids that end a row (finish reason "eos"); ``min_new_tokens`` suppresses them.
       stop_sequences: token-id sequences that end a row when its output ends with one ("stop").
       stop_strings: strings that end a row when its decoded output contains one ("stop"); needs
@@ -521,7 +250,7 @@ def generate(
     """
     check_model("model", model)
     for name, flag in (("python_loop", python_loop), ("raise_on_error", raise_on_error)):
-        _check_bool(name, flag)
+        check_bool(name, flag)
     request = check_request(model.config.vocab_size, prompts, params, max_new_tokens, seed,
                             eos_ids=eos_ids, stop_sequences=stop_sequences,
                             stop_strings=stop_strings, tokenizer=tokenizer,
@@ -532,15 +261,11 @@ def generate(
     block, lengths = prompt_block(rows, S)
     row_params = params.per_row(len(rows), model.config.vocab_size)
     graphdef, weights = nnx.split(model)
-    state = _prefill(weights, block, lengths, request.seeds, row_params, request.eos_mask,
-                     request.stop_block, graphdef=graphdef, max_len=S, max_new_tokens=N,
-                     top_n=request.top_n, with_entropy=return_entropy)
-    if python_loop:
-        while bool(_running(state)):
-            state = _decode_step(weights, state, graphdef=graphdef)
-    else:
-        state = _decode_loop(weights, state, graphdef=graphdef)
-    out = _output(state, request.top_n, return_entropy)
+    state = prefill(weights, block, lengths, request.keys, row_params, request.eos_mask,
+                    request.stop_block, graphdef=graphdef, max_len=S, max_new_tokens=N,
+                    top_n=request.top_n, with_entropy=return_entropy)
+    state = DECODE_LOOP.run(weights, state, python_loop=python_loop, graphdef=graphdef)
+    out = host_output(state, request.top_n, return_entropy)
     return finish_output(out, np.asarray(state.finish), request, tokenizer, raise_on_error)
 
 

@@ -42,6 +42,8 @@ import optax
 from flax import nnx
 from tqdm.auto import tqdm
 
+from decodelab.checks import check_int
+
 MODES = ("chunks", "sliding")
 
 
@@ -59,11 +61,6 @@ def _scored_nll_sum(graphdef, state, windows, row_weights, first_scored):
     positions = jnp.arange(nll.shape[1], dtype=jnp.int32)  # [L]
     scored = (positions >= first_scored).astype(jnp.float32)[None, :] * row_weights[:, None]
     return (nll * scored).sum(axis=1)  # [B]
-
-
-def _check_int(name: str, value, minimum: int) -> None:
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
 
 
 def perplexity(
@@ -87,7 +84,7 @@ def perplexity(
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    _check_int("context_len", context_len, 1)
+    check_int("context_len", context_len, 1)
     if mode == "chunks":
         if stride is not None:
             raise ValueError(f"stride must be None for mode='chunks' (windows advance by "
@@ -97,9 +94,9 @@ def perplexity(
           or not 1 <= stride <= context_len):
         raise ValueError(f"stride must be an int in [1, context_len={context_len}] for "
                          f"mode='sliding', got {stride!r}")
-    _check_int("batch_size", batch_size, 1)
+    check_int("batch_size", batch_size, 1)
     if num_chars is not None:
-        _check_int("num_chars", num_chars, 1)
+        check_int("num_chars", num_chars, 1)
     stream = np.asarray(stream)
     if stream.ndim != 1 or not np.issubdtype(stream.dtype, np.integer):
         raise ValueError(f"stream must be a 1-D array of token ids, got shape {stream.shape} of "
@@ -172,7 +169,7 @@ def distinct_n(samples: Sequence[Sequence[int]], n: int) -> float | None:
     """Mean over samples of (distinct n-grams / n-grams) within the sample (Li et al. 2016, per
     sample); 1 when no n-gram repeats. Samples shorter than ``n`` have no n-grams and are left
     out; None if every sample is."""
-    _check_int("n", n, 1)
+    check_int("n", n, 1)
     ratios = [len(set(grams)) / len(grams)
               for grams in (_ngrams(s, n) for s in _check_samples("samples", samples)) if grams]
     return float(np.mean(ratios)) if ratios else None
@@ -255,7 +252,7 @@ def continuation_logprobs(
     """
     prompts = _check_samples("prompts", prompts)
     continuations = _check_samples("continuations", continuations)
-    _check_int("batch_size", batch_size, 1)
+    check_int("batch_size", batch_size, 1)
     if len(prompts) != len(continuations):
         raise ValueError(f"prompts and continuations must pair up, got {len(prompts)} prompts and "
                          f"{len(continuations)} continuations")

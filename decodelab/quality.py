@@ -9,7 +9,8 @@ Conventions (every caller relies on them):
   chat: a user turn holding an instruction and the text of those tokens, then the start of the
   assistant's turn; the reference stays the document's true continuation.
 - A strategy continues each of ``P`` prompts ``samples`` times; sample ``j`` of prompt ``i`` is row
-  ``j * P + i`` of one batch and gets seed ``seed + j * P + i``. Greedy decoding repeats itself
+  ``j * P + i`` of one batch under the int ``seed`` (each row its own stream,
+  ``fold_in(key(seed), row)``). Greedy decoding repeats itself
   across seeds; beam search is run once and its best hypothesis stands for every sample; the
   human strategy has one sample per prompt, its reference.
 - A continuation stops after an EOS id (kept) or at ``new_tokens``.

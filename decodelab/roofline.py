@@ -34,19 +34,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from decodelab.checks import check_int
 from decodelab.config import ModelConfig
-
-
-def _check_int(name: str, value, minimum: int) -> int:
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return int(value)
 
 
 def median_time(fn, *args, repeats: int = 5) -> float:
     """Median wall seconds of ``fn(*args)`` (blocked until ready) over ``repeats`` runs, after one
     untimed warm-up run (which compiles a jitted ``fn``)."""
-    _check_int("repeats", repeats, 1)
+    check_int("repeats", repeats, 1)
     jax.block_until_ready(fn(*args))
     times = []
     for _ in range(repeats):
@@ -71,7 +66,7 @@ def measure_bandwidth(num_bytes: int = 512 << 20, repeats: int = 5) -> float:
     must be much larger than the CPU caches for a DRAM figure; 512 MiB by default), bytes read over
     the median time. A sum reads each byte once and writes nothing, so no write-allocate traffic
     or first-touch page faults of a fresh output buffer dilute the figure."""
-    _check_int("num_bytes", num_bytes, 4)
+    check_int("num_bytes", num_bytes, 4)
     x = jnp.ones((num_bytes // 4,), jnp.float32)  # [num_bytes / 4]
     seconds = median_time(_read_all, x, repeats=repeats)
     return x.nbytes / seconds
@@ -80,7 +75,7 @@ def measure_bandwidth(num_bytes: int = 512 << 20, repeats: int = 5) -> float:
 def measure_matmul_flops(n: int = 2048, repeats: int = 5) -> float:
     """Dense float32 matmul rate in FLOP/s: a jitted ``[n, n] @ [n, n]`` (``2 n^3`` FLOPs) over
     its median time."""
-    _check_int("n", n, 1)
+    check_int("n", n, 1)
     a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)  # [n, n]
     b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)  # [n, n]
     seconds = median_time(_matmul, a, b, repeats=repeats)
@@ -119,8 +114,8 @@ def matmul_params(cfg: ModelConfig) -> int:
 def step_cost(cfg: ModelConfig, batch_size: int, attended: int) -> StepCost:
     """The cost of one decode step of ``batch_size`` rows, each attending to ``attended`` positions
     (the tokens in its cache plus the one fed now)."""
-    B = _check_int("batch_size", batch_size, 1)
-    S = _check_int("attended", attended, 1)
+    B = check_int("batch_size", batch_size, 1)
+    S = check_int("attended", attended, 1)
     L, N, K, H = cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     itemsize = jnp.dtype(cfg.dtype).itemsize
     # Parameters are stored in float32 whatever the compute dtype (ModelConfig.dtype).
@@ -135,7 +130,7 @@ def decode_seconds(cfg: ModelConfig, batch_size: int, prompt_len: int, steps: in
     """Roofline time of ``steps`` decode steps after a ``prompt_len``-token prompt: step ``i``
     (0-based) attends to ``prompt_len + i + 1`` positions. Divide by ``steps`` for the time of an
     average step."""
-    P = _check_int("prompt_len", prompt_len, 1)
-    steps = _check_int("steps", steps, 1)
+    P = check_int("prompt_len", prompt_len, 1)
+    steps = check_int("steps", steps, 1)
     return sum(step_cost(cfg, batch_size, P + i + 1).seconds(bandwidth, flops_per_s)
                for i in range(steps))

@@ -35,7 +35,6 @@ Conventions (every caller relies on them):
 
 from __future__ import annotations
 
-import abc
 import dataclasses
 import functools
 from collections.abc import Sequence
@@ -46,28 +45,21 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
-from decodelab import decode, sampling
+from decodelab import sampling
 from decodelab.cache import KVCache
-from decodelab.decode import (BAD_LOGITS, EOS, LENGTH, NO_ALLOWED_TOKEN, PAD_TOKEN, RUNNING, STOP,
-                              GenerateOutput)
+from decodelab.checks import check_bool, check_model, check_size, is_int, position_limit
+from decodelab.decode import ends_with_stop
+from decodelab.drafters import (ACCEPT_STREAM, TARGET_STREAM, Drafter, ModelDrafter, NgramDrafter,
+                                Proposal, draw, stream_keys)
+from decodelab.loop import CompiledLoop
+from decodelab.request import (BAD_LOGITS, EOS, LENGTH, NO_ALLOWED_TOKEN, PAD_TOKEN, RUNNING, STOP,
+                               GenerateOutput, bucket_length, check_request, finish_output,
+                               host_output, prompt_block, resolve_max_len)
 from decodelab.sampling import RowParams, SamplingParams
 
-# Random streams: the key of a draw is fold_in(row key at the position, stream).
-DRAFT_STREAM, ACCEPT_STREAM, TARGET_STREAM = 0, 1, 2
-
-
-def _keys(seeds: jax.Array, positions: jax.Array, stream: int) -> jax.Array:
-    """``[B]`` keys for the draws of ``stream`` at ``positions: [B]``."""
-    row = sampling.row_keys(seeds, positions)
-    return jax.vmap(lambda k: jax.random.fold_in(k, stream))(row)
-
-
-def _draw(logprobs: jax.Array, greedy: jax.Array, keys) -> jax.Array:
-    """``[B]`` tokens from ``logprobs: [B, V]``; when every row is greedy (every distribution is
-    one-hot) the argmax, without generating random numbers. ``keys()`` gives the ``[B]`` keys."""
-    return jax.lax.cond(greedy, lambda: sampling.argmax(logprobs),
-                        lambda: sampling.sample_tokens(logprobs, keys()))
-
+__all__ = ["Drafter", "ModelDrafter", "NgramDrafter", "Proposal", "SpecState", "SpeculativeOutput",
+           "SpeculativeStats", "expected_tokens_per_call", "predicted_speedup",
+           "speculative_generate"]
 
 def _accepts(u: jax.Array, p: jax.Array, q: jax.Array) -> jax.Array:
     """The rejection rule: accept a proposal x with ``p = p(x)``, ``q = q(x) > 0`` iff
@@ -96,7 +88,7 @@ class SpecState:
     finish: jax.Array  # [B] int32, RUNNING or a decode finish code
     target_cache: KVCache  # lengths = self.lengths - 1 for running rows
     draft_cache: KVCache | None  # lengths >= self.lengths - 2; None for a model-free drafter
-    seeds: jax.Array  # [B] uint32
+    keys: jax.Array  # [B, ...] uint32, each request's key data
     params: RowParams  # [B] per field
     eos_mask: jax.Array  # [V] bool
     stop_ids: jax.Array  # [M, W] int32, right-aligned, -1 before
@@ -124,159 +116,6 @@ class SpecState:
     def history(self, tokens: jax.Array, lengths: jax.Array) -> sampling.History:
         return sampling.History(tokens=tokens, prompt_lengths=self.prompt_lengths, lengths=lengths,
                                 eos_mask=self.eos_mask)
-
-
-@struct.dataclass(kw_only=True)
-class Proposal:
-    """What a drafter proposes for each row in one round."""
-
-    tokens: jax.Array  # [B, gamma] int32, for positions L .. L+gamma-1
-    logq: jax.Array  # [B, gamma, V] float32, the distribution each was drawn from
-    count: jax.Array  # [B] int32 in [0, gamma]: only the first `count` are proposals
-    buffer: jax.Array  # [B, S] int32, the state's tokens with the proposals at L .. L+gamma-1
-
-
-# --- Drafters -------------------------------------------------------------------------------------
-
-
-class Drafter(abc.ABC):
-    """Proposes up to ``gamma`` tokens per row, with the distributions they were drawn from.
-
-    A drafter is a hashable frozen dataclass (it is a static argument of the compiled loop); what
-    it learns (weights) comes in as the traced ``weights`` pytree.
-    """
-
-    @abc.abstractmethod
-    def prefill(self, weights: Any, block: jax.Array, num_valid: jax.Array,
-                max_len: int) -> KVCache | None:
-        """The drafter's cache after the prompt block ``[B, T]`` (``num_valid[b]`` real tokens)."""
-
-    @abc.abstractmethod
-    def propose(self, weights: Any, state: SpecState, greedy: jax.Array
-                ) -> tuple[Proposal, KVCache | None]:
-        """``state.gamma`` proposals per running row and the drafter's cache after them."""
-
-    def rewind(self, cache: KVCache | None, lengths: jax.Array) -> KVCache | None:
-        return None if cache is None else cache.rewind(lengths)
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelDrafter(Drafter):
-    """A draft Transformer sampling autoregressively on its own cache with the target's
-    sampling parameters (``speculative_generate`` builds it from a draft model)."""
-
-    graphdef: Any
-
-    def prefill(self, weights, block, num_valid, max_len):
-        model = nnx.merge(self.graphdef, weights)
-        cache = KVCache.init(model.config, batch_size=block.shape[0], max_len=max_len)
-        _, cache = model(block, cache=cache, num_valid=num_valid)
-        return cache
-
-    def propose(self, weights, state, greedy):
-        model = nnx.merge(self.graphdef, weights)
-        B, S = state.tokens.shape
-        L, running = state.lengths, ~state.done
-        rows = jnp.arange(B)
-        # Catch up: feed the one or two tokens the cache lacks, ending with the last token (a
-        # block of one unless some row is two behind: a one-token pass is cheaper).
-        behind = jnp.where(running, L - state.draft_cache.lengths, 0)  # [B] in {0, 1, 2}
-
-        def catch_up(width):
-            def run(cache):
-                index = jnp.clip(cache.lengths[:, None] + jnp.arange(width, dtype=jnp.int32)[None],
-                                 0, S - 1)
-                logits, cache = model(jnp.take_along_axis(state.tokens, index, axis=1),
-                                      cache=cache, num_valid=behind)  # [B, width, V]
-                last = jnp.clip(behind - 1, 0, width - 1)[:, None, None]
-                return jnp.take_along_axis(logits, last, axis=1)[:, 0], cache  # [B, V]
-            return run
-
-        logits, cache = jax.lax.cond(jnp.any(behind == 2), catch_up(2), catch_up(1),
-                                     state.draft_cache)
-        gamma, V = state.gamma, logits.shape[-1]
-
-        def sample(j, carry):
-            logits, buffer = carry["logits"], carry["buffer"]
-            logq = sampling.processed_logprobs(logits, state.params,
-                                               state.history(buffer, L + j))  # [B, V]
-            token = _draw(logq, greedy, lambda: _keys(state.seeds, L + j, DRAFT_STREAM))
-            return token, dict(carry, buffer=buffer.at[rows, L + j].set(token, mode="drop"),
-                               tokens=carry["tokens"].at[:, j].set(token),
-                               logq=carry["logq"].at[:, j].set(logq),
-                               usable=carry["usable"].at[:, j].set(_usable(logits, logq)))
-
-        def step(j, carry):  # sample d_j and feed it for the next logits
-            token, carry = sample(j, carry)
-            logits, cache = model(token[:, None], cache=carry["cache"],
-                                  num_valid=running.astype(jnp.int32))
-            return dict(carry, logits=logits[:, 0], cache=cache)
-
-        # A loop rather than unrolled steps: the program (and its compile time) does not grow
-        # with gamma. The last proposal is not fed (the next round's first block does that).
-        carry = dict(logits=logits, cache=cache, buffer=state.tokens,
-                     tokens=jnp.zeros((B, gamma), jnp.int32),
-                     logq=jnp.zeros((B, gamma, V), jnp.float32), usable=jnp.zeros((B, gamma), bool))
-        carry = jax.lax.fori_loop(0, gamma - 1, step, carry)
-        _, carry = sample(gamma - 1, carry)
-        count = jnp.sum(jnp.cumprod(carry["usable"], axis=1), axis=1)
-        return Proposal(tokens=carry["tokens"], logq=carry["logq"], count=count.astype(jnp.int32),
-                        buffer=carry["buffer"]), carry["cache"]
-
-
-@dataclasses.dataclass(frozen=True)
-class NgramDrafter(Drafter):
-    """Prompt lookup (model-free): find the most recent earlier occurrence of the row's last n
-    tokens in its own context (prompt and output), longest n first from ``max_ngram`` down to
-    ``min_ngram``, and propose the ``gamma`` tokens that followed it (none without a match), as
-    Hugging Face's prompt lookup and vLLM's n-gram proposer do; except that a continuation
-    shorter than ``gamma`` (a match close to the end) is repeated: the tokens since the match are
-    one period of a repeat, so a row caught in a loop gets ``gamma`` proposals. Each proposal's
-    ``q`` is one-hot."""
-
-    max_ngram: int = 3
-    min_ngram: int = 1
-
-    def __post_init__(self) -> None:
-        for name in ("min_ngram", "max_ngram"):
-            value = getattr(self, name)
-            if not decode._is_int(value) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        if self.min_ngram > self.max_ngram:
-            raise ValueError(f"min_ngram must be <= max_ngram={self.max_ngram}, "
-                             f"got {self.min_ngram}")
-
-    def prefill(self, weights, block, num_valid, max_len):
-        return None
-
-    def propose(self, weights, state, greedy):
-        del weights, greedy
-        tokens, L = state.tokens, state.lengths
-        B, S = tokens.shape
-        V, gamma = state.eos_mask.shape[0], state.gamma
-        slot = jnp.arange(S, dtype=jnp.int32)[None, :]  # [1, S]: where an earlier n-gram ends
-        found, end = jnp.zeros((B,), bool), jnp.zeros((B,), jnp.int32)
-        for n in range(self.max_ngram, self.min_ngram - 1, -1):
-            match = (slot >= n - 1) & (slot < L[:, None] - 1)  # [B, S]
-            for k in range(n):  # the k-th token before slot j equals the k-th before the end
-                before = jnp.take_along_axis(tokens, jnp.broadcast_to(jnp.maximum(slot - k, 0),
-                                                                      (B, S)), axis=1)
-                last = jnp.take_along_axis(tokens, jnp.maximum(L - 1 - k, 0)[:, None], axis=1)
-                match = match & (before == last)
-            latest = jnp.max(jnp.where(match, slot, -1), axis=1)  # [B]
-            use = ~found & (latest >= 0)
-            end, found = jnp.where(use, latest, end), found | use
-        # The continuation end+1 .. L-1 is one period of a repeat; past L-1 it repeats again.
-        period = jnp.maximum(L - 1 - end, 1)[:, None]  # [B, 1]
-        offsets = jnp.arange(gamma, dtype=jnp.int32)[None, :]  # [1, gamma]
-        proposed = jnp.take_along_axis(
-            tokens, jnp.clip(end[:, None] + 1 + offsets % period, 0, S - 1), axis=1)  # [B, gamma]
-        count = jnp.where(found & ~state.done, gamma, 0)
-        logq = jnp.where(jax.nn.one_hot(proposed, V, dtype=bool), 0.0, -jnp.inf)  # [B, gamma, V]
-        rows = jnp.broadcast_to(jnp.arange(B)[:, None], (B, gamma))
-        buffer = tokens.at[rows, L[:, None] + offsets].set(proposed, mode="drop")
-        return Proposal(tokens=proposed, logq=logq, count=count.astype(jnp.int32),
-                        buffer=buffer), None
 
 
 # --- One round ------------------------------------------------------------------------------------
@@ -324,7 +163,8 @@ def _round(target: nnx.Module, drafter: Drafter, draft_weights: Any,
     positions = L[:, None] + j  # [B, gamma]
 
     def uniforms():
-        keys = _keys(jnp.repeat(state.seeds, gamma), positions.reshape(-1), ACCEPT_STREAM)
+        keys = stream_keys(jnp.repeat(state.keys, gamma, axis=0), positions.reshape(-1),
+                           ACCEPT_STREAM)
         return jax.vmap(jax.random.uniform)(keys).reshape(B, gamma)
 
     u = jax.lax.cond(greedy, lambda: jnp.zeros((B, gamma)), uniforms)
@@ -339,7 +179,7 @@ def _round(target: nnx.Module, drafter: Drafter, draft_weights: Any,
     total = jnp.sum(residual, axis=-1, keepdims=True)
     # total = 0 only if p_n = q_n up to rounding, where a rejection has probability ~0.
     log_residual = jnp.where(total > 0, jnp.log(residual) - jnp.log(total), p_n)
-    y = _draw(log_residual, greedy, lambda: _keys(state.seeds, L + n, TARGET_STREAM))
+    y = draw(log_residual, greedy, lambda: stream_keys(state.keys, L + n, TARGET_STREAM))
 
     # What the row keeps: d_0 .. d_{n-1}, y; fewer at the budget, an EOS or a stop sequence.
     room = jnp.minimum(N - (L - state.prompt_lengths), S - L)  # [B]
@@ -351,7 +191,7 @@ def _round(target: nnx.Module, drafter: Drafter, draft_weights: Any,
     tokens = proposal.buffer.at[rows, jnp.where(failed, S, L + n)].set(y, mode="drop")
     state_now = state.replace(tokens=tokens)
     eos = state.eos_mask[new]  # [B, gamma + 1]
-    stop = jnp.stack([decode._ends_with_stop(state_now, L + i + 1) for i in range(gamma + 1)],
+    stop = jnp.stack([ends_with_stop(state_now, L + i + 1) for i in range(gamma + 1)],
                      axis=1)
     ends = (eos | stop) & (k < count[:, None])
     has_end = jnp.any(ends, axis=1)
@@ -422,7 +262,7 @@ def prefill(target_weights, draft_weights, block, num_valid, *, graphdef, drafte
 
 @functools.partial(jax.jit, static_argnames=("gamma", "max_new_tokens", "top_n", "with_entropy"))
 def initial_state(target_cache: KVCache, draft_cache: KVCache | None, block: np.ndarray,
-                  prompt_lengths: np.ndarray, seeds: np.ndarray, params: RowParams,
+                  prompt_lengths: np.ndarray, keys: np.ndarray, params: RowParams,
                   eos_mask: np.ndarray, stop_ids: np.ndarray, *, gamma: int,
                   max_new_tokens: int, top_n: int = 0, with_entropy: bool = False) -> SpecState:
     """The state before the first round, around the prefilled caches: a program of its own, so
@@ -436,7 +276,7 @@ def initial_state(target_cache: KVCache, draft_cache: KVCache | None, block: np.
         finish=jnp.full((B,), RUNNING, jnp.int32),
         target_cache=target_cache,
         draft_cache=draft_cache,
-        seeds=jnp.asarray(seeds, jnp.uint32),
+        keys=jnp.asarray(keys, jnp.uint32),
         params=params,
         eos_mask=jnp.asarray(eos_mask, bool),
         stop_ids=jnp.asarray(stop_ids, jnp.int32),
@@ -451,18 +291,13 @@ def initial_state(target_cache: KVCache, draft_cache: KVCache | None, block: np.
     )
 
 
-@functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames=("state",))
-def _speculative_loop(target_weights, draft_weights, state, *, graphdef, drafter) -> SpecState:
-    """``while any row runs: state = round(state)``, compiled as one ``lax.while_loop``."""
-    target = nnx.merge(graphdef, target_weights)
-    return jax.lax.while_loop(_running, functools.partial(_round, target, drafter, draft_weights),
-                              state)
-
-
-@functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames=("state",))
-def _speculative_round(target_weights, draft_weights, state, *, graphdef, drafter) -> SpecState:
-    """One round, for the Python-loop twin of ``_speculative_loop``."""
+def _body(weights, state: SpecState, *, graphdef, drafter) -> SpecState:
+    target_weights, draft_weights = weights
     return _round(nnx.merge(graphdef, target_weights), drafter, draft_weights, state)
+
+
+SPECULATIVE_LOOP = CompiledLoop("_speculative", _body, lambda weights, state: _running(state),
+                                static_argnames=_STATIC)
 
 
 # --- Output and statistics ------------------------------------------------------------------------
@@ -593,29 +428,29 @@ def speculative_generate(
 
     Returns a ``SpeculativeOutput``: ``generate``'s fields plus ``stats`` (``SpeculativeStats``).
     """
-    decode.check_model("target", target)
+    check_model("target", target)
     if isinstance(draft, Drafter):
         if draft_tokenizer is not None:
             raise ValueError(f"draft_tokenizer must be None for a model-free drafter "
                              f"({type(draft).__name__}), got {draft_tokenizer!r}")
     else:
-        decode.check_model("draft", draft)
+        check_model("draft", draft)
         if draft.config.vocab_size != target.config.vocab_size:
             raise ValueError(f"draft must have the target's vocabulary: draft vocab_size "
                              f"{draft.config.vocab_size}, target vocab_size "
                              f"{target.config.vocab_size}")
         _check_tokenizers(tokenizer, draft_tokenizer)
-    gamma = decode._check_int("gamma", gamma, 1)
+    gamma = check_size("gamma", gamma, 1)
     for name, flag in (("python_loop", python_loop), ("raise_on_error", raise_on_error)):
-        decode._check_bool(name, flag)
-    request = decode.check_request(
+        check_bool(name, flag)
+    request = check_request(
         target.config.vocab_size, prompts, params, max_new_tokens, seed, eos_ids=eos_ids,
         stop_sequences=stop_sequences, stop_strings=stop_strings, tokenizer=tokenizer,
         return_top_logprobs=return_top_logprobs, return_entropy=return_entropy)
     rows, N = request.rows, request.max_new_tokens
-    limits = [decode.position_limit(target)]
+    limits = [position_limit(target)]
     if not isinstance(draft, Drafter):
-        draft_limit = decode.position_limit(draft)
+        draft_limit = position_limit(draft)
         limits.append(draft_limit)
         if draft_limit is not None:
             for i, r in enumerate(rows):
@@ -624,19 +459,19 @@ def speculative_generate(
                                      f"holds at most {draft_limit} (its position table, "
                                      "max_seq_len); a prompt must be shorter to leave room for "
                                      "output")
-            if max_len is not None and decode._is_int(max_len) and max_len > draft_limit:
+            if max_len is not None and is_int(max_len) and max_len > draft_limit:
                 raise ValueError(f"max_len must be <= {draft_limit}, the draft's position table "
                                  f"(max_seq_len), got {max_len}")
     known = [x for x in limits if x is not None]
     longest = max(len(r) for r in rows)
-    S = decode.resolve_max_len(max_len, rows, decode.bucket_length(longest) + N + gamma,
-                               min(known) if known else None)
+    S = resolve_max_len(max_len, rows, bucket_length(longest) + N + gamma,
+                        min(known) if known else None)
     for i, r in enumerate(rows):
         if len(r) + gamma > S:
             raise ValueError(f"gamma={gamma} is too large for the cache: prompts[{i}] has {len(r)} "
                              f"tokens and one round needs len(prompt) + gamma = "
                              f"{len(r) + gamma} slots, but max_len is {S}")
-    block, lengths = decode.prompt_block(rows, S)
+    block, lengths = prompt_block(rows, S)
     row_params = params.per_row(len(rows), target.config.vocab_size)
 
     graphdef, target_weights = nnx.split(target)
@@ -647,17 +482,12 @@ def speculative_generate(
         drafter = ModelDrafter(draft_graphdef)
     caches = prefill(target_weights, draft_weights, block, lengths - 1, graphdef=graphdef,
                      drafter=drafter, max_len=S)
-    state = initial_state(*caches, block, lengths, request.seeds, row_params, request.eos_mask,
+    state = initial_state(*caches, block, lengths, request.keys, row_params, request.eos_mask,
                           request.stop_block, gamma=gamma, max_new_tokens=N, top_n=request.top_n,
                           with_entropy=request.with_entropy)
-    if python_loop:
-        while bool(_running(state)):
-            state = _speculative_round(target_weights, draft_weights, state, graphdef=graphdef,
-                                       drafter=drafter)
-    else:
-        state = _speculative_loop(target_weights, draft_weights, state, graphdef=graphdef,
-                                  drafter=drafter)
-    out = decode._output(state, request.top_n, request.with_entropy)
+    state = SPECULATIVE_LOOP.run((target_weights, draft_weights), state, python_loop=python_loop,
+                                 graphdef=graphdef, drafter=drafter)
+    out = host_output(state, request.top_n, request.with_entropy)
     rounds, tested, accepted, per_round = jax.device_get(
         (state.rounds, state.tested, state.accepted, state.per_round))
     stats = SpeculativeStats(gamma=gamma, rounds=rounds, generated=out.lengths.copy(),
@@ -665,4 +495,4 @@ def speculative_generate(
                              accepted_per_round=per_round)
     out = SpeculativeOutput(**{f.name: getattr(out, f.name)
                                for f in dataclasses.fields(GenerateOutput)}, stats=stats)
-    return decode.finish_output(out, np.asarray(state.finish), request, tokenizer, raise_on_error)
+    return finish_output(out, np.asarray(state.finish), request, tokenizer, raise_on_error)

@@ -26,6 +26,8 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import sentencepiece as spm
 
+from decodelab.checks import check_int
+
 PAD_ID = 0
 UNK_ID = 1
 BOS_ID = 2
@@ -91,12 +93,12 @@ class Tokenizer:
         missing = [str(f) for f in files if not f.is_file()]
         if missing:
             raise ValueError(f"files must all exist, got missing {missing}")
-        _check_int("vocab_size", vocab_size, MIN_VOCAB_SIZE)
+        check_int("vocab_size", vocab_size, MIN_VOCAB_SIZE)
         if model_type not in MODEL_TYPES:
             raise ValueError(f"model_type must be one of {MODEL_TYPES}, got {model_type!r}")
-        _check_int("num_threads", num_threads, 1)
-        _check_int("max_sentences", max_sentences, 1)
-        _check_int("seed", seed, 0)
+        check_int("num_threads", num_threads, 1)
+        check_int("max_sentences", max_sentences, 1)
+        check_int("seed", seed, 0)
 
         lines = [line for f in files for line in _read_utf8(f).split("\n") if line]
         if not any(line.strip() for line in lines):
@@ -238,8 +240,3 @@ def _read_utf8(path: pathlib.Path) -> str:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         raise ValueError(f"files must be UTF-8 text, got {str(path)!r}: {e}") from None
-
-
-def _check_int(name: str, value, minimum: int) -> None:
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")

@@ -251,7 +251,7 @@ SEEDS = [11, 12, 13, 14]
 def _row(params: dl.SamplingParams, rows) -> dl.SamplingParams:
     """The per-row fields of ``params`` taken at ``rows``."""
     changes = {name: [getattr(params, name)[r] for r in rows]
-               for name in dl.sampling._FIELDS if isinstance(getattr(params, name), list)}
+               for name in dl.processors.PARAMETERS if isinstance(getattr(params, name), list)}
     return params.replace(**changes)
 
 
@@ -307,11 +307,11 @@ def test_a_sweep_of_sampling_settings_and_seeds_compiles_the_decode_loop_once(ti
                                        min_p=float(rng.uniform(0, 0.2)),
                                        repetition_penalty=float(rng.uniform(1.0, 1.5)))
             run(tiny, prompts, 5, params, seed=i, eos_ids=[int(rng.integers(0, 512))])
-        assert counts["_decode_loop"] == 1 and counts["_prefill"] == 1
+        assert counts["_decode_loop"] == 1 and counts["prefill"] == 1
         run(tiny, [[1] * 9, [2] * 16], 5, GREEDY)  # new lengths, same bucket of 16
-        assert counts["_decode_loop"] == 1 and counts["_prefill"] == 1
+        assert counts["_decode_loop"] == 1 and counts["prefill"] == 1
         run(tiny, [[1] * 17, [2]], 5, GREEDY)  # bucket 32: the counter does see a compile
-        assert counts["_decode_loop"] == 2 and counts["_prefill"] == 2
+        assert counts["_decode_loop"] == 2 and counts["prefill"] == 2
 
 
 # --- Bad input ------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import pytest
 import scipy.stats
 
 import decodelab as dl
-from decodelab import sampling
+from decodelab import processors, sampling
 
 P = np.array([0.4, 0.3, 0.15, 0.1, 0.05])
 LOGITS = np.log(P).astype(np.float32)
@@ -97,9 +97,10 @@ def test_temperature_comes_before_top_p():
     np.testing.assert_allclose(got, [0.64, 0.36, 0, 0, 0], rtol=0, atol=ATOL)
 
 
-def test_top_k_larger_than_the_vocabulary_is_clamped():
+def test_top_k_at_least_the_vocabulary_keeps_all_and_is_stored_as_disabled():
+    params = dl.SamplingParams(top_k=[100, 5, 4])
+    np.testing.assert_array_equal(params.per_row(3, 5).top_k, [0, 0, 4])
     params = dl.SamplingParams(top_k=100)
-    assert int(params.per_row(1, 5).top_k[0]) == 5
     np.testing.assert_allclose(probs(params)[0], P, rtol=0, atol=ATOL)
 
 
@@ -191,8 +192,8 @@ def test_per_row_parameters_equal_each_row_processed_alone():
     B, V = len(ROW_SETTINGS), 32
     logits = rng.normal(size=(B, V)).astype(np.float32)
     tokens = rng.integers(0, V, size=(B, 12))
-    together = dl.SamplingParams(**{name: [s.get(name, default) for s in ROW_SETTINGS]
-                                    for name, (_, _, _, default) in sampling._FIELDS.items()})
+    together = dl.SamplingParams(**{name: [s.get(name, p.neutral) for s in ROW_SETTINGS]
+                                    for name, p in processors.PARAMETERS.items()})
     batch = probs(together, logits, history(tokens, [4] * B, [12] * B, vocab=V))
     for row, setting in enumerate(ROW_SETTINGS):
         alone = probs(dl.SamplingParams(**setting), logits[row],
@@ -223,7 +224,8 @@ STAT_SETTINGS = [
 def draws():
     """``draws(setting)``: 4000 tokens from independent keys (seeds 0..3999 at position 7)."""
     R = 4000
-    keys = sampling.row_keys(jnp.arange(R, dtype=jnp.uint32), jnp.full((R,), 7, jnp.int32))
+    keys = sampling.row_keys(sampling.seed_keys(jnp.arange(R, dtype=jnp.uint32)),
+                             jnp.full((R,), 7, jnp.int32))
     sample = jax.jit(sampling.sample_tokens)
 
     def get(setting):
@@ -249,7 +251,7 @@ def test_empirical_distribution_matches_the_processed_distribution(draws, settin
 def test_row_keys_depend_on_seed_and_position_only():
     seeds = jnp.array([3, 3, 4], jnp.uint32)
     positions = jnp.array([5, 6, 5], jnp.int32)
-    keys = jax.random.key_data(sampling.row_keys(seeds, positions))
+    keys = jax.random.key_data(sampling.row_keys(sampling.seed_keys(seeds), positions))
     alone = jax.random.key_data(jax.random.fold_in(jax.random.key(jnp.uint32(3)), 5))
     np.testing.assert_array_equal(keys[0], alone)
     assert not np.array_equal(keys[0], keys[1]) and not np.array_equal(keys[0], keys[2])

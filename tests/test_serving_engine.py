@@ -78,7 +78,7 @@ def test_step_n_is_n_single_steps(tiny):
 def row(state, slot: int):
     """The per-row fields of one slot (the cache's k and v have the slot axis second)."""
     fields = {name: jax.tree.map(lambda x: x[slot], getattr(state, name))
-              for name in engine_module._ROW_FIELDS}
+              for name in engine_module.ROW_FIELDS}
     return fields, state.cache.k[:, slot], state.cache.v[:, slot], state.cache.lengths[slot]
 
 
@@ -192,5 +192,5 @@ def test_new_requests_reuse_the_compiled_programs(tiny):
         SlotEngine(tiny, 2, S).run(requests, n=int(rng.integers(1, 5)))
     finally:
         jax.monitoring.unregister_event_duration_listener(listen)
-    programs = ("_prefill", "_advance", "_write_row", "_free_rows")
+    programs = ("prefill", "_advance_loop", "_write_row", "_free_rows")
     assert all(counts[name] == 0 for name in programs), counts

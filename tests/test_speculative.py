@@ -184,7 +184,8 @@ def ngram_proposal(prompt, gamma=3):
     lengths = np.asarray([len(prompt)], np.int32)
     caches = speculative.prefill(weights, None, block, lengths - 1, graphdef=graphdef,
                                  drafter=NgramDrafter(), max_len=32)
-    state = speculative.initial_state(*caches, block, lengths, np.zeros((1,), np.uint32),
+    state = speculative.initial_state(*caches, block, lengths,
+                                      dl.sampling.seed_keys(np.zeros((1,), np.uint32)),
                                       GREEDY.per_row(1, V), np.zeros((V,), bool),
                                       np.zeros((0, 1), np.int32), gamma=gamma, max_new_tokens=8)
     proposal, _ = NgramDrafter().propose(None, state, jnp.asarray(True))

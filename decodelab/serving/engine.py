@@ -4,13 +4,15 @@ Conventions (every caller relies on them):
 
 - A slot is a row of one ``decode.DecodeState`` of ``num_slots`` rows and ``max_len`` cache slots
   per row (the slot's capacity: prompt + output). ``insert`` prefills one request alone, with the
-  same compiled ``decode._prefill`` that ``generate`` uses, and writes that one-row state over the
-  whole row of its slot (tokens, cache keys and values, lengths, sampling parameters, seed, stop
-  sequences, budget, log-probs): nothing of the slot's previous request survives.
-- ``step(n)`` runs up to ``n`` rounds of ``decode._step`` (the loop body of ``generate``) over all
-  slots in one jitted ``lax.while_loop``; it stops early once no slot is running. Rows that have
-  finished, and free slots, are carried without advancing, so ``step(n)`` gives the same tokens as
-  ``n`` calls of ``step(1)``.
+  same compiled ``decode.prefill`` that ``generate`` uses, and writes that one-row state over the
+  whole row of its slot (tokens, cache keys and values, lengths, sampling parameters, seed key,
+  stop sequences, budget, log-probs): nothing of the slot's previous request survives.
+- ``step(n)`` runs up to ``n`` rounds of ``decode.step`` (the loop body of ``generate``) over all
+  slots in one compiled ``lax.while_loop`` (a ``loop.CompiledLoop``); it stops early once no slot
+  is running. Rows that have finished, and free slots, are carried without advancing, so
+  ``step(n)`` gives the same tokens as ``n`` calls of ``step(1)``.
+- Request ids are unique among the requests an engine holds: ``insert`` refuses an id that is
+  decoding, and ``run`` refuses a list with a repeated id before anything runs.
 - The token at position p of a request is drawn with ``fold_in(key(seed), p)``, so a request's
   tokens depend only on its prompt, parameters, seed and budget: never on its slot, its batch-mates
   or when it was inserted. They equal ``generate(model, [prompt], params, budget, seed=[seed],
@@ -21,6 +23,7 @@ Conventions (every caller relies on them):
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 from collections.abc import Sequence
@@ -30,19 +33,23 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from decodelab import decode
+from decodelab import decode, sampling
 from decodelab.cache import KVCache
+from decodelab.checks import check_model, check_size, is_int, position_limit
 from decodelab.decode import DecodeState
+from decodelab.loop import CompiledLoop
+from decodelab.request import FINISH_REASONS, LENGTH, RUNNING, bucket_length, check_eos, check_seed
 from decodelab.sampling import SamplingParams
 
 # Fields of DecodeState with a leading slot axis (the cache's k and v have it second).
-_ROW_FIELDS = ("tokens", "prompt_lengths", "lengths", "finish", "logits", "seeds", "params",
+ROW_FIELDS = ("tokens", "prompt_lengths", "lengths", "finish", "logits", "keys", "params",
                "stop_ids", "budgets", "logprobs", "top_logprobs", "top_ids", "entropy")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Request:
-    """One generation request: what ``generate`` would get for a single prompt."""
+    """One serving request: what ``generate`` would get for a single prompt, with an id and an
+    arrival time (``request.BatchRequest`` is a validated batch call)."""
 
     id: int | str
     prompt: tuple[int, ...]  # token ids
@@ -57,16 +64,14 @@ class Request:
             raise ValueError(f"id must be an int or a str, got {self.id!r}")
         prompt = tuple(self.prompt) if isinstance(self.prompt, (Sequence, np.ndarray)) else None
         if not prompt or isinstance(self.prompt, (str, bytes)) or not all(
-                decode._is_int(t) for t in prompt):
+                is_int(t) for t in prompt):
             raise ValueError(f"prompt must be a non-empty list of int token ids, got "
                              f"{self.prompt!r}")
         object.__setattr__(self, "prompt", tuple(int(t) for t in prompt))
-        if not decode._is_int(self.max_new_tokens) or self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be an int >= 1, got {self.max_new_tokens!r}")
+        check_size("max_new_tokens", self.max_new_tokens, 1)
         if not isinstance(self.params, SamplingParams):
             raise ValueError(f"params must be a SamplingParams, got {self.params!r}")
-        if not decode._is_int(self.seed) or not 0 <= self.seed < 2**32:
-            raise ValueError(f"seed must be an int in [0, 2**32), got {self.seed!r}")
+        check_seed("seed", self.seed)
         if isinstance(self.stop_sequences, (str, bytes)) or not isinstance(
                 self.stop_sequences, Sequence):
             raise ValueError(f"stop_sequences must be a list of token-id lists, got "
@@ -74,7 +79,7 @@ class Request:
         stops = []
         for s in self.stop_sequences:
             if isinstance(s, (str, bytes)) or not isinstance(s, Sequence) or not s or not all(
-                    decode._is_int(t) for t in s):
+                    is_int(t) for t in s):
                 raise ValueError(f"stop_sequences must hold non-empty lists of int token ids, "
                                  f"got {s!r}")
             stops.append(tuple(int(t) for t in s))
@@ -113,10 +118,10 @@ def _empty_state(config, num_slots: int, max_len: int, max_stops: int, stop_widt
         tokens=jnp.zeros((B, S), jnp.int32),
         prompt_lengths=jnp.zeros((B,), jnp.int32),
         lengths=jnp.zeros((B,), jnp.int32),
-        finish=jnp.full((B,), decode.LENGTH, jnp.int32),  # not running: a free slot never advances
+        finish=jnp.full((B,), LENGTH, jnp.int32),  # not running: a free slot never advances
         cache=KVCache.init(config, batch_size=B, max_len=S),
         logits=jnp.zeros((B, V), jnp.float32),
-        seeds=jnp.zeros((B,), jnp.uint32),
+        keys=sampling.seed_keys(np.zeros((B,), np.uint32)),
         params=SamplingParams.greedy().per_row(B, V),
         eos_mask=jnp.asarray(eos_mask),
         stop_ids=jnp.full((B, max_stops, stop_width), -1, jnp.int32),
@@ -140,7 +145,7 @@ def _write_row(state: DecodeState, row: DecodeState, slot: jax.Array) -> DecodeS
                                 v=put(1)(state.cache.v, row.cache.v),
                                 lengths=put(0)(state.cache.lengths, row.cache.lengths))
     rows = {name: jax.tree.map(put(0), getattr(state, name), getattr(row, name))
-            for name in _ROW_FIELDS}
+            for name in ROW_FIELDS}
     return state.replace(cache=cache, **rows)
 
 
@@ -151,22 +156,21 @@ def _free_rows(state: DecodeState, free: jax.Array) -> DecodeState:
     return state.replace(cache=state.cache.rewind(jnp.where(free, 0, state.cache.lengths)))
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("state",))
-def _advance(weights, state: DecodeState, rounds: jax.Array, *, graphdef
-             ) -> tuple[DecodeState, jax.Array]:
-    """Up to ``rounds`` decode rounds over every slot, stopping once none runs."""
-    model = nnx.merge(graphdef, weights)
+def _advance_body(operands, carry: tuple[jax.Array, DecodeState], *, graphdef
+                  ) -> tuple[jax.Array, DecodeState]:
+    weights, _ = operands
+    i, state = carry
+    return i + 1, decode.step(nnx.merge(graphdef, weights), state)
 
-    def running(carry):
-        i, s = carry
-        return (i < rounds) & jnp.any(~s.done)
 
-    def body(carry):
-        i, s = carry
-        return i + 1, decode._step(model, s)
+def _advance_running(operands, carry: tuple[jax.Array, DecodeState]) -> jax.Array:
+    _, rounds = operands
+    i, state = carry
+    return (i < rounds) & jnp.any(~state.done)
 
-    done, state = jax.lax.while_loop(running, body, (jnp.zeros((), jnp.int32), state))
-    return state, done
+
+# Up to `rounds` decode rounds over every slot, stopping once none runs; the carry counts them.
+_ADVANCE = CompiledLoop("_advance", _advance_body, _advance_running, static_argnames=("graphdef",))
 
 
 class SlotEngine:
@@ -184,23 +188,21 @@ class SlotEngine:
     def __init__(self, model: nnx.Module, num_slots: int, max_len: int | None = None, *,
                  eos_ids: int | Sequence[int] = (), max_stop_sequences: int = 4,
                  max_stop_width: int = 8):
-        if not isinstance(model, nnx.Module) or not hasattr(model, "config"):
-            raise ValueError(f"model must be an nnx.Module with a config, got "
-                             f"{type(model).__name__}")
-        self.num_slots = decode._check_int("num_slots", num_slots, 1)
-        limit = getattr(getattr(model, "positions", None), "max_positions", None)
+        check_model("model", model)
+        self.num_slots = check_size("num_slots", num_slots, 1)
+        limit = position_limit(model)
         if max_len is None:
             if not limit:
                 raise ValueError("max_len must be given for a model without a position table")
             max_len = limit
-        self.max_len = decode._check_int("max_len", max_len, 2)
+        self.max_len = check_size("max_len", max_len, 2)
         if limit and self.max_len > limit:
             raise ValueError(f"max_len must be <= {limit}, the model's position table "
                              f"(max_seq_len), got {self.max_len}")
-        self.max_stop_sequences = decode._check_int("max_stop_sequences", max_stop_sequences, 0)
-        self.max_stop_width = decode._check_int("max_stop_width", max_stop_width, 1)
+        self.max_stop_sequences = check_size("max_stop_sequences", max_stop_sequences, 0)
+        self.max_stop_width = check_size("max_stop_width", max_stop_width, 1)
         self.vocab_size = model.config.vocab_size
-        self._eos_mask = decode._check_eos(eos_ids, self.vocab_size)
+        self._eos_mask = check_eos(eos_ids, self.vocab_size)
         self._graphdef, self._weights = nnx.split(model)
         self._state = _empty_state(model.config, self.num_slots, self.max_len,
                                    self.max_stop_sequences, self.max_stop_width, self._eos_mask)
@@ -253,26 +255,31 @@ class SlotEngine:
         reason = self.check(request)
         if reason:
             raise ValueError(f"request {request.id!r} cannot be served: {reason}")
+        decoding = [s for s, r in self.active.items() if r.id == request.id]
+        if decoding:
+            raise ValueError(f"request id {request.id!r} is already decoding in slot "
+                             f"{decoding[0]}; ids must be unique among the requests an engine "
+                             f"holds")
         free = self.free_slots
         if slot is None:
             if not free:
                 raise ValueError(f"no free slot for request {request.id!r}: all "
                                  f"{self.num_slots} slots are decoding")
             slot = free[0]
-        elif not decode._is_int(slot) or slot not in free:
+        elif not is_int(slot) or slot not in free:
             raise ValueError(f"slot must be a free slot, one of {free}, got {slot!r}")
         P = len(request.prompt)
-        T = min(decode.bucket_length(P), self.max_len)
+        T = min(bucket_length(P), self.max_len)
         block = np.zeros((1, T), np.int32)
         block[0, :P] = request.prompt
         stops = np.full((1, self.max_stop_sequences, self.max_stop_width), -1, np.int32)
         for m, s in enumerate(request.stop_sequences):
             stops[0, m, self.max_stop_width - len(s):] = s
-        row = decode._prefill(self._weights, block, np.asarray([P], np.int32),
-                              np.asarray([request.seed], np.uint32),
-                              request.params.per_row(1, self.vocab_size), self._eos_mask, stops,
-                              graphdef=self._graphdef, max_len=self.max_len,
-                              max_new_tokens=self.max_len, top_n=0, with_entropy=False)
+        row = decode.prefill(self._weights, block, np.asarray([P], np.int32),
+                             sampling.seed_keys(np.asarray([request.seed], np.uint32)),
+                             request.params.per_row(1, self.vocab_size), self._eos_mask, stops,
+                             graphdef=self._graphdef, max_len=self.max_len,
+                             max_new_tokens=self.max_len, top_n=0, with_entropy=False)
         row = row.replace(budgets=jnp.asarray([request.max_new_tokens], jnp.int32))
         self._state = _write_row(self._state, row, jnp.asarray(slot, jnp.int32))
         self._slots[slot] = request
@@ -281,17 +288,18 @@ class SlotEngine:
     def step(self, n: int = 1) -> StepResult:
         """Advance every running slot by up to ``n`` tokens (one jitted call), then retire the
         requests that finished."""
-        n = decode._check_int("n", n, 1)
+        n = check_size("n", n, 1)
         if not any(r is not None for r in self._slots):
             return StepResult({}, [], 0)
-        self._state, rounds = _advance(self._weights, self._state, jnp.asarray(n, jnp.int32),
-                                       graphdef=self._graphdef)
+        rounds, self._state = _ADVANCE.run((self._weights, jnp.asarray(n, jnp.int32)),
+                                           (jnp.zeros((), jnp.int32), self._state),
+                                           graphdef=self._graphdef)
         finish, lengths, prompt_lengths, rounds = jax.device_get(
             (self._state.finish, self._state.lengths, self._state.prompt_lengths, rounds))
         generated, finished = {}, []
         for slot, request in self.active.items():
             generated[request.id] = int(lengths[slot] - prompt_lengths[slot])
-            if finish[slot] != decode.RUNNING:
+            if finish[slot] != RUNNING:
                 finished.append(slot)
         completions = []
         if finished:
@@ -303,7 +311,7 @@ class SlotEngine:
                 completions.append(Completion(
                     request_id=self._slots[slot].id, slot=slot,
                     tokens=tokens[i, P:P + n_out].tolist(), logprobs=logprobs[i, :n_out],
-                    finish_reason=decode.FINISH_REASONS[int(finish[slot])]))
+                    finish_reason=FINISH_REASONS[int(finish[slot])]))
                 self._slots[slot] = None
             mask = np.zeros((self.num_slots,), bool)
             mask[finished] = True
@@ -312,8 +320,21 @@ class SlotEngine:
 
     def run(self, requests: Sequence[Request], n: int = 8) -> dict[int | str, Completion]:
         """Serve ``requests`` in order, filling free slots before every step (no clock): a
-        convenience for tests and offline use. Requests that cannot be served raise."""
+        convenience for tests and offline use. Requests that cannot be served, and a repeated id
+        (among ``requests`` or with a request already decoding), raise before anything runs."""
         queue, done = list(requests), {}
+        for r in queue:
+            if not isinstance(r, Request):
+                raise ValueError(f"requests must hold Request objects, got {r!r}")
+            reason = self.check(r)
+            if reason:
+                raise ValueError(f"request {r.id!r} cannot be served: {reason}")
+        ids = collections.Counter([r.id for r in queue] + [r.id for r in self.active.values()])
+        repeated = sorted((i for i, count in ids.items() if count > 1), key=str)
+        if repeated:
+            raise ValueError(f"request ids must be unique, got {repeated} more than once "
+                             f"(among requests and the requests decoding); a repeated id would "
+                             f"lose a completion")
         while queue or self.active:
             while queue and self.free_slots:
                 self.insert(queue.pop(0))
