@@ -90,7 +90,7 @@ class Parameter:
         checks = [(np.isfinite(values) & self.allowed(values), f"must be {self.rule}"),
                   ((values >= float(storage.min)) & (values <= float(storage.max)),
                    f"must be in the range of {self.dtype}, the dtype it is stored in "
-                   f"([{storage.min}, {storage.max}])")]
+                   f"([{storage.min!s}, {storage.max!s}])")]
         for ok, must in checks:
             if not ok.all():
                 if array.ndim == 0:

@@ -34,7 +34,7 @@ from decodelab.processors import PARAMETERS, PROCESSORS, History, argmax
 __all__ = ["History", "RowParams", "SamplingParams", "argmax", "batch_keys", "process_logits",
            "processed_logprobs", "row_keys", "sample_tokens", "seed_keys"]
 
-_FLOAT32_MAX = float(np.finfo(np.float32).max)
+_FLOAT32_MAX = np.finfo(np.float32).max
 
 # --- Parameters -----------------------------------------------------------------------------------
 
@@ -52,7 +52,7 @@ def _check_bias(logit_bias: Any) -> None:
                                  f"banned_tokens), got {b!r}")
             if abs(b) > _FLOAT32_MAX:
                 raise ValueError(f"{name}[{token}] must be in the range of float32, the dtype it "
-                                 f"is stored in ([{-_FLOAT32_MAX}, {_FLOAT32_MAX}]), got {b!r}")
+                                 f"is stored in ([{-_FLOAT32_MAX!s}, {_FLOAT32_MAX!s}]), got {b!r}")
 
     if logit_bias is None or isinstance(logit_bias, Mapping):
         check_one("logit_bias", logit_bias or {})

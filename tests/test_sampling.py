@@ -5,6 +5,8 @@ Most cases use the distribution 0.4 / 0.3 / 0.15 / 0.1 / 0.05 (its logits are th
 so the expected outputs are short fractions worked out by hand in the comments.
 """
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -102,6 +104,46 @@ def test_top_k_at_least_the_vocabulary_keeps_all_and_is_stored_as_disabled():
     np.testing.assert_array_equal(params.per_row(3, 5).top_k, [0, 0, 4])
     params = dl.SamplingParams(top_k=100)
     np.testing.assert_allclose(probs(params)[0], P, rtol=0, atol=ATOL)
+
+
+def test_top_p_keeps_a_token_only_while_the_mass_before_it_is_below_p():
+    # mass before each token: 0, .5, .9; .9 is not < .9, so exactly two stay
+    got = probs(dl.SamplingParams(top_p=0.9), np.log([0.5, 0.4, 0.1]))[0]
+    np.testing.assert_allclose(got, [5 / 9, 4 / 9, 0], rtol=0, atol=ATOL)
+
+
+def test_top_p_boundary_uses_the_exclusive_mass_not_a_rounded_difference():
+    # The float32 mass of the two most probable tokens is 0.8033157; with top_p exactly that, the
+    # third token's mass before it is not below p, so two stay. The difference cumsum - p of the
+    # third token rounds to 0.80331564 and would keep three.
+    logits = np.array([0.9034701585769653, 0.0940122976899147, -0.7434992790222168,
+                       -0.9217253923416138], np.float32)
+    got = probs(dl.SamplingParams(top_p=float(np.float32(0.8033157))), logits)[0]
+    assert np.count_nonzero(got) == 2
+
+
+def test_exclusive_cumsum_is_the_inclusive_sum_shifted_bit_for_bit():
+    x = np.float32([0.1, 0.2, 0.3, 0.4])
+    inclusive = np.cumsum(x, dtype=np.float32)
+    got = np.asarray(processors.exclusive_cumsum(jnp.asarray(x)))
+    np.testing.assert_array_equal(got, np.r_[np.float32(0), inclusive[:-1]])
+    assert (inclusive - x)[1] != inclusive[0]  # the difference would not be
+
+
+@pytest.mark.parametrize("k, expected_kept", [(1, [1]), (2, [1, 2]), (3, [1, 2, 3]), (4, [0, 1, 2, 3])])
+def test_top_k_keeps_exactly_k_taking_the_lowest_ids_among_ties(k, expected_kept):
+    logits = np.array([1.0, 3.0, 3.0, 3.0, 0.0], np.float32)
+    got = probs(dl.SamplingParams(top_k=k), logits)[0]
+    np.testing.assert_array_equal(np.flatnonzero(got), expected_kept)
+
+
+def test_top_k_one_is_greedy_with_tied_logits():
+    logits = np.array([[1.0, 3.0, 3.0, 0.0], [2.0, 2.0, 2.0, 2.0]], np.float32)
+    top1 = probs(dl.SamplingParams(top_k=1), logits)
+    greedy = probs(dl.SamplingParams(temperature=0.0), logits)
+    np.testing.assert_array_equal(top1, greedy)
+    np.testing.assert_array_equal(np.argmax(top1, axis=-1), sampling.argmax(jnp.asarray(logits)))
+    np.testing.assert_array_equal(np.argmax(top1, axis=-1), [1, 0])
 
 
 def test_neutral_parameters_leave_the_model_distribution_unchanged():
@@ -308,3 +350,46 @@ def test_bad_parameter_is_rejected_with_its_name_value_and_range(kwargs, message
 def test_per_row_values_must_fit_the_batch_and_vocabulary(kwargs, message):
     with pytest.raises(ValueError, match=message):
         dl.SamplingParams(**kwargs).per_row(3, 5)
+
+
+# --- Storage ranges, for every registered parameter -----------------------------------------------
+
+INT_PARAMETERS = [name for name, p in processors.PARAMETERS.items() if p.dtype == "int32"]
+FLOAT_PARAMETERS = [name for name, p in processors.PARAMETERS.items() if p.dtype == "float32"]
+
+
+def test_every_registered_parameter_is_stored_as_int32_or_float32():
+    assert set(INT_PARAMETERS) | set(FLOAT_PARAMETERS) == set(processors.PARAMETERS)
+    assert INT_PARAMETERS and FLOAT_PARAMETERS
+
+
+@pytest.mark.parametrize("name", INT_PARAMETERS)
+@pytest.mark.parametrize("value", [2**31, [0, 2**31]])
+def test_an_int_parameter_that_would_wrap_in_int32_is_rejected(name, value):
+    neutral = processors.PARAMETERS[name].neutral
+    value = [neutral, 2**31] if isinstance(value, list) else value
+    where = rf"{name}\[1\]" if isinstance(value, list) else name
+    with pytest.raises(ValueError, match=rf"^{where} must .*int32.*, got 2147483648$"):
+        dl.SamplingParams(**{name: value})
+
+
+@pytest.mark.parametrize("name", FLOAT_PARAMETERS)
+@pytest.mark.parametrize("value", [1e39, -1e39])
+def test_a_float_parameter_that_would_overflow_float32_is_rejected(name, value):
+    got = re.escape(repr(value))
+    with pytest.raises(ValueError, match=rf"^{name} must .*, got {got}$"):
+        dl.SamplingParams(**{name: value})
+    with pytest.raises(ValueError, match=rf"^{name}\[1\] must .*, got {got}$"):
+        dl.SamplingParams(**{name: [processors.PARAMETERS[name].neutral, value]})
+
+
+def test_the_largest_int32_and_float32_values_are_accepted():
+    params = dl.SamplingParams(min_new_tokens=2**31 - 1, frequency_penalty=3.4e38)
+    rows = params.per_row(1, 5)
+    assert int(rows.min_new_tokens[0]) == 2**31 - 1
+    assert np.isfinite(np.asarray(rows.frequency_penalty)).all()
+
+
+def test_a_logit_bias_that_would_overflow_float32_is_rejected():
+    with pytest.raises(ValueError, match=r"logit_bias\[1\] must be in the range of float32"):
+        dl.SamplingParams(logit_bias={1: 1e39})
