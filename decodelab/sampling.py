@@ -50,7 +50,7 @@ def _check_bias(logit_bias: Any) -> None:
                     and math.isfinite(b)):
                 raise ValueError(f"{name}[{token}] must be a finite number (ban a token with "
                                  f"banned_tokens), got {b!r}")
-            if abs(b) > _FLOAT32_MAX:
+            if abs(float(b)) > float(_FLOAT32_MAX):
                 raise ValueError(f"{name}[{token}] must be in the range of float32, the dtype it "
                                  f"is stored in ([{-_FLOAT32_MAX!s}, {_FLOAT32_MAX!s}]), got {b!r}")
 
