@@ -22,7 +22,7 @@ from flax import nnx, struct
 
 from decodelab import sampling
 from decodelab.cache import KVCache
-from decodelab.checks import is_int
+from decodelab.checks import check_size
 
 if TYPE_CHECKING:
     from decodelab.speculative import SpecState
@@ -160,8 +160,7 @@ class NgramDrafter(Drafter):
     def __post_init__(self) -> None:
         for name in ("min_ngram", "max_ngram"):
             value = getattr(self, name)
-            if not is_int(value) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+            check_size(name, value, 1)
         if self.min_ngram > self.max_ngram:
             raise ValueError(f"min_ngram must be <= max_ngram={self.max_ngram}, "
                              f"got {self.min_ngram}")
@@ -176,7 +175,8 @@ class NgramDrafter(Drafter):
         V, gamma = state.eos_mask.shape[0], state.gamma
         slot = jnp.arange(S, dtype=jnp.int32)[None, :]  # [1, S]: where an earlier n-gram ends
         found, end = jnp.zeros((B,), bool), jnp.zeros((B,), jnp.int32)
-        for n in range(self.max_ngram, self.min_ngram - 1, -1):
+        # An n-gram and an earlier match need n + 1 slots: longer n cannot match in S slots.
+        for n in range(min(self.max_ngram, S - 1), self.min_ngram - 1, -1):
             match = (slot >= n - 1) & (slot < L[:, None] - 1)  # [B, S]
             for k in range(n):  # the k-th token before slot j equals the k-th before the end
                 before = jnp.take_along_axis(tokens, jnp.broadcast_to(jnp.maximum(slot - k, 0),

@@ -30,7 +30,7 @@ import jax
 import numpy as np
 
 from decodelab import sampling
-from decodelab.checks import check_bool, check_size, is_int
+from decodelab.checks import INT32_MAX, check_bool, check_size, is_int
 from decodelab.sampling import SamplingParams
 
 # Finish codes of a row (DecodeState.finish, SpecState.finish, BeamState.pool_reasons).
@@ -288,6 +288,9 @@ def resolve_max_len(max_len: Any, rows: list[np.ndarray], default: int,
     if max_len is None:
         S = min(default, limit) if limit else default
         source = "max_len (default: prompt bucket + max_new_tokens, capped by the position table)"
+        if S > INT32_MAX:
+            raise ValueError(f"{source} is {S}, past 2**31 - 1 (cache lengths are int32); give a "
+                             f"smaller max_new_tokens or a max_len")
     else:
         S = check_size("max_len", max_len, 2)
         source = "max_len"

@@ -132,6 +132,26 @@ def test_a_request_over_the_slot_capacity_is_refused_with_a_reason(tiny):
     assert engine.free_slots == [0, 1]
 
 
+def test_run_refuses_repeated_request_ids_before_anything_runs(tiny):
+    engine = SlotEngine(tiny, 2, S)
+    before = engine.state
+    requests = make_requests(3) + [Request(id=1, prompt=[5, 6], max_new_tokens=2)]
+    with pytest.raises(ValueError, match=r"request ids must be unique, got \[1\] more than once"):
+        engine.run(requests)
+    assert engine.free_slots == [0, 1] and engine.state is before  # nothing inserted or stepped
+
+
+def test_insert_and_run_refuse_an_id_that_is_already_decoding(tiny):
+    engine = SlotEngine(tiny, 2, S)
+    engine.insert(Request(id="a", prompt=[1, 2], max_new_tokens=4))
+    again = Request(id="a", prompt=[3], max_new_tokens=2)
+    with pytest.raises(ValueError, match=r"request id 'a' is already decoding in slot 0"):
+        engine.insert(again)
+    with pytest.raises(ValueError, match=r"request ids must be unique, got \['a'\]"):
+        engine.run([again])
+    assert list(engine.active) == [0]
+
+
 @pytest.mark.parametrize("kwargs,match", [
     (dict(num_slots=0, max_len=S), "num_slots must be an int >= 1, got 0"),
     (dict(num_slots=2.0, max_len=S), "num_slots must be an int >= 1"),
