@@ -45,6 +45,11 @@ def draw(logprobs: jax.Array, greedy: jax.Array, keys) -> jax.Array:
                         lambda: sampling.sample_tokens(logprobs, keys()))
 
 
+def usable(logits: jax.Array, logprobs: jax.Array) -> jax.Array:
+    """``[...]`` bool: finite logits that leave at least one allowed token."""
+    return ~jnp.any(jnp.isnan(logits) | (logits == jnp.inf), axis=-1) & jnp.any(
+        logprobs > -jnp.inf, axis=-1)
+
 
 @struct.dataclass(kw_only=True)
 class Proposal:
@@ -124,7 +129,7 @@ class ModelDrafter(Drafter):
             return token, dict(carry, buffer=buffer.at[rows, L + j].set(token, mode="drop"),
                                tokens=carry["tokens"].at[:, j].set(token),
                                logq=carry["logq"].at[:, j].set(logq),
-                               usable=carry["usable"].at[:, j].set(_usable(logits, logq)))
+                               usable=carry["usable"].at[:, j].set(usable(logits, logq)))
 
         def step(j, carry):  # sample d_j and feed it for the next logits
             token, carry = sample(j, carry)

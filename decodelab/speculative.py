@@ -61,17 +61,12 @@ __all__ = ["Drafter", "ModelDrafter", "NgramDrafter", "Proposal", "SpecState", "
            "SpeculativeStats", "expected_tokens_per_call", "predicted_speedup",
            "speculative_generate"]
 
+
 def _accepts(u: jax.Array, p: jax.Array, q: jax.Array) -> jax.Array:
     """The rejection rule: accept a proposal x with ``p = p(x)``, ``q = q(x) > 0`` iff
     ``u * q < p`` for ``u ~ U[0, 1)``, i.e. with probability ``min(1, p / q)``. With one-hot
     (greedy) distributions and ``u = 0``: iff x is the target's argmax."""
     return u * q < p
-
-
-def _usable(logits: jax.Array, logprobs: jax.Array) -> jax.Array:
-    """``[...]`` bool: finite logits that leave at least one allowed token."""
-    return ~jnp.any(jnp.isnan(logits) | (logits == jnp.inf), axis=-1) & jnp.any(
-        logprobs > -jnp.inf, axis=-1)
 
 
 # --- The loop state -------------------------------------------------------------------------------

@@ -176,6 +176,33 @@ def test_greedy_with_ngram_drafts_equals_greedy_generate(tiny, greedy_reference)
     assert out.token_lists() == greedy_reference.token_lists()
 
 
+@pytest.fixture(scope="module")
+def dynamic_rope(tiny_config):
+    """Dynamic NTK RoPE with an original context of 8: PROMPTS and their outputs run past it."""
+    cfg = tiny_config.replace(position="rope", rope_scaling="dynamic", rope_scaling_factor=4.0,
+                              rope_original_max_len=8)
+    return dl.Transformer(cfg, rngs=nnx.Rngs(0))
+
+
+def test_dynamic_rope_past_the_original_context_stays_exact(dynamic_rope, tiny_draft):
+    """Each token is rotated by its own position, so a verify block scores every position as a
+    full forward does: each sampled token's reported logprob is the target's full-forward
+    log-probability there (with per-pass extents the rows reaching past 8 would differ)."""
+    out = speculative.speculative_generate(dynamic_rope, tiny_draft, PROMPTS, dl.SamplingParams(),
+                                           3, 16, seed=0)
+    assert out.stats.overall_alpha < 1.0  # some proposals were rejected and re-drawn
+    sequences = [prompt + tokens for prompt, tokens in zip(PROMPTS, out.token_lists())]
+    T = max(len(s) for s in sequences)
+    block = np.zeros((len(sequences), T), np.int32)  # padding after a row: causal, so unseen
+    for b, s in enumerate(sequences):
+        block[b, :len(s)] = s
+    logp = np.asarray(jax.nn.log_softmax(dynamic_rope(jnp.asarray(block)), axis=-1))  # [B, T, V]
+    for b, (prompt, tokens) in enumerate(zip(PROMPTS, out.token_lists())):
+        expected = [logp[b, len(prompt) - 1 + i, t] for i, t in enumerate(tokens)]
+        np.testing.assert_allclose(out.logprobs[b, :len(tokens)], expected, rtol=0, atol=1e-5,
+                                   err_msg=f"row {b}")
+
+
 def ngram_proposal(prompt, gamma=3):
     """``(tokens, count)`` that ``NgramDrafter()`` proposes after ``prompt`` (one row)."""
     graphdef, weights = nnx.split(StandIn())
