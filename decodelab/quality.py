@@ -9,10 +9,9 @@ Conventions (every caller relies on them):
   chat: a user turn holding an instruction and the text of those tokens, then the start of the
   assistant's turn; the reference stays the document's true continuation.
 - A strategy continues each of ``P`` prompts ``samples`` times; sample ``j`` of prompt ``i`` is row
-  ``j * P + i`` of one batch under the int ``seed`` (each row its own stream,
-  ``fold_in(key(seed), row)``). Greedy decoding repeats itself
-  across seeds; beam search is run once and its best hypothesis stands for every sample; the
-  human strategy has one sample per prompt, its reference.
+  ``j * P + i`` of one batch under the int ``seed``, so it draws from ``fold_in(key(seed), row)``.
+  Greedy decoding repeats itself across seeds; beam search is run once and its best hypothesis
+  stands for every sample; the human strategy has one sample per prompt, its reference.
 - A continuation stops after an EOS id (kept) or at ``new_tokens``.
 - Token statistics (``top1_rate``, ``improbable_rate``, ``candidates_*``) are measured at every
   continuation token under the *generating* model's raw distribution (before any processor), and

@@ -24,10 +24,13 @@ Conventions (every caller relies on them):
   A model-free drafter's ``q`` is one-hot at its proposal: accepted with probability ``p(x)``,
   otherwise the next token is drawn from ``p`` without ``x``, renormalised.
 - Randomness is per request: the draws for the token at position ``pos`` of request r use
-  ``fold_in(fold_in(key(seed_r), pos), stream)`` with one stream each for the draft sample, the
+  ``fold_in(fold_in(request key r, pos), stream)`` (the request keys come from the seeds as in
+  ``generate``; ``drafters.stream_keys``) with one stream each for the draft sample, the
   acceptance test and the target's (residual or bonus) sample. A key influences the output only
-  once its position is kept, so re-drafting a position after a rejection is still exact, and a
-  request's output never depends on its batch-mates.
+  once its position is kept, so re-drafting a position after a rejection is still exact, and with
+  per-request seeds a request's output never depends on its batch-mates.
+- Drafters (``ModelDrafter``, ``NgramDrafter``) live in ``drafters``; the loop runs through
+  ``SPECULATIVE_LOOP`` (compiled, or its Python twin with ``python_loop``).
 - The loop is one ``lax.while_loop`` of rounds with static shapes; rows that have stopped are
   carried along with nothing written and their caches unchanged. Rows stop as in ``generate``
   (EOS, stop sequences and strings, ``max_new_tokens``, ``max_len``, bad logits).
