@@ -180,6 +180,9 @@ class LogitsProcessor(abc.ABC):
     """
 
     parameter: ClassVar[Parameter | None] = None
+    # Whether it looks at the tokens so far (History): its kept set is not a function of the
+    # logits alone.
+    reads_history: ClassVar[bool] = False
 
     def enabled(self, params: Any) -> jax.Array:
         """``[B]`` bool."""
@@ -203,6 +206,7 @@ class RepetitionPenalty(LogitsProcessor):
     """CTRL (Keskar et al. 2019): a token seen in prompt or output has its logit divided by the
     penalty if positive, multiplied if negative."""
 
+    reads_history = True
     parameter = Parameter(
         "repetition_penalty", "float32", 1.0, lambda x: x > 0, "> 0 (1 disables it)",
         help=(
@@ -220,6 +224,7 @@ class RepetitionPenalty(LogitsProcessor):
 class FrequencyPenalty(LogitsProcessor):
     """OpenAI: ``logit -= frequency_penalty * (times the token occurs in the output)``."""
 
+    reads_history = True
     parameter = Parameter(
         "frequency_penalty", "float32", 0.0, lambda x: x == x, "a finite number (0 disables it)",
         help=(
@@ -234,6 +239,7 @@ class FrequencyPenalty(LogitsProcessor):
 class PresencePenalty(LogitsProcessor):
     """OpenAI: ``logit -= presence_penalty`` for every token that occurs in the output."""
 
+    reads_history = True
     parameter = Parameter(
         "presence_penalty", "float32", 0.0, lambda x: x == x, "a finite number (0 disables it)",
         help=(
@@ -248,6 +254,7 @@ class PresencePenalty(LogitsProcessor):
 class NoRepeatNgram(LogitsProcessor):
     """Ban every token that would complete an n-gram already in the row (prompt + output)."""
 
+    reads_history = True
     parameter = Parameter(
         "no_repeat_ngram_size", "int32", 0, lambda x: x >= 0, "an int >= 0 (0 disables it)",
         help=(
@@ -289,6 +296,7 @@ class LogitBias(LogitsProcessor):
 class MinNewTokens(LogitsProcessor):
     """Ban the EOS ids while fewer than ``min_new_tokens`` tokens have been generated."""
 
+    reads_history = True
     parameter = Parameter(
         "min_new_tokens", "int32", 0, lambda x: x >= 0, "an int >= 0 (0 disables it)",
         help=(
@@ -453,6 +461,9 @@ PROCESSORS: tuple[LogitsProcessor, ...] = (
 # name -> Parameter, in pipeline order.
 PARAMETERS: dict[str, Parameter] = {p.parameter.name: p.parameter for p in PROCESSORS
                                     if p.parameter is not None}
+# The parameters of the processors that read the history.
+HISTORY_PARAMETERS: dict[str, Parameter] = {p.parameter.name: p.parameter for p in PROCESSORS
+                                            if p.parameter is not None and p.reads_history}
 
 
 def argmax(x: jax.Array) -> jax.Array:

@@ -34,13 +34,11 @@ from flax import nnx
 
 from decodelab import data, metrics, sampling
 from decodelab.beam import beam_search
+from decodelab.checks import position_limit
 from decodelab.decode import generate
+from decodelab.processors import HISTORY_PARAMETERS
 from decodelab.sampling import SamplingParams
 
-# SamplingParams fields whose processors look at the tokens so far: a strategy using one has no
-# candidate count recomputed from a forward pass (its allowed set depends on the history).
-_HISTORY_FIELDS = {"repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
-                   "no_repeat_ngram_size": 0, "min_new_tokens": 0}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,14 +173,16 @@ def token_stats(model: nnx.Module, prompts: Sequence[Sequence[int]],
     """Per continuation token, pooled over all continuations: ``logprob`` (raw, under ``model``),
     ``top1`` (the token is the model's argmax) and, with ``params`` free of history-dependent
     processors, ``candidates`` (tokens its processors allow at that step)."""
-    if params is not None and any(np.any(np.asarray(getattr(params, k)) != v)
-                                  for k, v in _HISTORY_FIELDS.items()):
+    # A strategy using a processor that looks at the tokens so far has no candidate count
+    # recomputed from a forward pass (its allowed set depends on the history).
+    if params is not None and any(np.any(np.asarray(getattr(params, name)) != p.neutral)
+                                  for name, p in HISTORY_PARAMETERS.items()):
         params = None
     # Power-of-two padding, as for prompts, so continuations of new lengths reuse the program.
     width = 1 << (max(1, max(len(c) for c in continuations)) - 1).bit_length()
     longest = max(len(p) + len(c) for p, c in zip(prompts, continuations))
     T = max(16, 1 << (longest - 1).bit_length())
-    limit = getattr(getattr(model, "positions", None), "max_positions", None)
+    limit = position_limit(model)
     T = min(T, limit) if limit else T
     row_params = (params or SamplingParams()).per_row(batch_size, model.config.vocab_size)
     graphdef, weights = nnx.split(model)
