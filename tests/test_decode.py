@@ -172,8 +172,9 @@ def test_python_loop_twin_gives_identical_outputs(stand_in):
 
 
 def test_first_token_distribution_over_many_requests_matches_the_model():
-    """Chi-square at significance 1e-3: 2000 requests (seeds 0..1999) of one prompt draw their
-    first token from softmax(base); the stand-in's margin is 0 so base is the whole distribution."""
+    """Chi-square at significance 1e-3: 2000 requests (rows 0..1999 under seed 0, each its own
+    stream) of one prompt draw their first token from softmax(base); the stand-in's margin is 0
+    so base is the whole distribution."""
     base = np.log(np.r_[np.full(4, 0.2), np.full(4, 0.05), np.zeros(V - 8)] + 1e-30)
     model = StandIn(margin=0.0, base=base)
     out = run(model, [[0]] * 2000, 1, dl.SamplingParams(), seed=0)
