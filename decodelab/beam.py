@@ -270,6 +270,9 @@ def _check_alpha(length_penalty: Any) -> float:
             or not math.isfinite(length_penalty) or length_penalty < 0):
         raise ValueError(f"length_penalty must be a finite number >= 0 (GNMT's alpha; 0 ranks by "
                          f"log-probability alone), got {length_penalty!r}")
+    if float(length_penalty) > float(np.finfo(np.float32).max):
+        raise ValueError(f"length_penalty must be in the range of float32, the dtype it is stored "
+                         f"in, got {length_penalty!r}")
     return float(length_penalty)
 
 

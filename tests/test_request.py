@@ -157,6 +157,11 @@ def test_a_size_past_int32_is_refused_naming_the_argument(uniform, case):
         call(uniform)
 
 
+def test_a_beam_length_penalty_past_float32_is_refused(uniform):
+    with pytest.raises(ValueError, match=r"^length_penalty must be in the range of float32"):
+        dl.beam_search(uniform, [[1]], 2, 2, length_penalty=1e39)
+
+
 def test_a_default_max_len_past_int32_is_refused(uniform):
     with pytest.raises(ValueError, match=r"max_len \(default: .*\) is 2147483663, past 2\*\*31 - 1"):
         dl.generate(uniform, [[1]], GREEDY, 2**31 - 1)
