@@ -94,8 +94,9 @@ def stop_string_cut(ids: list[int], stop_strings: Sequence[str], tokenizer: Any)
     """The smallest k such that ``tokenizer.decode(ids[:k])`` contains a stop string, or None.
 
     The whole output is decoded once; only a row that holds a stop string is searched, by
-    bisection over prefix lengths (a prefix's text is a prefix of the longer text, so containing
-    a stop string is monotone in k): O(log n) decodes rather than one per prefix."""
+    bisection over prefix lengths: a prefix's text is the longer text's start, up to a last
+    character still incomplete in the prefix, so once a prefix contains a stop string every
+    longer one does. O(log n) decodes rather than one per prefix."""
     def contains(k: int) -> bool:
         text = tokenizer.decode(ids[:k])
         return any(s in text for s in stop_strings)
