@@ -261,7 +261,7 @@ def generate(
     block, lengths = prompt_block(rows, S)
     row_params = params.per_row(len(rows), model.config.vocab_size)
     graphdef, weights = nnx.split(model)
-    state = prefill(weights, block, lengths, request.keys, row_params, request.eos_mask,
+    state = prefill(weights, block, lengths, request.keys(), row_params, request.eos_mask,
                     request.stop_block, graphdef=graphdef, max_len=S, max_new_tokens=N,
                     top_n=request.top_n, with_entropy=return_entropy)
     state = DECODE_LOOP.run(weights, state, python_loop=python_loop, graphdef=graphdef)

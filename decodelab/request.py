@@ -186,19 +186,26 @@ def check_seed(name: str, seed: Any) -> int:
     return int(seed)
 
 
-def request_keys(seed: Any, B: int) -> np.ndarray:
-    """``[B, ...]`` uint32 key data of each row's request key (see the module docstring)."""
+def check_seeds(seed: Any, B: int) -> int | list[int]:
+    """``seed`` as one int in ``[0, 2**32)`` or a list of ``B`` of them."""
     if is_int(seed):
         if not 0 <= seed < 2**32:
             raise ValueError(f"seed must be an int in [0, 2**32 - 1] (row r of the batch draws "
                              f"from fold_in(key(seed), r)), got {seed!r}")
-        return np.asarray(sampling.batch_keys(int(seed), B))
+        return int(seed)
     if not isinstance(seed, (Sequence, np.ndarray)) or isinstance(seed, (str, bytes)):
         raise ValueError(f"seed must be an int or one int per prompt, got {seed!r}")
     if len(seed) != B:
         raise ValueError(f"seed has {len(seed)} values but there are {B} prompts; give one int or "
                          f"one per prompt")
-    seeds = [check_seed(f"seed[{i}]", s) for i, s in enumerate(seed)]
+    return [check_seed(f"seed[{i}]", s) for i, s in enumerate(seed)]
+
+
+def request_keys(seeds: int | list[int], B: int) -> np.ndarray:
+    """``[B, ...]`` uint32 key data of each row's request key (see the module docstring) for
+    seeds checked by ``check_seeds``."""
+    if isinstance(seeds, int):
+        return np.asarray(sampling.batch_keys(seeds, B))
     return np.asarray(sampling.seed_keys(np.asarray(seeds, np.uint64).astype(np.uint32)))
 
 
@@ -243,7 +250,7 @@ class BatchRequest:
 
     rows: list[np.ndarray]  # one int32 prompt per row
     max_new_tokens: int
-    keys: np.ndarray  # [B, ...] uint32, each row's request key data
+    seeds: int | list[int]  # one int for the batch, or one per row
     params: SamplingParams  # validated; per_row(B, V) is left to the caller's last step
     eos_mask: np.ndarray  # [V] bool
     stop_block: np.ndarray  # [M, W] int32 (stop sequences, and stop strings' own tokenizations)
@@ -251,18 +258,26 @@ class BatchRequest:
     top_n: int
     with_entropy: bool
 
+    def keys(self) -> np.ndarray:
+        """``[B, ...]`` uint32 key data of each row's request key: computed on request (it runs
+        a compiled function), after every check has passed."""
+        return request_keys(self.seeds, len(self.rows))
+
 
 def check_request(vocab_size: int, prompts: Any, params: Any, max_new_tokens: Any, seed: Any, *,
                   eos_ids: Any, stop_sequences: Any, stop_strings: Any, tokenizer: Any,
                   return_top_logprobs: Any, return_entropy: Any) -> BatchRequest:
-    """Validate the arguments every sampling entry point takes; ValueError names the bad one."""
+    """Validate the arguments every sampling entry point takes; ValueError names the bad one.
+    Nothing is traced or compiled here (``BatchRequest.keys`` and ``params.per_row`` are the
+    caller's last steps), so an entry point can check more and still reject bad input before
+    anything is compiled."""
     V = vocab_size
     rows = check_prompts(prompts, V)
     B = len(rows)
     if not isinstance(params, SamplingParams):
         raise ValueError(f"params must be a SamplingParams, got {params!r}")
     N = check_size("max_new_tokens", max_new_tokens, 1)
-    keys = request_keys(seed, B)
+    seeds = check_seeds(seed, B)
     eos_mask = check_eos(eos_ids, V)
     if isinstance(stop_sequences, (str, bytes)) or not isinstance(stop_sequences, Sequence):
         raise ValueError(f"stop_sequences must be a list of token-id lists, got {stop_sequences!r}")
@@ -277,7 +292,7 @@ def check_request(vocab_size: int, prompts: Any, params: Any, max_new_tokens: An
         ids = list(tokenizer.encode(s))
         if ids and s in tokenizer.decode(ids):
             stops.append(token_ids(f"tokenizer.encode({s!r})", ids, V))
-    return BatchRequest(rows=rows, max_new_tokens=N, keys=keys, params=params,
+    return BatchRequest(rows=rows, max_new_tokens=N, seeds=seeds, params=params,
                         eos_mask=eos_mask, stop_block=stop_block(stops), stop_strings=strings,
                         top_n=top_n, with_entropy=return_entropy)
 

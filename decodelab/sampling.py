@@ -138,8 +138,10 @@ class SamplingParams:
             array = np.broadcast_to(array, (B,))
             if parameter.vocab_sized:
                 array = np.where(array >= V, parameter.neutral, array)
-            values[name] = jnp.asarray(array, parameter.dtype)
-        return RowParams(**values, logit_bias=jnp.asarray(self._bias(B, V)))
+            values[name] = array.astype(parameter.dtype)  # in NumPy: nothing is traced
+        bias = self._bias(B, V)  # the last check
+        return RowParams(**{name: jnp.asarray(a) for name, a in values.items()},
+                         logit_bias=jnp.asarray(bias))
 
     def _bias(self, B: int, V: int) -> np.ndarray:
         bias = np.zeros((B, V), np.float32)  # [B, V]

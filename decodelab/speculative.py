@@ -480,7 +480,7 @@ def speculative_generate(
         drafter = ModelDrafter(draft_graphdef)
     caches = prefill(target_weights, draft_weights, block, lengths - 1, graphdef=graphdef,
                      drafter=drafter, max_len=S)
-    state = initial_state(*caches, block, lengths, request.keys, row_params, request.eos_mask,
+    state = initial_state(*caches, block, lengths, request.keys(), row_params, request.eos_mask,
                           request.stop_block, gamma=gamma, max_new_tokens=N, top_n=request.top_n,
                           with_entropy=request.with_entropy)
     state = SPECULATIVE_LOOP.run((target_weights, draft_weights), state, python_loop=python_loop,
