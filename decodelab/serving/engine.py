@@ -43,7 +43,7 @@ from decodelab.sampling import SamplingParams
 
 # Fields of DecodeState with a leading slot axis (the cache's k and v have it second).
 ROW_FIELDS = ("tokens", "prompt_lengths", "lengths", "finish", "logits", "keys", "params",
-               "stop_ids", "budgets", "logprobs", "top_logprobs", "top_ids", "entropy")
+              "stop_ids", "budgets", "logprobs", "top_logprobs", "top_ids", "entropy")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
