@@ -39,12 +39,15 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
+
+if TYPE_CHECKING:
+    from decodelab.sampling import RowParams  # derived from this module's registry
 
 # --- Parameters -----------------------------------------------------------------------------------
 
@@ -184,15 +187,15 @@ class LogitsProcessor(abc.ABC):
     # logits alone.
     reads_history: ClassVar[bool] = False
 
-    def enabled(self, params: Any) -> jax.Array:
+    def enabled(self, params: RowParams) -> jax.Array:
         """``[B]`` bool."""
         return getattr(params, self.parameter.name) != self.parameter.neutral
 
     @abc.abstractmethod
-    def apply(self, logits: jax.Array, params: Any, history: History) -> jax.Array:
+    def apply(self, logits: jax.Array, params: RowParams, history: History) -> jax.Array:
         """The processed logits of every row (only enabled rows are kept)."""
 
-    def __call__(self, logits: jax.Array, params: Any, history: History) -> jax.Array:
+    def __call__(self, logits: jax.Array, params: RowParams, history: History) -> jax.Array:
         on = self.enabled(params)  # [B]
 
         def run(logits):
