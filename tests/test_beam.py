@@ -40,7 +40,7 @@ class Chain(nnx.Module):
         positions = cache.positions(T)  # [B, T]
         stored = tokens.astype(jnp.float32)[:, :, None, None]  # [B, T, K=1, H=1]
         cache = cache.write(0, stored, stored)
-        held = cache.k[0, :, :, 0, 0].astype(jnp.int32)  # [B, S]
+        held = cache.read(0, 0, S)[0][:, 0, :, 0].astype(jnp.int32)  # [B, S]
         t1 = jnp.take_along_axis(held, jnp.clip(positions, 0, S - 1), axis=1)  # [B, T]
         t2 = jnp.take_along_axis(held, jnp.clip(positions - 1, 0, S - 1), axis=1)
         return self.logp[...][t2, t1], cache.advance(num_valid)
@@ -66,7 +66,7 @@ def test_kv_cache_take_rows_copies_keys_values_and_lengths_by_row():
     cache = cache.replace(k=cache.k + marks, v=cache.v - marks,
                           lengths=jnp.asarray([1, 2, 3], jnp.int32))
     taken = cache.take_rows(jnp.asarray([2, 0, 0, 1]))
-    assert taken.k.shape == (2, 4, 4, 1, 2)
+    assert taken.k.shape == (2, 4, 1, 4, 2)  # [L, B, K, S, H]
     np.testing.assert_array_equal(taken.k[:, :, 0, 0, 0], [[2, 0, 0, 1]] * 2)
     np.testing.assert_array_equal(taken.v[:, :, 0, 0, 0], [[-2, 0, 0, -1]] * 2)
     np.testing.assert_array_equal(taken.lengths, [3, 1, 1, 2])

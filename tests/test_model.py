@@ -188,9 +188,9 @@ def test_jitted_write_past_max_len_is_dropped_not_wrapped(build):
     # Inside jit the room check cannot run: a block of 4 at length 30 has 2 slots left.
     _, cache = m.extend(padded_block(np.zeros(B, np.int32), np.full(B, 4), BLOCK), cache,
                         np.full(B, 4, np.int32))
-    k = np.asarray(cache.k)  # [L, B, S, K, H]
-    np.testing.assert_array_equal(k[:, :, : MAX_LEN - 2], 0.0)  # slots 0..29 untouched
-    assert (np.abs(k[:, :, MAX_LEN - 2 :]).sum(axis=(-2, -1)) > 0).all()  # the 2 slots left
+    k = np.asarray(cache.k)  # [L, B, K, S, H]
+    np.testing.assert_array_equal(k[:, :, :, : MAX_LEN - 2], 0.0)  # slots 0..29 untouched
+    assert (np.abs(k[:, :, :, MAX_LEN - 2 :]).sum(axis=-1) > 0).all()  # the 2 slots left
 
 
 # --- Positions beyond the training length ---------------------------------------------------------
@@ -400,7 +400,7 @@ def test_t5_future_keys_use_bucket_zero():
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_cache_init_shapes_and_dtypes(tiny_config, dtype):
     cache = dl.KVCache.init(tiny_config.replace(dtype=dtype), batch_size=3, max_len=10)
-    assert cache.k.shape == cache.v.shape == (2, 3, 10, 2, 16)  # [L, B, S, K, H]
+    assert cache.k.shape == cache.v.shape == (2, 3, 2, 10, 16)  # [L, B, K, S, H]
     assert cache.k.dtype == cache.v.dtype == jnp.dtype(dtype)
     assert cache.lengths.dtype == jnp.int32
     np.testing.assert_array_equal(cache.lengths, [0, 0, 0])
@@ -443,9 +443,10 @@ def test_cache_write_inside_jit_drops_out_of_range_slots(tiny_config):
     # [B, T, K, H]: token t carries the value t + 1; row 0 has 2 slots left for 3 tokens.
     k = jnp.broadcast_to(jnp.arange(1.0, 4.0)[None, :, None, None], (2, 3, 2, 16))
     cache = jax.jit(lambda c, k, v: c.write(1, k, v))(cache, k, 2 * k)
-    written = np.asarray(cache.k[1, :, :, 0, 0])  # [B, S]
-    np.testing.assert_array_equal(written, [[0, 0, 0, 0, 0, 0, 1, 2], [1, 2, 3, 0, 0, 0, 0, 0]])
-    np.testing.assert_array_equal(cache.v[1, :, :, 0, 0], 2 * written)
+    written = np.asarray(cache.k[1, :, :, :, 0])  # [B, K, S]
+    np.testing.assert_array_equal(written, [[[0, 0, 0, 0, 0, 0, 1, 2]] * 2,
+                                            [[1, 2, 3, 0, 0, 0, 0, 0]] * 2])
+    np.testing.assert_array_equal(cache.v[1, :, :, :, 0], 2 * written)
     np.testing.assert_array_equal(cache.k[0], 0.0)  # other layers untouched
     np.testing.assert_array_equal(cache.lengths, [6, 0])  # write does not advance
 
