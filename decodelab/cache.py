@@ -40,19 +40,29 @@ def _write_rows(cache: jax.Array, layer: int, block: jax.Array, at: jax.Array,
                 shift: jax.Array) -> jax.Array:
     """``cache: [L, B, K, S, H]`` with ``block: [B, T, K, H]`` written into layer ``layer`` of each
     row b at window ``[at[b], at[b] + T)`` (in range), the window's first ``shift[b]`` slots keeping
-    their values and token j landing in window slot ``j + shift[b]``."""
-    K, H = cache.shape[2], cache.shape[4]
+    their values and token j landing in window slot ``j + shift[b]``.
+
+    One window update per row, ``[K, T, H]`` at ``(layer, b, :, at[b], :)``, in the cache's own
+    layout, so XLA updates the (donated) buffer in place.
+    """
+    L, B, K, S, H = cache.shape
     T = block.shape[1]
     block = jnp.swapaxes(block, 1, 2).astype(cache.dtype)  # [B, K, T, H]
-    window = jnp.arange(T, dtype=jnp.int32)  # [T]
-
-    def one_row(row, tokens, at, shift):  # row [L, K, S, H], tokens [K, T, H], at and shift []
-        old = jax.lax.dynamic_slice(row, (layer, 0, at, 0), (1, K, T, H))[0]  # [K, T, H]
-        moved = jnp.take(tokens, jnp.clip(window - shift, 0, T - 1), axis=1)  # [K, T, H]
-        new = jnp.where((window >= shift)[None, :, None], moved, old)
-        return jax.lax.dynamic_update_slice(row, new[None], (layer, 0, at, 0))
-
-    return jax.vmap(one_row, in_axes=(1, 0, 0, 0), out_axes=1)(cache, block, at, shift)
+    index = jnp.stack([jnp.full((B,), layer, jnp.int32), jnp.arange(B, dtype=jnp.int32),
+                       at.astype(jnp.int32)], axis=1)  # [B, 3]: (layer, row, first slot)
+    windows = dict(offset_dims=(1, 2, 3), collapsed_slice_dims=(0, 1), start_index_map=(0, 1, 3))
+    old = jax.lax.gather(cache, index, jax.lax.GatherDimensionNumbers(**windows),
+                         slice_sizes=(1, 1, K, T, H), indices_are_sorted=True,
+                         mode=jax.lax.GatherScatterMode.PROMISE_IN_BOUNDS)  # [B, K, T, H]
+    window = jnp.arange(T, dtype=jnp.int32)[None, :]  # [1, T]
+    source = jnp.clip(window - shift[:, None], 0, T - 1)  # [B, T]: token landing in window slot
+    moved = jnp.take_along_axis(block, source[:, None, :, None], axis=2)  # [B, K, T, H]
+    new = jnp.where((window >= shift[:, None])[:, None, :, None], moved, old)
+    numbers = jax.lax.ScatterDimensionNumbers(
+        update_window_dims=(1, 2, 3), inserted_window_dims=(0, 1),
+        scatter_dims_to_operand_dims=(0, 1, 3))
+    return jax.lax.scatter(cache, index, new, numbers, indices_are_sorted=True,
+                           unique_indices=True, mode=jax.lax.GatherScatterMode.PROMISE_IN_BOUNDS)
 
 
 def _check_int_array(name: str, value, shape: tuple[int, ...]) -> jax.Array:
