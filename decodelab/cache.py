@@ -2,8 +2,8 @@
 
 Conventions (every caller relies on them):
 
-- ``k`` and ``v`` are ``[L, B, K, S, H]``, head-major: for one layer and row, each kv head's slots are
-  contiguous, which is the layout both attention einsums read, so no step transposes the cache. Slot
+- ``k`` and ``v`` are ``[L, B, K, S, H]``, head-major: for one layer and row, each kv head's slots
+  are contiguous, the layout both attention einsums read, so no step transposes the cache. Slot
   ``j`` of row ``b`` holds the token at position ``j`` of that row. ``lengths[b]`` counts the valid
   slots of row ``b``; slots at or beyond it hold stale values that are never attended (attention
   masks by position, see ``model/attention.py``).
@@ -16,10 +16,11 @@ Conventions (every caller relies on them):
   concrete; inside a trace, out-of-range slots are dropped (never wrapped onto earlier slots), and
   the decode loop stops a row before its cache is full.
 - ``read(layer, start, size)`` returns slots ``[start, start + size)`` of every row as float
-  ``[B, K, size, H]``; attention reads the cache only through it, a block at a time, so a cache that
-  stores something else (quantized values, beams sharing a prompt) only has to implement ``write``,
-  ``read``, ``take_rows``, ``rewind`` and the sizes. The contract of such a cache is this class's
-  public methods and properties other than ``k`` and ``v``.
+  ``[B, K, size, H]``; attention reads the cache only through it, a block at a time. So a cache
+  that stores something else (quantized values, beams sharing a prompt: ``beam.BeamCache``) works
+  wherever this one does if it has this class's public methods and properties other than ``k`` and
+  ``v``: ``write``, ``read``, ``advance``, ``positions``, ``check_room``, ``take_rows``,
+  ``rewind``, ``lengths``, ``batch_size``, ``max_len``.
 """
 
 from __future__ import annotations
@@ -189,8 +190,8 @@ class KVCache:
         """Set each row's length back to ``lengths`` (an int or ``[B]`` ints); later slots become
         stale.
 
-        This is how speculative decoding drops rejected draft tokens and how a serving slot is freed:
-        nothing is erased, the next write overwrites.
+        This is how speculative decoding drops rejected draft tokens and how a serving slot is
+        freed: nothing is erased, the next write overwrites.
         """
         lengths = _check_int_array("lengths", lengths, self.lengths.shape)
         if _is_concrete(lengths) and _is_concrete(self.lengths):
