@@ -33,7 +33,7 @@ class Block(nnx.Module):
         self.mlp_norm = NORMS[cfg.norm](cfg, rngs)
         self.mlp = MLPS[cfg.mlp](cfg, rngs=rngs)
 
-    def __call__(self, x, positions: PositionEncoding, q_pos, k_pos, bias, cache, layer, live):
+    def __call__(self, x, positions: PositionEncoding, q_pos, k_pos, bias, cache, layer, live=None):
         attn_out, cache = self.attn(self.attn_norm(x), positions, q_pos, k_pos, bias, cache, layer,
                                     live)
         h = x + attn_out
