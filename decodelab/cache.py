@@ -46,7 +46,7 @@ def _write_rows(cache: jax.Array, layer: int, block: jax.Array, at: jax.Array,
     One window update per row, ``[K, T, H]`` at ``(layer, b, :, at[b], :)``, in the cache's own
     layout, so XLA updates the (donated) buffer in place.
     """
-    L, B, K, S, H = cache.shape
+    _, B, K, _, H = cache.shape
     T = block.shape[1]
     block = jnp.swapaxes(block, 1, 2).astype(cache.dtype)  # [B, K, T, H]
     index = jnp.stack([jnp.full((B,), layer, jnp.int32), jnp.arange(B, dtype=jnp.int32),
@@ -54,7 +54,7 @@ def _write_rows(cache: jax.Array, layer: int, block: jax.Array, at: jax.Array,
     windows = dict(offset_dims=(1, 2, 3), collapsed_slice_dims=(0, 1), start_index_map=(0, 1, 3))
     old = jax.lax.gather(cache, index, jax.lax.GatherDimensionNumbers(**windows),
                          slice_sizes=(1, 1, K, T, H), indices_are_sorted=True,
-                         mode=jax.lax.GatherScatterMode.PROMISE_IN_BOUNDS)  # [B, K, T, H]
+                         mode=jax.lax.GatherScatterMode.CLIP)  # [B, K, T, H]
     window = jnp.arange(T, dtype=jnp.int32)[None, :]  # [1, T]
     source = jnp.clip(window - shift[:, None], 0, T - 1)  # [B, T]: token landing in window slot
     moved = jnp.take_along_axis(block, source[:, None, :, None], axis=2)  # [B, K, T, H]
@@ -63,7 +63,7 @@ def _write_rows(cache: jax.Array, layer: int, block: jax.Array, at: jax.Array,
         update_window_dims=(1, 2, 3), inserted_window_dims=(0, 1),
         scatter_dims_to_operand_dims=(0, 1, 3))
     return jax.lax.scatter(cache, index, new, numbers, indices_are_sorted=True,
-                           unique_indices=True, mode=jax.lax.GatherScatterMode.PROMISE_IN_BOUNDS)
+                           unique_indices=True, mode=jax.lax.GatherScatterMode.CLIP)
 
 
 def _check_int_array(name: str, value, shape: tuple[int, ...]) -> jax.Array:
@@ -73,8 +73,7 @@ def _check_int_array(name: str, value, shape: tuple[int, ...]) -> jax.Array:
         array = value if isinstance(value, jax.Array) else np.asarray(value)
     except (TypeError, ValueError):
         array = None
-    if (array is None or array.dtype == bool
-            or not (jnp.issubdtype(array.dtype, jnp.integer))):
+    if array is None or array.dtype == bool or not jnp.issubdtype(array.dtype, jnp.integer):
         raise ValueError(f"{name} must be an int or one int per row ({shape[0]} rows), got "
                          f"{value!r}")
     if array.ndim > 1 or (array.ndim == 1 and array.shape != shape):
@@ -170,7 +169,7 @@ class KVCache:
         each. ``size`` is static, ``start`` may be traced; like ``lax.dynamic_slice``, ``start`` is
         clamped to ``[0, max_len - size]``, so a caller reading a last partial block masks the
         slots before its nominal start."""
-        L, B, K, S, H = self.k.shape
+        _, B, K, _, H = self.k.shape
         index = (layer, 0, 0, start, 0)
         return (jax.lax.dynamic_slice(self.k, index, (1, B, K, size, H))[0],
                 jax.lax.dynamic_slice(self.v, index, (1, B, K, size, H))[0])

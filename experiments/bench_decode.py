@@ -523,7 +523,7 @@ def _verdict(misses: list) -> str:
 def _roofline_target(metrics: list[dict]) -> str | None:
     """Every small, medium and pretrained row at >= 50% of its roofline (medium and pretrained
     batch 1: >= 75%)."""
-    checked = [m for m in metrics if m["preset"] not in ("tiny",)]
+    checked = [m for m in metrics if m["preset"] != "tiny"]
     if not checked:
         return None
     need = {id(m): 0.75 if m["preset"] != "small" and m["batch_size"] == 1 else 0.5

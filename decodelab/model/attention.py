@@ -13,7 +13,8 @@ Two paths compute the same attention (float32 results agree to rounding):
 - ``blocked_attention``: decode steps and short blocks (at most ``SHORT_BLOCK`` tokens, e.g. a
   speculative verify block) read the cache ``BLOCK_SLOTS`` slots at a time with an online softmax,
   in a ``while_loop`` that stops after the last block any counted query can see, so a step costs
-  what the longest live row holds, not the cache's ``max_len``. A position bias (T5, ALiBi) is
+  what the longest live row holds, not the cache's ``max_len`` (a cache of at most one block is
+  read in one piece, without the loop). A position bias (T5, ALiBi) is
   computed per block from positions, never as a ``[B, N, T, S]`` matrix.
 """
 
@@ -82,7 +83,6 @@ def blocked_attention(
     G = N // K
     size = min(block_slots, S)
     q = q.reshape(B, T, K, G, H)
-    blocks = attention_blocks(live, S, block_slots)
 
     def trip(carry):
         i, m, l, acc = carry  # [], [B, K, G, T], [B, K, G, T], [B, K, G, T, H]
@@ -106,7 +106,11 @@ def blocked_attention(
 
     init = (jnp.zeros((), jnp.int32), jnp.full((B, K, G, T), NEG, jnp.float32),
             jnp.zeros((B, K, G, T), jnp.float32), jnp.zeros((B, K, G, T, H), jnp.float32))
-    _, _, l, acc = jax.lax.while_loop(lambda carry: carry[0] < blocks, trip, init)
+    if size == S:  # one block holds the whole cache: no loop to run
+        _, _, l, acc = trip(init)
+    else:
+        blocks = attention_blocks(live, S, block_slots)
+        _, _, l, acc = jax.lax.while_loop(lambda carry: carry[0] < blocks, trip, init)
     out = (acc / l[..., None]).astype(q.dtype)  # [B, K, G, T, H]
     return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(B, T, N, H)
 
