@@ -495,8 +495,7 @@ def report(rows, out_dir) -> list[pathlib.Path]:
 
 
 def main(argv) -> None:
-    del argv
-    experiment.run_from_flags(_FLAGS, benchmark)
+    experiment.run_from_flags(_FLAGS, benchmark, argv)
 
 
 if __name__ == "__main__":

@@ -482,8 +482,7 @@ def _page(rows, out_dir: pathlib.Path, name: str) -> list[pathlib.Path]:
 
 
 def main(argv) -> None:
-    del argv
-    experiment.run_from_flags(_FLAGS, evaluate)
+    experiment.run_from_flags(_FLAGS, evaluate, argv)
 
 
 if __name__ == "__main__":
