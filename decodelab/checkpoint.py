@@ -16,6 +16,7 @@ import pathlib
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from flax import nnx
 
@@ -53,10 +54,32 @@ def _meta_tokenizer(meta: dict[str, Any]) -> Tokenizer | PretrainedTokenizer:
     return Tokenizer.from_serialized(base64.b64decode(meta["tokenizer"]))
 
 
+@jax.jit
+def _all_finite(arrays: list[jax.Array]) -> list[jax.Array]:
+    return [jnp.isfinite(a).all() for a in arrays]
+
+
+def nonfinite_arrays(tree: Any) -> list[str]:
+    """The paths (``['layers'][0]['attn']...``) of the float arrays in ``tree`` that hold a NaN or
+    an infinity; integer arrays (quantized values, counters) are never non-finite."""
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    floats = [(jax.tree_util.keystr(path), leaf) for path, leaf in leaves
+              if jnp.issubdtype(jnp.asarray(leaf).dtype, jnp.inexact)]
+    finite = _all_finite([leaf for _, leaf in floats])
+    return [name for (name, _), ok in zip(floats, finite, strict=True) if not bool(ok)]
+
+
 def save(manager, step: int, params: nnx.State, meta: dict[str, Any], opt_state=None) -> None:
-    """Save ``params`` (and ``opt_state`` when given) with ``meta`` as checkpoint ``step``."""
+    """Save ``params`` (and ``opt_state`` when given) with ``meta`` as checkpoint ``step``.
+    Parameters holding a NaN or an infinity are refused: such a checkpoint would only spread."""
+    pure = nnx.to_pure_dict(params)
+    bad = nonfinite_arrays(pure)
+    if bad:
+        raise ValueError(f"parameters must be finite to be saved as step {step} in "
+                         f"{str(manager.directory)!r}, got NaN or infinite values in "
+                         f"{bad[:5]}{' ...' if len(bad) > 5 else ''}")
     items = {
-        "params": ocp.args.StandardSave(nnx.to_pure_dict(params)),
+        "params": ocp.args.StandardSave(pure),
         "meta": ocp.args.JsonSave(meta),
     }
     if opt_state is not None:

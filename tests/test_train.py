@@ -1,13 +1,17 @@
 """Training: loss falls, evaluation is exact about padding, resume equals an uninterrupted run,
 checkpoints round-trip, and bad settings are refused by name."""
 
+import dataclasses
+
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
 import decodelab as dl
-from decodelab import data, train
+from decodelab import checkpoint, data, train
+from decodelab.data import PackedBatches
 from decodelab.tokenizer import Tokenizer
 
 TINY = dict(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=256, max_seq_len=64)
@@ -128,11 +132,17 @@ def test_load_checkpoint_errors_name_the_problem(tmp_path, model_cfg, tokenizer)
     ("steps", 0, "steps must be a positive int"),
     ("batch_size", -1, "batch_size must be a positive int"),
     ("warmup_steps", 20, r"warmup_steps must be an int in \[0, steps=12\]"),
-    ("learning_rate", 0.0, "learning_rate must be > 0"),
+    ("learning_rate", 0.0, r"learning_rate must be in \(0, 1.0\], got 0.0"),
+    ("learning_rate", 1e30, r"learning_rate must be in \(0, 1.0\], got 1e\+30"),
     ("learning_rate", float("nan"), "learning_rate must be a finite number"),
     ("grad_clip", -1.0, "grad_clip must be > 0"),
-    ("weight_decay", -0.1, "weight_decay must be >= 0"),
-    ("b2", 1.5, r"b2 must be in \[0, 1\]"),
+    ("grad_clip", float("inf"), "grad_clip must be a finite number"),
+    ("weight_decay", -0.1, r"weight_decay must be in \[0, 1\], got -0.1"),
+    ("weight_decay", 5.0, r"weight_decay must be in \[0, 1\], got 5.0"),
+    ("b1", 1.0, r"b1 must be in \[0, 1\), got 1.0"),
+    ("b1", -0.1, r"b1 must be in \[0, 1\), got -0.1"),
+    ("b2", 1.0, r"b2 must be in \[0, 1\), got 1.0"),
+    ("b2", 1.5, r"b2 must be in \[0, 1\), got 1.5"),
     ("final_lr_fraction", 2.0, r"final_lr_fraction must be in \[0, 1\]"),
 ])
 def test_train_config_rejects_bad_fields_by_name(field, value, message):
@@ -144,3 +154,54 @@ def test_train_refuses_sequences_longer_than_a_learned_table(tokenizer, stream):
     cfg = dl.ModelConfig(vocab_size=tokenizer.vocab_size, position="learned", **TINY)
     with pytest.raises(ValueError, match="seq_len must be <= max_seq_len=64"):
         train.train(cfg, small_run(seq_len=128), stream, progress=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class NaNOnBatch(train.Objective):
+    """Next-token loss, but NaN on one given batch: a divergence at a step the test chooses."""
+
+    batch: np.ndarray
+
+    def loss(self, model, windows, aux):
+        nll = train.NextToken().loss(model, windows, None)
+        return jnp.where(jnp.all(windows == aux), jnp.nan, nll)
+
+    def aux(self):
+        return jnp.asarray(self.batch)
+
+    def to_dict(self):
+        return {"name": "nan_on_batch"}
+
+
+def nan_at_step(stream, tc, step):
+    """An objective whose loss is NaN at (1-based) ``step`` of a run of ``tc`` on ``stream``."""
+    return NaNOnBatch(PackedBatches(stream, tc.batch_size, tc.seq_len, tc.seed).batch(step - 1))
+
+
+def test_a_non_finite_loss_stops_training_naming_its_step_and_nothing_after_is_saved(
+        model_cfg, stream, tokenizer, tmp_path):
+    # Found at step 4 (the first step that logs), named as step 3; the save at step 4 is skipped.
+    tc = small_run(steps=8, checkpoint_every=2, log_every=4)
+    with pytest.raises(train.TrainingDiverged, match=r"not finite at step 3 \(of 8\).*Likely "
+                                                     r"cause: a learning rate too high"):
+        train.train(model_cfg, tc, stream, tokenizer=tokenizer, checkpoint_dir=tmp_path,
+                    objective=nan_at_step(stream, tc, 3), progress=False)
+    manager = checkpoint.open_manager(tmp_path, read_only=True)
+    assert manager.all_steps() == [2]
+
+
+def test_a_model_with_non_finite_parameters_is_never_saved(model_cfg, tokenizer, tmp_path):
+    model = dl.Transformer(model_cfg, rngs=nnx.Rngs(0))
+    model.embed.embedding[...] = model.embed.embedding[...].at[0, 0].set(jnp.inf)
+    with pytest.raises(ValueError, match=r"parameters must be finite to be saved as step 0 in "
+                                         r".*got NaN or infinite values in \[\"\['embed'\]"):
+        dl.save_checkpoint(tmp_path / "ckpt", model, tokenizer)
+    assert not list((tmp_path / "ckpt").glob("0*"))
+
+
+def test_evaluate_refuses_non_finite_parameters(model_cfg, stream):
+    model = dl.Transformer(model_cfg, rngs=nnx.Rngs(0))
+    model.embed.embedding[...] = model.embed.embedding[...].at[3, 1].set(jnp.nan)
+    with pytest.raises(ValueError, match=r"model must have finite parameters to evaluate, got NaN "
+                                         r"or infinite values in \[\"\['embed'\]"):
+        train.evaluate(model, data.eval_windows(stream[:200], 32))
