@@ -2,6 +2,8 @@
 checkpoints round-trip, and bad settings are refused by name."""
 
 import dataclasses
+import json
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -205,3 +207,84 @@ def test_evaluate_refuses_non_finite_parameters(model_cfg, stream):
     with pytest.raises(ValueError, match=r"model must have finite parameters to evaluate, got NaN "
                                          r"or infinite values in \[\"\['embed'\]"):
         train.evaluate(model, data.eval_windows(stream[:200], 32))
+
+
+# --- Damaged checkpoints -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def saved(model_cfg, tokenizer, tmp_path_factory):
+    """A checkpoint of two steps (1 and 2) of different models."""
+    path = tmp_path_factory.mktemp("saved") / "ckpt"
+    for step in (1, 2):
+        dl.save_checkpoint(path, dl.Transformer(model_cfg, rngs=nnx.Rngs(step)), tokenizer,
+                           step=step)
+    return path
+
+
+def largest_array_file(step_dir):
+    return max((step_dir / "params").rglob("d/*"), key=lambda f: f.stat().st_size)
+
+
+def truncate(step_dir):
+    f = largest_array_file(step_dir)
+    f.write_bytes(f.read_bytes()[:f.stat().st_size // 2])
+
+
+def garble(step_dir):
+    f = largest_array_file(step_dir)
+    data_ = bytearray(f.read_bytes())
+    data_[64::97] = bytes(b ^ 0xFF for b in data_[64::97])
+    f.write_bytes(bytes(data_))
+
+
+DAMAGE = {
+    "truncated array file": (truncate, "parameters"),
+    "garbled array file": (garble, "parameters"),
+    "missing metadata file": (lambda d: (d / "meta/metadata").unlink(), "metadata"),
+    "malformed metadata": (lambda d: (d / "meta/metadata").write_text("{not json"), "metadata"),
+    "metadata without a model config": (lambda d: (d / "meta/metadata").write_text('{"step": 2}'),
+                                        "model config"),
+    "metadata with a bad tokenizer": (
+        lambda d: (d / "meta/metadata").write_text(json.dumps(
+            {**json.loads((d / "meta/metadata").read_text()), "tokenizer": "bm90IGEgbW9kZWw="})),
+        "tokenizer"),
+    "empty manifest": (lambda d: (d / "params/manifest.ocdbt").write_bytes(b""), "parameters"),
+    "missing array metadata": (lambda d: (d / "params/_METADATA").unlink(), "parameters"),
+    "missing parameters": (lambda d: shutil.rmtree(d / "params"), "parameters"),
+}
+
+
+@pytest.mark.parametrize("mode", list(DAMAGE))
+def test_a_damaged_step_is_a_value_error_naming_the_checkpoint_and_the_part(saved, tmp_path,
+                                                                            mode):
+    damage, part = DAMAGE[mode]
+    path = tmp_path / "ckpt"
+    shutil.copytree(saved, path)
+    damage(path / "2")
+    with pytest.raises(ValueError, match=f"checkpoint '{path}' step 2 is damaged: its {part}"):
+        dl.load_checkpoint(path, step=2)
+
+
+def test_a_damaged_latest_step_falls_back_to_the_last_intact_one_with_a_warning(
+        saved, tmp_path, model_cfg):
+    path = tmp_path / "ckpt"
+    shutil.copytree(saved, path)
+    truncate(path / "2")
+    with pytest.warns(UserWarning, match=r"step 2 is damaged: its parameters .*; loaded step 1, "
+                                         r"the latest intact one"):
+        model, _ = dl.load_checkpoint(path)
+    expected = dl.Transformer(model_cfg, rngs=nnx.Rngs(1))
+    for a, b in zip(params_of(expected), params_of(model), strict=True):
+        np.testing.assert_array_equal(a, b)
+    truncate(path / "1")
+    with pytest.raises(ValueError, match=r"step 2 is damaged: .*no earlier step is intact either "
+                                         r"\(steps \[1, 2\]\)"):
+        dl.load_checkpoint(path)
+
+
+def test_save_checkpoint_refuses_a_tokenizer_of_another_vocabulary(model_cfg, tokenizer, tmp_path):
+    model = dl.Transformer(model_cfg.replace(vocab_size=600), rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="tokenizer must have the model's vocabulary, got a "
+                                         "tokenizer of vocab_size=512 for a model of vocab_size=600"):
+        dl.save_checkpoint(tmp_path / "ckpt", model, tokenizer)
