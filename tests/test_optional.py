@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import decodelab as dl
+import requires
 from decodelab import optional
 from decodelab.convert import PretrainedTokenizer
 
@@ -100,3 +101,13 @@ def test_no_module_imports_an_optional_package_but_through_require():
                          [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
                 direct = [n for n in names if n.partition(".")[0] in optional.OPTIONAL]
                 assert not direct, f"{path.relative_to(REPO)}:{node.lineno} imports {direct}"
+
+
+def test_a_missing_test_dependency_skips_outside_ci_and_fails_in_ci(monkeypatch):
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="the test needs it"):
+        requires.importorskip("no_such_module_here", reason="the test needs it")
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match=r"no_such_module_here is missing although CI "
+                                                    r"is set .*pip install -e '\.\[test\]'"):
+        requires.importorskip("no_such_module_here", reason="the test needs it")
