@@ -139,9 +139,20 @@ def test_decode_seconds_sums_each_steps_roofline():
                                    flops_per_s=1e9) == pytest.approx(expected, rel=1e-12)
 
 
-def test_probes_return_positive_finite_rates_on_small_arrays():
-    assert 0 < roofline.measure_bandwidth(1 << 20, repeats=1) < math.inf
-    assert 0 < roofline.measure_matmul_flops(32, repeats=1) < math.inf
+def test_probes_divide_the_bytes_read_and_the_flops_done_by_the_median_time(monkeypatch):
+    timed = []
+
+    def half_a_second(fn, *args, repeats):
+        timed.append((fn(*args), [a.shape for a in args], repeats))
+        return 0.5
+
+    monkeypatch.setattr(roofline, "median_time", half_a_second)
+    assert roofline.measure_bandwidth(1 << 20, repeats=3) == 2 * (1 << 20)
+    assert roofline.measure_matmul_flops(32, repeats=2) == 2 * 2 * 32**3
+    (total, shapes, repeats), (product, matmul_shapes, matmul_repeats) = timed
+    assert float(total) == (1 << 20) // 4 and shapes == [((1 << 20) // 4,)] and repeats == 3
+    assert product.shape == (32, 32) and matmul_shapes == [(32, 32), (32, 32)]
+    assert matmul_repeats == 2
 
 
 @pytest.mark.parametrize("call, message", [
