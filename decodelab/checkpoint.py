@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import base64
 import pathlib
+import warnings
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from flax import nnx
 
@@ -39,6 +41,10 @@ def open_manager(directory, *, max_to_keep: int | None = 3, read_only: bool = Fa
 
 def make_meta(cfg: ModelConfig, tokenizer: Tokenizer | PretrainedTokenizer, step: int,
               **extra: Any) -> dict[str, Any]:
+    if tokenizer.vocab_size != cfg.vocab_size:
+        raise ValueError(f"tokenizer must have the model's vocabulary, got a tokenizer of "
+                         f"vocab_size={tokenizer.vocab_size} for a model of vocab_size="
+                         f"{cfg.vocab_size}; save the model with the tokenizer it was built for")
     if isinstance(tokenizer, PretrainedTokenizer):
         saved = {"pretrained_tokenizer": tokenizer.to_json()}
     else:
@@ -53,10 +59,32 @@ def _meta_tokenizer(meta: dict[str, Any]) -> Tokenizer | PretrainedTokenizer:
     return Tokenizer.from_serialized(base64.b64decode(meta["tokenizer"]))
 
 
+@jax.jit
+def _all_finite(arrays: list[jax.Array]) -> list[jax.Array]:
+    return [jnp.isfinite(a).all() for a in arrays]
+
+
+def nonfinite_arrays(tree: Any) -> list[str]:
+    """The paths (``['layers'][0]['attn']...``) of the float arrays in ``tree`` that hold a NaN or
+    an infinity; integer arrays (quantized values, counters) are never non-finite."""
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    floats = [(jax.tree_util.keystr(path), leaf) for path, leaf in leaves
+              if jnp.issubdtype(jnp.asarray(leaf).dtype, jnp.inexact)]
+    finite = _all_finite([leaf for _, leaf in floats])
+    return [name for (name, _), ok in zip(floats, finite, strict=True) if not bool(ok)]
+
+
 def save(manager, step: int, params: nnx.State, meta: dict[str, Any], opt_state=None) -> None:
-    """Save ``params`` (and ``opt_state`` when given) with ``meta`` as checkpoint ``step``."""
+    """Save ``params`` (and ``opt_state`` when given) with ``meta`` as checkpoint ``step``.
+    Parameters holding a NaN or an infinity are refused: such a checkpoint would only spread."""
+    pure = nnx.to_pure_dict(params)
+    bad = nonfinite_arrays(pure)
+    if bad:
+        raise ValueError(f"parameters must be finite to be saved as step {step} in "
+                         f"{str(manager.directory)!r}, got NaN or infinite values in "
+                         f"{bad[:5]}{' ...' if len(bad) > 5 else ''}")
     items = {
-        "params": ocp.args.StandardSave(nnx.to_pure_dict(params)),
+        "params": ocp.args.StandardSave(pure),
         "meta": ocp.args.JsonSave(meta),
     }
     if opt_state is not None:
@@ -108,16 +136,78 @@ def save_checkpoint(path, model: Transformer, tokenizer: Tokenizer | PretrainedT
     manager.close()
 
 
+def _damaged(path: pathlib.Path, step: int, part: str, error: BaseException) -> ValueError:
+    while error.__cause__ is not None:  # Orbax wraps TensorStore's error, which says what failed
+        error = error.__cause__
+    detail = str(error).strip().splitlines()[0][:300] if str(error).strip() else ""
+    return ValueError(f"checkpoint {str(path)!r} step {step} is damaged: its {part} cannot be "
+                      f"read ({type(error).__name__}: {detail})")
+
+
+def _load_step(manager, path: pathlib.Path, step: int
+               ) -> tuple[Transformer, Tokenizer | PretrainedTokenizer]:
+    """``(model, tokenizer)`` of one step, or a ValueError naming the part that is damaged."""
+    # Orbax and TensorStore raise bare Exceptions, KeyErrors and JSON errors for damaged files:
+    # each stage is read on its own so the error can say which part failed.
+    meta_dir = path / str(step) / "meta"
+    try:
+        meta = restore_meta(manager, step)
+    except Exception as e:  # noqa: BLE001 (see above)
+        raise _damaged(path, step, f"metadata ({str(meta_dir)!r})", e) from e
+    if not isinstance(meta, dict):
+        raise _damaged(path, step, f"metadata ({str(meta_dir)!r})",
+                       TypeError(f"a JSON object is expected, got {type(meta).__name__}"))
+    try:
+        cfg = ModelConfig.from_dict(meta["model_config"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise _damaged(path, step, f"model config (model_config in {str(meta_dir)!r})", e) from e
+    try:
+        tokenizer = _meta_tokenizer(meta)
+    except Exception as e:  # noqa: BLE001 (base64, SentencePiece and JSON errors alike)
+        raise _damaged(path, step, f"tokenizer (in {str(meta_dir)!r})", e) from e
+    params_dir = path / str(step) / "params"
+    try:
+        model, _ = restore(manager, step, cfg)
+    except Exception as e:  # noqa: BLE001 (see above)
+        raise _damaged(path, step, f"parameters ({str(params_dir)!r}: array data, manifest or "
+                                   "array metadata)", e) from e
+    bad = nonfinite_arrays(nnx.to_pure_dict(nnx.state(model)))
+    if bad:
+        raise _damaged(path, step, f"parameters ({str(params_dir)!r})",
+                       ValueError(f"NaN or infinite values in {bad[:3]}"))
+    return model, tokenizer
+
+
 def load_checkpoint(path, *, step: int | None = None
                     ) -> tuple[Transformer, Tokenizer | PretrainedTokenizer]:
-    """Load ``(model, tokenizer)`` from a checkpoint directory (the latest step unless given)."""
+    """Load ``(model, tokenizer)`` from a checkpoint directory (the latest step unless given).
+
+    A damaged step (truncated or garbled array files, a missing or malformed metadata file or
+    manifest) is a ValueError naming the checkpoint, the step and the damaged part. Without
+    ``step``, a damaged latest step falls back to the latest intact one with a warning (a
+    training run keeps several steps); with ``step``, there is no fallback.
+    """
     path = pathlib.Path(path)
     if not path.is_dir():
         raise ValueError(f"path must be an existing checkpoint directory, got {str(path)!r}")
     manager = open_manager(path, read_only=True)
-    step = _latest_step(manager, path, step)
-    meta = restore_meta(manager, step)
-    cfg = ModelConfig.from_dict(meta["model_config"])
-    model, _ = restore(manager, step, cfg)
-    manager.close()
-    return model, _meta_tokenizer(meta)
+    try:
+        chosen = _latest_step(manager, path, step)
+        candidates = [chosen] if step is not None else sorted(manager.all_steps(), reverse=True)
+        first_error = None
+        for candidate in candidates:
+            try:
+                loaded = _load_step(manager, path, candidate)
+            except ValueError as e:
+                first_error = first_error or e
+                continue
+            if first_error is not None:
+                warnings.warn(f"{first_error}; loaded step {candidate}, the latest intact one",
+                              stacklevel=2)
+            return loaded
+    finally:
+        manager.close()
+    if len(candidates) > 1:
+        raise ValueError(f"{first_error}; no earlier step is intact either "
+                         f"(steps {sorted(candidates)})") from first_error
+    raise first_error

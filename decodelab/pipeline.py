@@ -36,12 +36,13 @@ import tempfile
 from collections.abc import Mapping
 from typing import Any
 
+from flax import nnx
 from ml_collections import config_dict
 
 from decodelab import checkpoint, data, distill, presets, train
 from decodelab.config import ModelConfig
 from decodelab.convert import PretrainedTokenizer, gguf_tokenizer, load_gguf
-from decodelab.experiment import config_hash
+from decodelab.experiment import config_hash, json_dumps
 from decodelab.model import Transformer, with_config
 from decodelab.presets import build_model_config
 from decodelab.tokenizer import Tokenizer
@@ -247,6 +248,11 @@ def _load_or_run(directory: pathlib.Path, spec: dict[str, Any],
                                  "(--resume) to reuse or continue it")
             if latest == train_cfg.steps:
                 model, _ = checkpoint.restore(manager, latest, model_cfg)
+                bad = checkpoint.nonfinite_arrays(nnx.to_pure_dict(nnx.state(model)))
+                if bad:
+                    raise ValueError(f"the cached model in {str(checkpoints)!r} has NaN or "
+                                     f"infinite parameters ({bad[:3]}); delete {str(directory)!r}"
+                                     " and train it again")
                 return TrainedModel(model, tokenizer, directory, latest, latest, history)
         finally:
             manager.close()
@@ -254,7 +260,7 @@ def _load_or_run(directory: pathlib.Path, spec: dict[str, Any],
                              tokenizer=tokenizer, checkpoint_dir=checkpoints,
                              resume=latest is not None, progress=progress, objective=objective)
         history += result.history
-        _write_atomic(history_path, json.dumps(history).encode("utf-8"))
+        _write_atomic(history_path, json_dumps(history).encode("utf-8"))
     return TrainedModel(result.model, tokenizer, directory, result.step, result.resumed_from,
                         history)
 

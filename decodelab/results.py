@@ -20,8 +20,6 @@ from __future__ import annotations
 import collections
 import csv
 import dataclasses
-import importlib
-import importlib.util
 import io
 import os
 import pathlib
@@ -347,16 +345,3 @@ def generic_report(rows: Sequence[Mapping[str, Any]], out_dir: str | os.PathLike
             page.image(path, f"{metric} against {x}")
             written.append(path)
     return [page.write(out_dir / f"{name}.md"), *written]
-
-
-def study_report(name: str, package: str = "experiments"
-                 ) -> Callable[[list[dict], pathlib.Path], Any] | None:
-    """``report(rows, out_dir)`` of module ``<package>.<name>`` if it defines one, else None. An
-    existing module that fails to import raises (its error is not hidden)."""
-    try:
-        spec = importlib.util.find_spec(f"{package}.{name}")
-    except ModuleNotFoundError:
-        return None
-    if spec is None:
-        return None
-    return getattr(importlib.import_module(f"{package}.{name}"), "report", None)

@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
@@ -32,6 +33,14 @@ from decodelab.convert.tokenizer import PretrainedTokenizer
 from decodelab.data import PackedBatches
 from decodelab.model import Transformer
 from decodelab.tokenizer import Tokenizer
+
+
+# The largest peak learning rate TrainConfig accepts.
+MAX_LEARNING_RATE = 1.0
+
+
+class TrainingDiverged(ValueError):
+    """The loss or the gradient stopped being finite; nothing from that step on was saved."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -80,14 +89,21 @@ class TrainConfig:
                 raise ValueError(f"{name} must be a finite number, got {value!r}")
             return value
 
-        for name in ("learning_rate", "grad_clip"):
-            if finite(name) <= 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
-        if finite("weight_decay") < 0:
-            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
-        for name in ("final_lr_fraction", "b1", "b2"):
-            if not 0 <= finite(name) <= 1:
-                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)!r}")
+        # Ranges in which AdamW means something: a step moves each parameter by about the
+        # learning rate, so past 1 it only diverges; a moment decay of 1 never forgets the zero
+        # it starts from (Adam divides by 1 - b**t = 0: NaN at the first step).
+        if not 0 < finite("learning_rate") <= MAX_LEARNING_RATE:
+            raise ValueError(f"learning_rate must be in (0, {MAX_LEARNING_RATE}], got "
+                             f"{self.learning_rate!r}")
+        if finite("grad_clip") <= 0:
+            raise ValueError(f"grad_clip must be > 0, got {self.grad_clip!r}")
+        if not 0 <= finite("weight_decay") <= 1:
+            raise ValueError(f"weight_decay must be in [0, 1], got {self.weight_decay!r}")
+        if not 0 <= finite("final_lr_fraction") <= 1:
+            raise ValueError(f"final_lr_fraction must be in [0, 1], got {self.final_lr_fraction!r}")
+        for name in ("b1", "b2"):
+            if not 0 <= finite(name) < 1:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -163,6 +179,13 @@ def make_train_step(graphdef, tx: optax.GradientTransformation,
     return step
 
 
+@jax.jit
+def _note_nonfinite(first_bad, loss, grad_norm, step):
+    """``first_bad``, or ``step`` if it is the first whose loss or gradient norm is not finite."""
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    return jnp.where((first_bad == 0) & ~finite, step, first_bad)
+
+
 @functools.partial(jax.jit, static_argnums=0)
 def _masked_nll_sum(graphdef, params, windows, weights):  # weights [B]: 1 real row, 0 padding
     nll = _sequence_nll(graphdef, params, windows)
@@ -176,6 +199,10 @@ def evaluate(model: Transformer, windows: np.ndarray, batch_size: int = 16) -> d
     if windows.ndim != 2 or windows.shape[0] == 0 or windows.shape[1] < 2:
         raise ValueError(f"windows must have shape [N >= 1, T+1 >= 2], got {windows.shape}")
     graphdef, params = nnx.split(model)
+    bad = checkpoint.nonfinite_arrays(nnx.to_pure_dict(params))
+    if bad:
+        raise ValueError(f"model must have finite parameters to evaluate, got NaN or infinite "
+                         f"values in {bad[:5]}{' ...' if len(bad) > 5 else ''}")
     total = 0.0
     for start in range(0, len(windows), batch_size):
         chunk = windows[start:start + batch_size]
@@ -186,6 +213,9 @@ def evaluate(model: Transformer, windows: np.ndarray, batch_size: int = 16) -> d
         total += float(_masked_nll_sum(graphdef, params, padded, weights))
     tokens = windows.shape[0] * (windows.shape[1] - 1)
     loss = total / tokens
+    if not math.isfinite(loss):
+        raise ValueError(f"the mean loss over windows is {loss}: the model's logits overflow "
+                         f"(finite parameters, non-finite activations)")
     return {"loss": loss, "perplexity": math.exp(loss), "tokens": tokens}
 
 
@@ -218,6 +248,9 @@ def train(
     the latest checkpoint there; a directory that already holds checkpoints without ``resume`` is
     an error rather than a silent overwrite. ``stop_after`` ends the run early at that step (as an
     interruption would), for tests and for splitting a run.
+
+    A loss or gradient that stops being finite raises ``TrainingDiverged`` naming the first such
+    step, at the next step that logs or saves; no checkpoint from that step on is written.
     """
     if checkpoint_dir is not None and tokenizer is None:
         raise ValueError("tokenizer must be given with checkpoint_dir (checkpoints embed it)")
@@ -266,6 +299,20 @@ def train(
 
     train_step = make_train_step(graphdef, tx, objective)
     aux = objective.aux()
+    # The first step whose loss or gradient was not finite (0: none yet), kept on the device and
+    # read at the steps that sync anyway (logging, saving, the end).
+    first_bad = jnp.zeros((), jnp.int32)
+
+    def check_finite() -> None:
+        bad = int(first_bad)
+        if bad:
+            raise TrainingDiverged(
+                f"training diverged: the loss or the gradient is not finite at step {bad} (of "
+                f"{tc.steps}); no checkpoint from step {bad} on was saved. Likely cause: a "
+                f"learning rate too high for this model (learning_rate={tc.learning_rate}, "
+                f"reached at step {tc.warmup_steps}) or too little gradient clipping "
+                f"(grad_clip={tc.grad_clip}); lower them and start a new run")
+
     end = tc.steps if stop_after is None else stop_after
     history: list[dict[str, float]] = []
     bar = tqdm(total=tc.steps, initial=start, disable=not progress, desc="train", unit="step",
@@ -277,7 +324,9 @@ def train(
         for step in range(start, end):
             params, opt_state, metrics = train_step(params, opt_state, batches.batch(step), aux)
             done = step + 1
+            first_bad = _note_nonfinite(first_bad, metrics["loss"], metrics["grad_norm"], done)
             if done % tc.log_every == 0 or done == end:
+                check_finite()
                 loss = float(metrics["loss"])  # syncs: the rate below is honest
                 now = time.perf_counter()
                 rate = (done - last_step) * tokens_per_step / max(now - last_time, 1e-9)
@@ -286,6 +335,7 @@ def train(
                 bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{rate:,.0f}")
             bar.update(1)
             if done % tc.checkpoint_every == 0 or done == end:
+                check_finite()
                 save(done)
         step = end
     finally:

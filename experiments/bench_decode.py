@@ -65,7 +65,7 @@ import numpy as np
 from absl import app
 from flax import nnx
 
-from decodelab import experiment, pipeline, presets, results, roofline, sampling
+from decodelab import experiment, optional, pipeline, presets, results, roofline, sampling
 from decodelab.config import ModelConfig
 from decodelab.decode import generate
 from decodelab.model import Transformer, attention
@@ -255,7 +255,7 @@ def time_recompute(model: Transformer, prompts: np.ndarray, new_tokens: int, num
 
 def llama_config(cfg: ModelConfig, max_positions: int):
     """transformers' ``LlamaConfig`` with the shapes of ``cfg`` (a RoPE, RMSNorm, SwiGLU model)."""
-    from transformers import LlamaConfig
+    LlamaConfig = optional.require("transformers").LlamaConfig
 
     llama_like = dict(position="rope", rope_scaling="none", norm="rms", mlp="swiglu")
     differ = {k: getattr(cfg, k) for k, v in llama_like.items() if getattr(cfg, k) != v}
@@ -301,9 +301,9 @@ def time_hf_generate(model: Transformer, prompts: np.ndarray, new_tokens: int,
     warm-up only starts its thread pool and allocator); ``{}`` if torch or transformers is not
     installed."""
     try:
-        import torch
-        import transformers
-    except ImportError:
+        torch = optional.require("torch")
+        transformers = optional.require("transformers")
+    except optional.MissingExtra:
         return {}
     transformers.logging.set_verbosity_error()
     torch.set_num_threads(threads())
@@ -726,8 +726,7 @@ def report(rows, out_dir) -> list[pathlib.Path]:
 
 
 def main(argv) -> None:
-    del argv
-    experiment.run_from_flags(_FLAGS, benchmark)
+    experiment.run_from_flags(_FLAGS, benchmark, argv)
 
 
 if __name__ == "__main__":

@@ -118,8 +118,7 @@ def report(rows, out_dir) -> list[pathlib.Path]:
 
 
 def main(argv) -> None:
-    del argv
-    experiment.run_from_flags(_FLAGS, evaluate)
+    experiment.run_from_flags(_FLAGS, evaluate, argv)
 
 
 if __name__ == "__main__":

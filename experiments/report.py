@@ -3,8 +3,9 @@
     python -m experiments.report --workdir=runs/extrapolation [--workdir=DIR2 ...] [--out=results]
 
 Several --workdir (e.g. one per sweep shard) are merged by config hash. If `experiments.<experiment>`
-defines `report(rows, out_dir)`, that renders the study's page; otherwise a generic table of every
-point (swept keys and metrics) is written to `<out>/<experiment>.md` and `.csv`.
+defines `report(rows, out_dir)` (found by `experiments.study_report`), that renders the study's page;
+otherwise a generic table of every point (swept keys and metrics) is written to
+`<out>/<experiment>.md` and `.csv`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import pathlib
 
 from absl import app, flags
 
-from decodelab import results
+from decodelab import experiment, results
+from experiments import study_report
 
 _WORKDIR = flags.DEFINE_multi_string("workdir", None, "Folder holding rows.jsonl; repeat to merge "
                                      "shards.", required=True)
@@ -21,11 +23,11 @@ _OUT = flags.DEFINE_string("out", None, "Output folder; default <first workdir>/
 
 
 def main(argv) -> None:
-    del argv
+    experiment.check_no_arguments(argv)
     rows = results.load_rows(*_WORKDIR.value)
     out_dir = pathlib.Path(_OUT.value or pathlib.Path(_WORKDIR.value[0]) / "report")
     name = rows[0]["experiment"]
-    study = results.study_report(name)
+    study = study_report(name)
     written = study(rows, out_dir) if study else results.generic_report(rows, out_dir)
     for path in written or []:
         print(path)

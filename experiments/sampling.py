@@ -20,7 +20,7 @@ import time
 from absl import app
 from matplotlib.figure import Figure
 
-from decodelab import data, experiment, pipeline, quality, results, train
+from decodelab import compiles, data, experiment, pipeline, quality, results, train
 from decodelab.sampling import SamplingParams
 
 _FLAGS = experiment.define_flags("configs/sampling.py")
@@ -63,7 +63,7 @@ def strategy(decode) -> quality.Strategy:
 
 
 def evaluate(config, ctx) -> dict:
-    with experiment.count_traces() as counts:
+    with compiles.count_traces() as counts:
         ctx.status("generator")
         generator, tokenizer, generator_ppl = _model(config, "generator", ctx.workdir,
                                                      ctx.show_progress)
@@ -372,8 +372,7 @@ def report(rows, out_dir) -> list[pathlib.Path]:
 
 
 def main(argv) -> None:
-    del argv
-    experiment.run_from_flags(_FLAGS, evaluate)
+    experiment.run_from_flags(_FLAGS, evaluate, argv)
 
 
 if __name__ == "__main__":

@@ -50,8 +50,9 @@ from absl import app
 from flax import nnx
 from matplotlib.figure import Figure
 
-from decodelab import data, experiment, pipeline, results, speculative
-from decodelab.decode import bucket_length, generate
+from decodelab import data, experiment, pipeline, results, sampling, speculative
+from decodelab.decode import generate
+from decodelab.request import bucket_length
 from decodelab.model import param_count
 from decodelab.sampling import SamplingParams
 
@@ -140,7 +141,7 @@ def ngram_proposal_seconds(target, drafter, prompts, params, gamma: int, max_len
                                  drafter=drafter, max_len=max_len)
     V = target.config.vocab_size
     state = speculative.initial_state(
-        *caches, block, lengths, np.arange(len(prompts), dtype=np.uint32),
+        *caches, block, lengths, sampling.batch_keys(0, len(prompts)),
         params.per_row(len(prompts), V), np.zeros((V,), bool), np.zeros((0, 1), np.int32),
         gamma=gamma, max_new_tokens=8)
     run = functools.partial(_propose_repeatedly, state, drafter=drafter, count=count)
@@ -482,8 +483,7 @@ def _page(rows, out_dir: pathlib.Path, name: str) -> list[pathlib.Path]:
 
 
 def main(argv) -> None:
-    del argv
-    experiment.run_from_flags(_FLAGS, evaluate)
+    experiment.run_from_flags(_FLAGS, evaluate, argv)
 
 
 if __name__ == "__main__":

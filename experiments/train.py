@@ -7,7 +7,6 @@ against the true continuations.
 
 from __future__ import annotations
 
-import json
 import pathlib
 
 import numpy as np
@@ -15,7 +14,7 @@ import numpy as np
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from decodelab import data, pipeline, quality, train
+from decodelab import data, experiment, pipeline, quality, train
 from decodelab.decode import generate
 from decodelab.sampling import SamplingParams
 from decodelab.tokenizer import Tokenizer
@@ -67,7 +66,7 @@ def quality_table(model, tokenizer: Tokenizer, pairs, report) -> dict[str, dict]
 
 
 def main(argv) -> None:
-    del argv
+    experiment.check_no_arguments(argv)
     logging.set_verbosity(logging.WARNING)  # Orbax logs every checkpoint step at INFO
     config = _CONFIG.value
     workdir = pathlib.Path(_WORKDIR.value)
@@ -111,7 +110,7 @@ def main(argv) -> None:
     summary = {"validation": metrics, "steps": result.step, "model_config": model_cfg.to_dict(),
                "train_config": train_cfg.to_dict(), "samples": samples, "quality": table,
                "history": result.history}
-    (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
+    (workdir / "summary.json").write_text(experiment.json_dumps(summary, indent=2))
 
 
 if __name__ == "__main__":

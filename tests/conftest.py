@@ -8,6 +8,8 @@ accelerator.
 import jax
 import pytest
 
+import requires
+
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_enable_x64", False)
 
@@ -29,7 +31,7 @@ def tiny_config() -> ModelConfig:
 def smollm2_installed() -> str:
     """The SmolLM2-135M preset name, or a skip where its GGUF (or gguf, which reads it) is not
     installed; scripts/test.sh installs both."""
-    pytest.importorskip("gguf", reason="a pretrained preset needs gguf (the real extra)")
+    requires.importorskip("gguf", reason="a pretrained preset needs gguf (the real extra)")
     from decodelab import presets
 
     try:

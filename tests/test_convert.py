@@ -16,18 +16,19 @@ import numpy as np
 import pytest
 
 import decodelab as dl
+import requires
 from decodelab import pipeline, presets, quality
 from decodelab.sampling import SamplingParams
 
-pytest.importorskip("safetensors", reason="load_hf needs safetensors (the real extra)")
-pytest.importorskip("tokenizers", reason="the loaders need tokenizers (the real extra)")
+requires.importorskip("safetensors", reason="load_hf needs safetensors (the real extra)")
+requires.importorskip("tokenizers", reason="the loaders need tokenizers (the real extra)")
 
 
 def peer():
     """``(torch, transformers)``, the reference the parity tests compare with; a test that needs
     them is skipped where they are not installed."""
-    return (pytest.importorskip("torch", reason="the parity tests need torch (the test extra)"),
-            pytest.importorskip("transformers",
+    return (requires.importorskip("torch", reason="the parity tests need torch (the test extra)"),
+            requires.importorskip("transformers",
                                 reason="the parity tests need transformers (the test extra)"))
 
 VOCAB = 320  # the tiny models' vocabulary; their tokenizers have at most TOKENIZER_VOCAB pieces
@@ -199,7 +200,7 @@ def test_load_hf_tokenizer_round_trips_and_knows_its_special_ids(gpt2_pair):
 
 
 def gguf_module():
-    return pytest.importorskip("gguf", reason="load_gguf needs gguf (the real extra)")
+    return requires.importorskip("gguf", reason="load_gguf needs gguf (the real extra)")
 
 
 def rotate_half_to_interleaved(rows: np.ndarray, heads: int) -> np.ndarray:
@@ -296,7 +297,7 @@ def test_load_gguf_undoes_the_qk_permutation_logits_match_transformers(gguf_llam
 
 
 def test_load_gguf_tokenizer_matches_the_vocabulary_it_was_written_from(gguf_llama):
-    pytest.importorskip("jinja2", reason="chat templates need jinja2 (the real extra)")
+    requires.importorskip("jinja2", reason="chat templates need jinja2 (the real extra)")
     _, path = gguf_llama
     _, tokenizer = dl.load_gguf(path)
     text = "the lazy fox, not gold"
@@ -363,7 +364,7 @@ def smollm2(smollm2_section):
     """(transformers model, decodelab model, tokenizer) of the SmolLM2-135M GGUF, decodelab's
     through the preset (``pipeline.pretrained_model`` -> ``dl.load_gguf``)."""
     torch, transformers = peer()
-    pytest.importorskip("accelerate", reason="transformers needs accelerate to read a GGUF")
+    requires.importorskip("accelerate", reason="transformers needs accelerate to read a GGUF")
     path = presets.pretrained_path("smollm2-135m")
     hf = transformers.LlamaForCausalLM.from_pretrained(
         str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()

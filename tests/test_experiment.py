@@ -267,6 +267,48 @@ def test_a_workdir_that_is_a_file_is_refused(tmp_path):
         experiment.run(toy_config(), [{}], measure, path, progress=False)
 
 
+def test_a_workdir_under_a_file_is_refused_before_any_point_runs(tmp_path):
+    (tmp_path / "file").write_text("")
+    calls = []
+    with pytest.raises(ValueError, match=f"workdir must be a folder this process can write, got "
+                                         f"'{tmp_path}/file/w'"):
+        experiment.run(toy_config(), [{}], lambda c, ctx: calls.append(c) or {}, tmp_path / "file/w",
+                       progress=False)
+    assert calls == []
+
+
+@pytest.fixture
+def read_only_folder(tmp_path):
+    """A folder nobody may add files to, root included (``chattr +i``; ``chmod`` for others)."""
+    folder = tmp_path / "read_only"
+    folder.mkdir()
+    if os.geteuid() == 0:
+        made = subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode == 0
+        undo = ["chattr", "-i", str(folder)]
+    else:
+        folder.chmod(0o555)
+        made, undo = True, ["chmod", "755", str(folder)]
+    if not made:
+        pytest.skip("chattr +i is not available on this file system (needed to deny root writes)")
+    yield folder
+    subprocess.run(undo, check=True)
+
+
+def test_a_read_only_workdir_is_refused_naming_the_lock_file_before_any_point_runs(
+        read_only_folder):
+    calls = []
+    with pytest.raises(ValueError, match=f"cannot write '{read_only_folder}/rows.jsonl.lock'"):
+        experiment.run(toy_config(), [{}], lambda c, ctx: calls.append(c) or {}, read_only_folder,
+                       progress=False)
+    assert calls == []
+
+
+def test_json_dumps_writes_null_for_non_finite_floats():
+    value = {"loss": math.nan, "history": [1.5, math.inf, {"x": -math.inf}], "n": 2}
+    text = experiment.json_dumps(value)
+    assert text == '{"loss": null, "history": [1.5, null, {"x": null}], "n": 2}'
+
+
 def test_rows_of_another_experiment_in_the_workdir_are_refused(tmp_path):
     experiment.run(toy_config(experiment="other"), [{}], measure, tmp_path, progress=False)
     with pytest.raises(ValueError, match=r"holds rows of experiment \['other'\], not 'toy'"):
@@ -355,6 +397,13 @@ def test_bad_program_input_fails_naming_the_culprit(tmp_path, args, config, mess
     assert not (tmp_path / "w" / "rows.jsonl").exists()
 
 
+def test_the_program_refuses_a_positional_argument(tmp_path):
+    done = run_toy("--config.model.width=3", "extra", workdir=tmp_path / "w")
+    assert done.returncode != 0
+    assert "takes flags only (--name=value), got the positional argument(s) ['extra']" in done.stderr
+    assert not (tmp_path / "w").exists()
+
+
 def test_the_program_refuses_a_workdir_that_is_a_file(tmp_path):
     (tmp_path / "file").write_text("")
     done = run_toy(workdir=tmp_path / "file")
@@ -379,33 +428,32 @@ def wait_for_rows(workdir, count, process, timeout=30.0):
 
 
 def test_a_killed_sweep_resumes_to_every_point_exactly_once(tmp_path):
-    # Points long enough that a busy machine cannot finish the sweep before the kill arrives.
-    args = ["--config.sleep_s=1.0"]
+    # Points from index 2 on wait for a release file: the kill lands after exactly 2 rows.
+    args = ["--config.hold_from=2"]
     process = start_toy(*args, workdir=tmp_path)
     wait_for_rows(tmp_path, 2, process)
     process.send_signal(signal.SIGKILL)
     process.communicate()
     before = lines_of(tmp_path)
-    assert 2 <= len(before) < 6
+    assert len(before) == 2
+    (tmp_path / "release").write_text("")
     done = run_toy(*args, workdir=tmp_path)
     assert done.returncode == 0, done.stderr
     after = lines_of(tmp_path)
-    assert after[:len(before)] == before  # finished points were kept, not rerun
+    assert after[:2] == before  # finished points were kept, not rerun
     rows = [json.loads(line) for line in after]  # every line is a whole row
-    assert sorted(r["sweep_index"] for r in rows) == list(range(6))
-    assert {r["config_hash"] for r in rows} == toy_sweep_hashes(sleep_s=1.0)
+    assert [r["sweep_index"] for r in rows] == list(range(6))
+    assert {r["config_hash"] for r in rows} == toy_sweep_hashes(hold_from=2)
 
 
 def test_ctrl_c_keeps_finished_points_and_says_how_to_continue(tmp_path):
-    # 5 points of 1.5 s left after the first row: the interrupt lands mid-sweep even when a busy
-    # machine delays this process by seconds.
-    process = start_toy("--config.sleep_s=1.5", workdir=tmp_path)
+    process = start_toy("--config.hold_from=1", workdir=tmp_path)
     wait_for_rows(tmp_path, 1, process)
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=30)
     assert process.returncode == 130
     assert "run the same command again to continue" in stderr
-    assert len(experiment.read_rows(tmp_path)) >= 1
+    assert [r["sweep_index"] for r in experiment.read_rows(tmp_path)] == [0]
 
 
 def test_shards_sharing_a_workdir_together_run_the_whole_sweep(tmp_path):

@@ -551,6 +551,50 @@ def test_num_valid_without_cache_is_rejected(build):
         build("rope").model(jnp.zeros((2, 4), jnp.int32), num_valid=jnp.array([4, 4]))
 
 
+@pytest.mark.parametrize("tokens, message", [
+    ("To be", r"^tokens must be an int array \[B, T\] of token ids, got a str \('To be'\)"),
+    ([["a", "b"]], r"^tokens must be an int array \[B, T\] of token ids, got list"),
+    (np.zeros((1, 0), np.int32), r"^tokens must hold at least one row of at least one token, got "
+                                 r"shape \(1, 0\)"),
+    (np.zeros((0, 3), np.int32), r"^tokens must hold at least one row of at least one token, got "
+                                 r"shape \(0, 3\)"),
+])
+def test_tokens_that_are_not_a_non_empty_id_array_are_rejected(build, tokens, message):
+    with pytest.raises(ValueError, match=message):
+        build("rope").model(tokens)
+
+
+# --- Overflow inside the forward pass -------------------------------------------------------------
+
+
+def test_a_position_whose_activations_overflow_gets_nan_logits_and_the_others_do_not(build):
+    # Token 7's embedding times 1e30: its square overflows float32, which the norms would turn into
+    # zeros (uniform-looking logits). Only that position is affected: what later positions attend
+    # to there is the norm's zeros, which are finite.
+    model = dl.Transformer(build("rope").cfg, rngs=nnx.Rngs(0))
+    model.embed.embedding[...] = model.embed.embedding[...].at[7].multiply(1e30)
+    logits = np.asarray(model(jnp.array([[1, 7, 2]])))
+    assert np.isnan(logits[0, 1]).all()
+    assert np.isfinite(logits[0, [0, 2]]).all()
+
+
+@pytest.fixture(scope="module")
+def overflowing(tiny_config):
+    """The tiny model with every parameter scaled by 1e20: every activation overflows."""
+    graphdef, state = nnx.split(dl.Transformer(tiny_config.replace(position="rope"),
+                                               rngs=nnx.Rngs(0)))
+    return nnx.merge(graphdef, jax.tree.map(lambda p: p * 1e20, state))
+
+
+def test_generate_reports_an_overflowing_forward_pass_as_an_error(overflowing):
+    out = dl.generate(overflowing, [[1, 2, 3], [4, 5]], dl.SamplingParams.greedy(), 4, seed=0,
+                      raise_on_error=False)
+    assert out.finish_reason == ["error", "error"]
+    assert out.lengths.tolist() == [0, 0]
+    with pytest.raises(ValueError, match=r"row 0 after 0 tokens: the model's logits hold NaN"):
+        dl.generate(overflowing, [[1, 2, 3]], dl.SamplingParams.greedy(), 4, seed=0)
+
+
 # --- bfloat16 -------------------------------------------------------------------------------------
 
 

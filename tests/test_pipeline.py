@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
@@ -97,6 +98,18 @@ def test_keys_follow_every_config_that_matters(first):
     assert key != pipeline.model_key(TOKENIZER, cfg, dataclasses.replace(tc, seed=1))
     assert key != pipeline.model_key(dict(TOKENIZER, model_type="unigram"), cfg, tc)
     assert pipeline.tokenizer_key(TOKENIZER) != pipeline.tokenizer_key(dict(vocab_size=600))
+
+
+def test_a_diverging_model_is_caught_at_its_step_and_nothing_is_cached(first, workdir,
+                                                                        monkeypatch):
+    monkeypatch.setattr(train.NextToken, "loss", lambda self, model, windows, aux: jnp.nan)
+    tc = dict(TRAIN, seed=7)  # a model of its own
+    with pytest.raises(train.TrainingDiverged, match="not finite at step 1 "):
+        pipeline.load_or_train(TOKENIZER, model_section(), tc, workdir, progress=False)
+    directory = workdir / "models" / pipeline.model_key(TOKENIZER, first.model.config,
+                                                       train.TrainConfig(**tc))
+    assert checkpoint.open_manager(directory / "checkpoints", read_only=True).all_steps() == []
+    assert not (directory / "history.json").exists()
 
 
 @pytest.mark.parametrize("tokenizer_cfg, message", [

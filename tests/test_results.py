@@ -1,6 +1,7 @@
 """Results: tables and plots come from rows alone, missing values read n/a, ambiguous cells are
 refused, and every page states the commands, commit and machine behind it."""
 
+import ast
 import os
 import pathlib
 import shutil
@@ -10,6 +11,7 @@ import sys
 import pytest
 from ml_collections import config_dict
 
+import experiments
 from decodelab import experiment, results
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -156,16 +158,24 @@ def test_load_rows_refuses_a_folder_without_rows(tmp_path):
         results.load_rows(tmp_path)
 
 
+def test_the_library_never_imports_the_experiment_programs():
+    for path in (REPO / "decodelab").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not any(n.split(".")[0] == "experiments" for n in names), path
+
+
 def test_a_study_module_report_function_is_found(tmp_path, monkeypatch):
     package = tmp_path / "studies"
     package.mkdir()
     (package / "with_report.py").write_text("def report(rows, out_dir):\n    return ['done']\n")
     (package / "without_report.py").write_text("")
     monkeypatch.syspath_prepend(str(tmp_path))
-    assert results.study_report("with_report", package="studies")([], tmp_path) == ["done"]
-    assert results.study_report("without_report", package="studies") is None
-    assert results.study_report("absent", package="studies") is None
-    assert results.study_report("absent", package="no_such_package") is None
+    assert experiments.study_report("with_report", package="studies")([], tmp_path) == ["done"]
+    assert experiments.study_report("without_report", package="studies") is None
+    assert experiments.study_report("absent", package="studies") is None
+    assert experiments.study_report("absent", package="no_such_package") is None
 
 
 def test_a_page_holds_text_tables_and_images_under_its_provenance(rows, tmp_path):

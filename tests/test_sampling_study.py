@@ -5,6 +5,9 @@ import csv
 import importlib.util
 import pathlib
 
+import matplotlib.colors
+import matplotlib.image
+import numpy as np
 import pytest
 
 from decodelab import experiment
@@ -70,7 +73,12 @@ def test_the_page_has_one_row_per_strategy_plus_human_a_csv_and_a_plot(study, tm
         assert len(list(csv.reader(f))) == len(rows) + 1
     assert "decode loop 1 for 16 sampling strategies" in page
     assert "loop 1 for 2" in page
-    assert (tmp_path / "sampling.png").stat().st_size > 10_000
+    # The plot's legend-free encoding (experiments/sampling.py docstring): strategies are blue
+    # points, human text a crimson star; both must be drawn.
+    pixels = matplotlib.image.imread(tmp_path / "sampling.png")[..., :3]
+    for colour in ("tab:blue", "crimson"):
+        rgb = np.asarray(matplotlib.colors.to_rgb(colour))
+        assert (np.abs(pixels - rgb).max(axis=-1) < 0.02).any(), colour
 
 
 

@@ -59,27 +59,47 @@ def spaced(n: int, gap: float) -> list[Request]:
     return [Request(id=i, prompt=[1, 2, 3], max_new_tokens=2, arrival=i * gap) for i in range(n)]
 
 
+def times(result) -> list[tuple[float, float, float, float]]:
+    return [(r.arrival, r.admitted, r.first_token, r.finish) for r in result.records]
+
+
+# On a virtual clock every engine call takes 1 s and nothing else takes time. A request of 2 new
+# tokens is one token per call: first token 1 s after admission, finished 2 s after.
 def test_static_waits_for_a_full_batch_and_runs_it_to_the_end(tiny):
-    result = serving.replay(SlotEngine(tiny, 3, S), spaced(5, 10.0), serving.Static(3))
-    admitted = [r.admitted for r in result.records]
-    assert min(admitted[:3]) >= 20.0  # the third arrival completes the first batch
-    assert min(admitted[3:]) >= 40.0  # the last, partial batch starts once no more will arrive
+    result = serving.replay(SlotEngine(tiny, 3, S), spaced(5, 10.0), serving.Static(3),
+                            clock=serving.VirtualClock(1.0))
+    # The third arrival (t=20) completes the first batch; the last, partial batch starts when
+    # the fifth arrives (t=40), since no more will arrive.
+    assert times(result) == [(0, 20, 21, 22), (10, 20, 21, 22), (20, 20, 21, 22),
+                             (30, 40, 41, 42), (40, 40, 41, 42)]
+    assert result.steps == 4
+    assert result.idle_skipped_s == 20 + 8 + 10  # 0 -> 20, 22 -> 30, 30 -> 40
 
 
 def test_dynamic_waits_at_most_its_window(tiny):
-    result = serving.replay(SlotEngine(tiny, 3, S), spaced(3, 10.0), serving.Dynamic(3, 2.0))
-    first, second, last = result.records
-    for r in (first, second):  # alone in the queue: it waits the whole window, then goes
-        assert r.arrival + 2.0 <= r.admitted < r.arrival + 3.0
-    assert last.arrival <= last.admitted < last.arrival + 1.0  # nothing more will arrive
+    result = serving.replay(SlotEngine(tiny, 3, S), spaced(3, 10.0), serving.Dynamic(3, 2.0),
+                            clock=serving.VirtualClock(1.0))
+    # Alone in the queue, the first two wait the whole 2 s window; the last goes at once, since
+    # nothing more will arrive.
+    assert times(result) == [(0, 2, 3, 4), (10, 12, 13, 14), (20, 20, 21, 22)]
 
 
 def test_continuous_inserts_on_arrival(tiny):
-    result = serving.replay(SlotEngine(tiny, 3, S), spaced(3, 10.0), serving.Continuous())
-    for r in result.records:
-        assert r.arrival <= r.admitted < r.arrival + 1.0
-        assert r.admitted <= r.first_token <= r.finish
-    assert result.idle_skipped_s > 15.0  # the wall clock jumped the gaps between arrivals
+    result = serving.replay(SlotEngine(tiny, 3, S), spaced(3, 10.0), serving.Continuous(),
+                            clock=serving.VirtualClock(1.0))
+    assert times(result) == [(0, 0, 1, 2), (10, 10, 11, 12), (20, 20, 21, 22)]
+    assert result.idle_skipped_s == 8 + 8  # 2 -> 10, 12 -> 20
+
+
+def test_continuous_fills_a_free_slot_while_others_decode(tiny):
+    requests = [Request(id=0, prompt=[1, 2, 3], max_new_tokens=4, arrival=0.0),
+                Request(id=1, prompt=[4, 5], max_new_tokens=2, arrival=0.5),
+                Request(id=2, prompt=[6], max_new_tokens=2, arrival=0.5)]
+    result = serving.replay(SlotEngine(tiny, 2, S), requests, serving.Continuous(),
+                            clock=serving.VirtualClock(1.0))
+    # Request 0 runs alone 0 -> 1; request 1 joins at t=1 (both slots busy until it finishes at 3);
+    # request 2 takes its slot at t=3, while request 0 finishes its 4 tokens at t=4.
+    assert times(result) == [(0, 0, 1, 4), (0.5, 1, 2, 3), (0.5, 3, 4, 5)]
 
 
 @pytest.mark.parametrize("call,match", [
@@ -95,6 +115,10 @@ def test_bad_scheduler_arguments(call, match):
 
 def test_bad_replay_arguments(tiny):
     engine = SlotEngine(tiny, 3, S)
+    with pytest.raises(ValueError, match="clock must be a Clock"):
+        serving.replay(engine, spaced(1, 1.0), serving.Continuous(), clock=lambda: 0.0)
+    with pytest.raises(ValueError, match="step_s must be a finite number of seconds >= 0, got -1"):
+        serving.VirtualClock(-1)
     with pytest.raises(ValueError, match="steps_per_call must be an int >= 1, got 0"):
         serving.replay(engine, spaced(1, 1.0), serving.Continuous(), steps_per_call=0)
     with pytest.raises(ValueError, match="trace request ids must be unique"):

@@ -1,10 +1,11 @@
-"""The speculative-decoding study's configs and page: the default sweep is unchanged (its rows stay
-found), the pretrained-target config sweeps prompt lookup and a draft trained on the target's
+"""The speculative-decoding study's configs and page: the default sweep is the one the committed
+page was rendered from, the pretrained-target config sweeps prompt lookup and a draft trained on the target's
 tokenizer, and the page renders each target's rows on a page of its own."""
 
 from __future__ import annotations
 
 import copy
+import csv
 import importlib.util
 import pathlib
 
@@ -14,6 +15,7 @@ from decodelab import experiment, presets
 from experiments import speculative as study
 
 CONFIG_FILE = pathlib.Path(__file__).parents[1] / "configs" / "speculative.py"
+RESULTS = pathlib.Path(__file__).parents[1] / "results"
 
 
 def config_module():
@@ -26,12 +28,24 @@ def config_module():
 spec_config = config_module()
 
 
-def test_the_default_sweep_and_its_config_hashes_are_unchanged():
+def test_the_default_sweep_is_the_one_the_committed_page_was_rendered_from():
     points = experiment.expand(spec_config.get_config(), spec_config.get_sweep())
-    assert len(points) == 144
-    # The hashes of the committed page's rows (runs/speculative): they must stay found.
-    assert (points[0].config_hash, points[-1].config_hash) == ("aed762665eb55f04",
-                                                               "1b7d1ddce8c7b144")
+    with open(RESULTS / "speculative.csv", newline="") as f:
+        committed = [(r["drafter"], int(r["batch"]), float(r["temperature"]), int(r["gamma"]))
+                     for r in csv.DictReader(f)]
+    swept = [(study.DRAFTER_LABELS[p.config.drafter], p.config.batch_size, p.config.temperature,
+              p.config.gamma) for p in points]
+    assert len(swept) == len(committed) == 144
+    assert set(swept) == set(committed)
+    # What the committed page states about every point: "Target: `small` (1,377,408 parameters,
+    # 800 training steps) ... the `draft` preset (368,960 parameters) trained on the corpus for
+    # 800 steps ... 8 prompts of 32 tokens ..., 128 new tokens each".
+    base = points[0].config
+    vocab = base.tokenizer.vocab_size
+    assert presets.build_model_config(base.target.model, vocab).num_params() == 1_377_408
+    assert presets.build_model_config(base.draft.model, vocab).num_params() == 368_960
+    assert (base.target.train.steps, base.draft.train.steps) == (800, 800)
+    assert (base.num_prompts, base.prompt_tokens, base.new_tokens) == (8, 32, 128)
 
 
 def test_a_config_argument_that_is_no_pretrained_model_is_refused():

@@ -1,13 +1,19 @@
 """Training: loss falls, evaluation is exact about padding, resume equals an uninterrupted run,
 checkpoints round-trip, and bad settings are refused by name."""
 
+import dataclasses
+import json
+import shutil
+
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
 import decodelab as dl
-from decodelab import data, train
+from decodelab import checkpoint, data, train
+from decodelab.data import PackedBatches
 from decodelab.tokenizer import Tokenizer
 
 TINY = dict(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=256, max_seq_len=64)
@@ -128,11 +134,17 @@ def test_load_checkpoint_errors_name_the_problem(tmp_path, model_cfg, tokenizer)
     ("steps", 0, "steps must be a positive int"),
     ("batch_size", -1, "batch_size must be a positive int"),
     ("warmup_steps", 20, r"warmup_steps must be an int in \[0, steps=12\]"),
-    ("learning_rate", 0.0, "learning_rate must be > 0"),
+    ("learning_rate", 0.0, r"learning_rate must be in \(0, 1.0\], got 0.0"),
+    ("learning_rate", 1e30, r"learning_rate must be in \(0, 1.0\], got 1e\+30"),
     ("learning_rate", float("nan"), "learning_rate must be a finite number"),
     ("grad_clip", -1.0, "grad_clip must be > 0"),
-    ("weight_decay", -0.1, "weight_decay must be >= 0"),
-    ("b2", 1.5, r"b2 must be in \[0, 1\]"),
+    ("grad_clip", float("inf"), "grad_clip must be a finite number"),
+    ("weight_decay", -0.1, r"weight_decay must be in \[0, 1\], got -0.1"),
+    ("weight_decay", 5.0, r"weight_decay must be in \[0, 1\], got 5.0"),
+    ("b1", 1.0, r"b1 must be in \[0, 1\), got 1.0"),
+    ("b1", -0.1, r"b1 must be in \[0, 1\), got -0.1"),
+    ("b2", 1.0, r"b2 must be in \[0, 1\), got 1.0"),
+    ("b2", 1.5, r"b2 must be in \[0, 1\), got 1.5"),
     ("final_lr_fraction", 2.0, r"final_lr_fraction must be in \[0, 1\]"),
 ])
 def test_train_config_rejects_bad_fields_by_name(field, value, message):
@@ -144,3 +156,135 @@ def test_train_refuses_sequences_longer_than_a_learned_table(tokenizer, stream):
     cfg = dl.ModelConfig(vocab_size=tokenizer.vocab_size, position="learned", **TINY)
     with pytest.raises(ValueError, match="seq_len must be <= max_seq_len=64"):
         train.train(cfg, small_run(seq_len=128), stream, progress=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class NaNOnBatch(train.Objective):
+    """Next-token loss, but NaN on one given batch: a divergence at a step the test chooses."""
+
+    batch: np.ndarray
+
+    def loss(self, model, windows, aux):
+        nll = train.NextToken().loss(model, windows, None)
+        return jnp.where(jnp.all(windows == aux), jnp.nan, nll)
+
+    def aux(self):
+        return jnp.asarray(self.batch)
+
+    def to_dict(self):
+        return {"name": "nan_on_batch"}
+
+
+def nan_at_step(stream, tc, step):
+    """An objective whose loss is NaN at (1-based) ``step`` of a run of ``tc`` on ``stream``."""
+    return NaNOnBatch(PackedBatches(stream, tc.batch_size, tc.seq_len, tc.seed).batch(step - 1))
+
+
+def test_a_non_finite_loss_stops_training_naming_its_step_and_nothing_after_is_saved(
+        model_cfg, stream, tokenizer, tmp_path):
+    # Found at step 4 (the first step that logs), named as step 3; the save at step 4 is skipped.
+    tc = small_run(steps=8, checkpoint_every=2, log_every=4)
+    with pytest.raises(train.TrainingDiverged, match=r"not finite at step 3 \(of 8\).*Likely "
+                                                     r"cause: a learning rate too high"):
+        train.train(model_cfg, tc, stream, tokenizer=tokenizer, checkpoint_dir=tmp_path,
+                    objective=nan_at_step(stream, tc, 3), progress=False)
+    manager = checkpoint.open_manager(tmp_path, read_only=True)
+    assert manager.all_steps() == [2]
+
+
+def test_a_model_with_non_finite_parameters_is_never_saved(model_cfg, tokenizer, tmp_path):
+    model = dl.Transformer(model_cfg, rngs=nnx.Rngs(0))
+    model.embed.embedding[...] = model.embed.embedding[...].at[0, 0].set(jnp.inf)
+    with pytest.raises(ValueError, match=r"parameters must be finite to be saved as step 0 in "
+                                         r".*got NaN or infinite values in \[\"\['embed'\]"):
+        dl.save_checkpoint(tmp_path / "ckpt", model, tokenizer)
+    assert not list((tmp_path / "ckpt").glob("0*"))
+
+
+def test_evaluate_refuses_non_finite_parameters(model_cfg, stream):
+    model = dl.Transformer(model_cfg, rngs=nnx.Rngs(0))
+    model.embed.embedding[...] = model.embed.embedding[...].at[3, 1].set(jnp.nan)
+    with pytest.raises(ValueError, match=r"model must have finite parameters to evaluate, got NaN "
+                                         r"or infinite values in \[\"\['embed'\]"):
+        train.evaluate(model, data.eval_windows(stream[:200], 32))
+
+
+# --- Damaged checkpoints -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def saved(model_cfg, tokenizer, tmp_path_factory):
+    """A checkpoint of two steps (1 and 2) of different models."""
+    path = tmp_path_factory.mktemp("saved") / "ckpt"
+    for step in (1, 2):
+        dl.save_checkpoint(path, dl.Transformer(model_cfg, rngs=nnx.Rngs(step)), tokenizer,
+                           step=step)
+    return path
+
+
+def largest_array_file(step_dir):
+    return max((step_dir / "params").rglob("d/*"), key=lambda f: f.stat().st_size)
+
+
+def truncate(step_dir):
+    f = largest_array_file(step_dir)
+    f.write_bytes(f.read_bytes()[:f.stat().st_size // 2])
+
+
+def garble(step_dir):
+    f = largest_array_file(step_dir)
+    data_ = bytearray(f.read_bytes())
+    data_[64::97] = bytes(b ^ 0xFF for b in data_[64::97])
+    f.write_bytes(bytes(data_))
+
+
+DAMAGE = {
+    "truncated array file": (truncate, "parameters"),
+    "garbled array file": (garble, "parameters"),
+    "missing metadata file": (lambda d: (d / "meta/metadata").unlink(), "metadata"),
+    "malformed metadata": (lambda d: (d / "meta/metadata").write_text("{not json"), "metadata"),
+    "metadata without a model config": (lambda d: (d / "meta/metadata").write_text('{"step": 2}'),
+                                        "model config"),
+    "metadata with a bad tokenizer": (
+        lambda d: (d / "meta/metadata").write_text(json.dumps(
+            {**json.loads((d / "meta/metadata").read_text()), "tokenizer": "bm90IGEgbW9kZWw="})),
+        "tokenizer"),
+    "empty manifest": (lambda d: (d / "params/manifest.ocdbt").write_bytes(b""), "parameters"),
+    "missing array metadata": (lambda d: (d / "params/_METADATA").unlink(), "parameters"),
+    "missing parameters": (lambda d: shutil.rmtree(d / "params"), "parameters"),
+}
+
+
+@pytest.mark.parametrize("mode", list(DAMAGE))
+def test_a_damaged_step_is_a_value_error_naming_the_checkpoint_and_the_part(saved, tmp_path,
+                                                                            mode):
+    damage, part = DAMAGE[mode]
+    path = tmp_path / "ckpt"
+    shutil.copytree(saved, path)
+    damage(path / "2")
+    with pytest.raises(ValueError, match=f"checkpoint '{path}' step 2 is damaged: its {part}"):
+        dl.load_checkpoint(path, step=2)
+
+
+def test_a_damaged_latest_step_falls_back_to_the_last_intact_one_with_a_warning(
+        saved, tmp_path, model_cfg):
+    path = tmp_path / "ckpt"
+    shutil.copytree(saved, path)
+    truncate(path / "2")
+    with pytest.warns(UserWarning, match=r"step 2 is damaged: its parameters .*; loaded step 1, "
+                                         r"the latest intact one"):
+        model, _ = dl.load_checkpoint(path)
+    expected = dl.Transformer(model_cfg, rngs=nnx.Rngs(1))
+    for a, b in zip(params_of(expected), params_of(model), strict=True):
+        np.testing.assert_array_equal(a, b)
+    truncate(path / "1")
+    with pytest.raises(ValueError, match=r"step 2 is damaged: .*no earlier step is intact either "
+                                         r"\(steps \[1, 2\]\)"):
+        dl.load_checkpoint(path)
+
+
+def test_save_checkpoint_refuses_a_tokenizer_of_another_vocabulary(model_cfg, tokenizer, tmp_path):
+    model = dl.Transformer(model_cfg.replace(vocab_size=600), rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="tokenizer must have the model's vocabulary, got a "
+                                         "tokenizer of vocab_size=512 for a model of vocab_size=600"):
+        dl.save_checkpoint(tmp_path / "ckpt", model, tokenizer)

@@ -23,6 +23,7 @@ from decodelab.convert import llama
 from decodelab.convert.tokenizer import PretrainedTokenizer, from_gguf_metadata
 from decodelab.convert.weights import TensorSource, build_transformer
 from decodelab.model import Transformer
+from decodelab.optional import require
 
 ARCHITECTURES = ("llama",)
 
@@ -93,8 +94,7 @@ def gguf_config(meta: Mapping[str, Any], tensor_names: set[str], source: str) ->
 
 
 def _read_gguf(path: pathlib.Path):
-    import gguf
-
+    gguf = require("gguf")
     try:
         return gguf.GGUFReader(path)
     except (ValueError, OSError, IndexError) as e:
@@ -119,8 +119,7 @@ def read_metadata(path: str | os.PathLike, *, tokenizer: bool = True
 
 
 def _dequantize(tensor, source: str) -> np.ndarray:
-    from gguf.quants import dequantize
-
+    dequantize = require("gguf.quants").dequantize
     kind = tensor.tensor_type.name
     if kind not in DEQUANTIZABLE:
         raise ValueError(f"{source}: tensor {tensor.name!r} has quantization type {kind}; "

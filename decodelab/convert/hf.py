@@ -30,6 +30,7 @@ from decodelab.convert import llama
 from decodelab.convert.tokenizer import PretrainedTokenizer, from_hf_directory
 from decodelab.convert.weights import TensorSource, build_transformer
 from decodelab.model import Transformer
+from decodelab.optional import require
 
 
 def _get(hf: Mapping[str, Any], key: str, default: Any = None) -> Any:
@@ -191,7 +192,7 @@ def _bfloat16(path: pathlib.Path, name: str) -> np.ndarray:
 
 
 def _safetensors_source(directory: pathlib.Path, ignored: Callable[[str], bool]) -> TensorSource:
-    from safetensors import safe_open
+    safe_open = require("safetensors").safe_open
 
     index = directory / "model.safetensors.index.json"
     if index.is_file():

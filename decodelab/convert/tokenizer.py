@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from decodelab.optional import require
+
 # GGUF token types (llama.cpp's llama_token_type) that this module reads.
 _NORMAL, _CONTROL, _USER_DEFINED = 1, 3, 4
 
@@ -35,14 +37,14 @@ _LLAMA3_SPLIT = (
 
 
 def _gpt2_split():
-    from tokenizers import pre_tokenizers
+    pre_tokenizers = require("tokenizers").pre_tokenizers
 
     return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
 
 
 def _smollm_split():
     # Each digit alone, then GPT-2's rule (SmolLM's tokenizer.json, llama.cpp's "smollm").
-    from tokenizers import pre_tokenizers
+    pre_tokenizers = require("tokenizers").pre_tokenizers
 
     return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
                                     pre_tokenizers.ByteLevel(add_prefix_space=False,
@@ -50,7 +52,8 @@ def _smollm_split():
 
 
 def _llama3_split():
-    from tokenizers import Regex, pre_tokenizers
+    tokenizers = require("tokenizers")
+    Regex, pre_tokenizers = tokenizers.Regex, tokenizers.pre_tokenizers
 
     return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated"),
                                     pre_tokenizers.ByteLevel(add_prefix_space=False,
@@ -133,7 +136,7 @@ class PretrainedTokenizer:
                 isinstance(m, Mapping) and "role" in m and "content" in m for m in messages):
             raise ValueError(f"messages must be a list of {{'role': ..., 'content': ...}} dicts, "
                              f"got {messages!r}")
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
+        ImmutableSandboxedEnvironment = require("jinja2.sandbox").ImmutableSandboxedEnvironment
 
         def raise_exception(message: str):
             raise ValueError(f"the chat template refused the messages: {message}")
@@ -156,7 +159,7 @@ class PretrainedTokenizer:
     @classmethod
     def from_json(cls, text: str) -> PretrainedTokenizer:
         """The tokenizer of a ``to_json`` string."""
-        from tokenizers import Tokenizer
+        Tokenizer = require("tokenizers").Tokenizer
 
         try:
             fields = json.loads(text)
@@ -188,7 +191,9 @@ def _sentencepiece_merges(pieces: Sequence[str], scores: Sequence[float]) -> lis
 def from_gguf_metadata(fields: Mapping[str, Any], source: str) -> PretrainedTokenizer:
     """The tokenizer a GGUF file describes; ``fields`` maps its ``tokenizer.*`` keys to values,
     ``source`` names the file in errors."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
+    tokenizers = require("tokenizers")
+    AddedToken, Tokenizer = tokenizers.AddedToken, tokenizers.Tokenizer
+    decoders, models, normalizers = tokenizers.decoders, tokenizers.models, tokenizers.normalizers
 
     kind = fields.get("tokenizer.ggml.model")
     tokens = list(fields.get("tokenizer.ggml.tokens", []))
@@ -239,7 +244,7 @@ def from_hf_directory(directory, model_config: Mapping[str, Any]) -> PretrainedT
     """The tokenizer of a Hugging Face checkpoint directory: ``tokenizer.json``, with special
     tokens and the chat template from ``tokenizer_config.json`` (or ``chat_template.jinja``) and
     special ids ``config.json`` gives where those do not."""
-    from tokenizers import Tokenizer
+    Tokenizer = require("tokenizers").Tokenizer
 
     directory = pathlib.Path(directory)
     path = directory / "tokenizer.json"

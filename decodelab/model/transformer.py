@@ -4,7 +4,9 @@
 ``model(tokens, cache=cache)`` appends the block at each row's own cache length (positions
 ``lengths[b] .. lengths[b] + T - 1``) and returns ``(logits, cache)``; ``num_valid[b]`` (default
 ``T``) says how many leading tokens of row b are real, the rest being padding that is written but
-not counted, so the next block overwrites it (padding sits at the row's last real position). Logits are float32 whatever the compute dtype.
+not counted, so the next block overwrites it (padding sits at the row's last real position).
+Logits are float32 whatever the compute dtype. A position whose activations overflow (a non-finite value, or one whose square overflows, which a
+norm would silently turn into zeros) gets NaN logits, so decoding reports it as an error.
 """
 
 from __future__ import annotations
@@ -40,17 +42,36 @@ class Block(nnx.Module):
         return h + self.mlp(self.mlp_norm(h)), cache
 
 
-def _check_tokens(tokens: jax.Array, vocab_size: int) -> None:
+def _as_tokens(tokens, vocab_size: int) -> jax.Array:
+    """``tokens`` as a checked ``[B, T]`` integer array of ids in ``[0, vocab_size)``."""
+    if isinstance(tokens, (str, bytes)):
+        raise ValueError(f"tokens must be an int array [B, T] of token ids, got a "
+                         f"{type(tokens).__name__} ({tokens[:20]!r}); encode text with the "
+                         "tokenizer first")
+    try:
+        tokens = jnp.asarray(tokens)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"tokens must be an int array [B, T] of token ids, got "
+                         f"{type(tokens).__name__} that is not one ({e})") from None
     if tokens.ndim != 2:
         raise ValueError(f"tokens must have shape [B, T], got shape {tokens.shape}")
     if not jnp.issubdtype(tokens.dtype, jnp.integer):
         raise ValueError(f"tokens must be integer ids, got dtype {tokens.dtype}")
+    if 0 in tokens.shape:
+        raise ValueError(f"tokens must hold at least one row of at least one token, got shape "
+                         f"{tokens.shape}")
     if isinstance(tokens, jax.core.Tracer):
-        return
+        return tokens
     ids = np.asarray(tokens)
-    if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+    if ids.min() < 0 or ids.max() >= vocab_size:
         bad = ids[(ids < 0) | (ids >= vocab_size)][0]
         raise ValueError(f"tokens must be ids in [0, {vocab_size}), got {int(bad)}")
+    return tokens
+
+
+def _norm_is_finite(x: jax.Array) -> jax.Array:  # [B, T, D] -> [B, T]
+    """Whether a norm can normalise each position of ``x``: its mean square must be finite."""
+    return jnp.isfinite(jnp.mean(jnp.square(x.astype(jnp.float32)), axis=-1))
 
 
 def _check_num_valid(num_valid, B: int, T: int) -> jax.Array:
@@ -96,8 +117,7 @@ class Transformer(nnx.Module):
         num_valid: jax.Array | None = None,  # [B] int, only with a cache
     ):
         cfg = self.config
-        tokens = jnp.asarray(tokens)
-        _check_tokens(tokens, cfg.vocab_size)
+        tokens = _as_tokens(tokens, cfg.vocab_size)
         B, T = tokens.shape
         live = None
         if cache is None:
@@ -134,14 +154,19 @@ class Transformer(nnx.Module):
         x = self.positions.embed(x, q_pos)
         # [B, N, T, S] or None, shared by all layers; the blocked path makes its own per block.
         bias = None if live is not None else self.positions.bias(q_pos, k_pos)
+        finite = jnp.ones((B, T), bool)
         for layer, block in enumerate(self.blocks):
+            finite &= _norm_is_finite(x)
             x, cache = block(x, self.positions, q_pos, k_pos, bias, cache, layer, live)
+        finite &= _norm_is_finite(x)
         x = self.final_norm(x)
         if cfg.tie_embeddings:
             logits = self.embed.attend(x)
         else:
             logits = self.lm_head(x)
-        logits = logits.astype(jnp.float32)  # [B, T, V]
+        # A norm turns an overflowing input into zeros (x * rsqrt(inf) = 0): without this, an
+        # overflow anywhere would look like uniform logits instead of the failure it is.
+        logits = jnp.where(finite[:, :, None], logits.astype(jnp.float32), jnp.nan)  # [B, T, V]
         if cache is None:
             return logits
         return logits, cache.advance(num_valid)

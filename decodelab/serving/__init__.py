@@ -4,8 +4,9 @@
 from decodelab.serving.engine import Completion, Request, SlotEngine, StepResult
 
 # Schedulers and replay
-from decodelab.serving.schedulers import (SCHEDULERS, Continuous, Dynamic, Replay, Scheduler,
-                                          Static, WallClock, make_scheduler, replay)
+from decodelab.serving.schedulers import (SCHEDULERS, Clock, Continuous, Dynamic, Replay,
+                                          Scheduler, Static, VirtualClock, WallClock,
+                                          make_scheduler, replay)
 
 # Traces
 from decodelab.serving.traces import (LENGTHS, Exponential, Fixed, LengthDistribution, LogNormal,
@@ -17,7 +18,8 @@ from decodelab.serving.metrics import RequestRecord, summarize
 
 __all__ = [
     "Completion", "Request", "SlotEngine", "StepResult",
-    "SCHEDULERS", "Continuous", "Dynamic", "Replay", "Scheduler", "Static", "WallClock",
+    "SCHEDULERS", "Clock", "Continuous", "Dynamic", "Replay", "Scheduler", "Static",
+    "VirtualClock", "WallClock",
     "make_scheduler", "replay",
     "LENGTHS", "Exponential", "Fixed", "LengthDistribution", "LogNormal", "Uniform",
     "length_distribution", "load_trace", "poisson_trace", "save_trace",

@@ -14,11 +14,13 @@ that answer:
   finishes.
 - ``Continuous()``: fill every free slot at every step (iteration-level scheduling, as in Orca).
 
-Clocks: ``WallClock`` reads ``time.perf_counter``; prefill, steps and all host work take their real
-time. While the engine is idle and the next event (an arrival, a scheduler's deadline) is in the
-future, ``WallClock(skip_idle=False)`` sleeps until it; ``skip_idle=True`` (the default) jumps the
-clock there instead, which shortens a replay by the idle time without changing any measured
-duration of work.
+Clocks (``Clock``): ``WallClock`` reads ``time.perf_counter``; prefill, steps and all host work
+take their real time. While the engine is idle and the next event (an arrival, a scheduler's
+deadline) is in the future, ``WallClock(skip_idle=False)`` sleeps until it; ``skip_idle=True`` (the
+default) jumps the clock there instead, which shortens a replay by the idle time without changing
+any measured duration of work. ``VirtualClock(step_s)`` reads no timer: it jumps to each event and
+charges every engine call exactly ``step_s`` seconds, so a replay's times are a pure function of
+the trace, the policy and the number of engine calls (what tests of a policy need).
 """
 
 from __future__ import annotations
@@ -118,7 +120,31 @@ def make_scheduler(name: str, num_slots: int, max_wait: float = 0.0) -> Schedule
             "continuous": Continuous}[name]()
 
 
-class WallClock:
+class Clock(abc.ABC):
+    """Seconds since ``start()``, as the replay loop sees them."""
+
+    @abc.abstractmethod
+    def start(self) -> None:
+        """Set the time to 0 (and the skipped idle time to 0)."""
+
+    @abc.abstractmethod
+    def now(self) -> float:
+        """The current time in seconds since ``start()``."""
+
+    @abc.abstractmethod
+    def wait_until(self, t: float) -> None:
+        """Return at time ``t`` or later (at once if ``t`` has passed)."""
+
+    def after_step(self) -> None:
+        """Called after each engine call: a clock that models work charges its cost here."""
+
+    @property
+    @abc.abstractmethod
+    def skipped(self) -> float:
+        """Idle seconds jumped over since ``start()``."""
+
+
+class WallClock(Clock):
     """Seconds since ``start``, by ``time.perf_counter``; see the module doc for ``skip_idle``."""
 
     def __init__(self, skip_idle: bool = True):
@@ -128,7 +154,6 @@ class WallClock:
 
     @property
     def skipped(self) -> float:
-        """Idle seconds jumped over since ``start``."""
         return self._skipped
 
     def start(self) -> None:
@@ -147,6 +172,36 @@ class WallClock:
             time.sleep(gap)
 
 
+class VirtualClock(Clock):
+    """A clock that reads no timer: it stands still while the host works, jumps to each event the
+    replay waits for, and advances exactly ``step_s`` seconds per engine call."""
+
+    def __init__(self, step_s: float = 1.0):
+        if isinstance(step_s, bool) or not isinstance(step_s, (int, float)) or not (
+                0 <= step_s < float("inf")):
+            raise ValueError(f"step_s must be a finite number of seconds >= 0, got {step_s!r}")
+        self.step_s = float(step_s)
+        self._now = self._skipped = 0.0
+
+    @property
+    def skipped(self) -> float:
+        return self._skipped
+
+    def start(self) -> None:
+        self._now = self._skipped = 0.0
+
+    def now(self) -> float:
+        return self._now
+
+    def wait_until(self, t: float) -> None:
+        if t > self._now:
+            self._skipped += t - self._now
+            self._now = t
+
+    def after_step(self) -> None:
+        self._now += self.step_s
+
+
 @dataclasses.dataclass
 class Replay:
     """The outcome of ``replay``: one record per request (trace order) and the summary."""
@@ -158,12 +213,13 @@ class Replay:
 
 
 def replay(engine: SlotEngine, trace: Sequence[Request], scheduler: Scheduler, *,
-           clock: WallClock | None = None, steps_per_call: int = 1,
+           clock: Clock | None = None, steps_per_call: int = 1,
            progress: bool = False) -> Replay:
     """Play ``trace`` through ``engine`` under ``scheduler``: requests arrive at their times,
     wait in a first-come-first-served queue, are inserted when the scheduler says so and retire
     when finished. A request the engine can never serve (``engine.check``) is rejected with an
-    error record at its arrival; every request ends "completed" or "rejected"."""
+    error record at its arrival; every request ends "completed" or "rejected". ``clock`` is a
+    ``WallClock()`` unless given (``VirtualClock`` for times that do not depend on the machine)."""
     if not isinstance(engine, SlotEngine):
         raise ValueError(f"engine must be a SlotEngine, got {engine!r}")
     if not isinstance(scheduler, Scheduler):
@@ -174,6 +230,8 @@ def replay(engine: SlotEngine, trace: Sequence[Request], scheduler: Scheduler, *
                          f"{len(engine.active)} active slots")
     if len({r.id for r in trace}) != len(trace):
         raise ValueError("trace request ids must be unique")
+    if clock is not None and not isinstance(clock, Clock):
+        raise ValueError(f"clock must be a Clock (WallClock, VirtualClock), got {clock!r}")
     clock = clock or WallClock()
     pending = collections.deque(sorted(trace, key=lambda r: r.arrival))
     records = {r.id: RequestRecord(r.id, r.arrival) for r in trace}
@@ -202,6 +260,7 @@ def replay(engine: SlotEngine, trace: Sequence[Request], scheduler: Scheduler, *
             if engine.active:
                 active, started = len(engine.active), clock.now()
                 result = engine.step(steps_per_call)
+                clock.after_step()
                 ended = clock.now()
                 steps += 1
                 busy_slot_seconds += active * (ended - started)

@@ -1,0 +1,100 @@
+"""Experiment programs: the absl flags every program in ``experiments/`` defines, and running the
+sweep they name."""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from absl import flags, logging
+from ml_collections import config_dict, config_flags
+
+from decodelab.experiment.overrides import check_base_config
+from decodelab.experiment.rows import ROWS_FILE
+from decodelab.experiment.runner import PointContext, run
+from decodelab.experiment.sweep import load_sweep, parse_shard
+
+
+@dataclasses.dataclass(frozen=True)
+class ExperimentFlags:
+    """The flags of an experiment program (see ``define_flags``)."""
+
+    config: flags.FlagHolder
+    workdir: flags.FlagHolder
+    sweep_shard: flags.FlagHolder
+    flag_values: flags.FlagValues
+
+
+def define_flags(default_config: str | None = None) -> ExperimentFlags:
+    """Define ``--config`` (a locked config file, so a misspelt override fails by name),
+    ``--workdir`` (default ``runs/<experiment>``) and ``--sweep_shard`` (``i/n``, default ``0/1``).
+
+    When the global flags are already parsed or these names are taken, the module is being imported
+    by another program (e.g. ``experiments.report`` reading its ``report`` function): the flags then
+    go to a private FlagValues, so the import neither clashes with nor changes the program's flags.
+    """
+    names = ("config", "workdir", "sweep_shard")
+    shared = flags.FLAGS
+    flag_values = (flags.FlagValues() if shared.is_parsed() or any(n in shared for n in names)
+                   else shared)
+    return ExperimentFlags(
+        config=config_flags.DEFINE_config_file(
+            "config", default_config, "Config file, `path.py` or `path.py:arg`; override fields "
+            "with --config.<key>=<value>.", lock_config=True, flag_values=flag_values),
+        workdir=flags.DEFINE_string(
+            "workdir", None, "Folder for rows.jsonl and cached models; default runs/<experiment>.",
+            flag_values=flag_values),
+        sweep_shard=flags.DEFINE_string(
+            "sweep_shard", "0/1", "Run shard i of n of the sweep (points whose index % n == i).",
+            flag_values=flag_values),
+        flag_values=flag_values,
+    )
+
+
+def check_no_arguments(argv: Sequence[str]) -> None:
+    """Refuse positional arguments: ``argv`` is what ``absl.app.run`` passes to ``main`` (the
+    program's name, then what no flag took). A program takes flags only, so a word after them is
+    a mistake (a value given without ``--name=``, or a space inside a flag), not something to
+    ignore."""
+    extra = list(argv[1:])
+    if extra:
+        raise ValueError(f"this program takes flags only (--name=value), got the positional "
+                         f"argument(s) {extra}; write overrides as --config.<key>=<value>")
+
+
+def run_from_flags(experiment_flags: ExperimentFlags,
+                   point_fn: Callable[[config_dict.ConfigDict, PointContext], Mapping[str, Any]],
+                   argv: Sequence[str] = ()) -> list[dict]:
+    """Run the sweep of the parsed flags (see ``run``); print where the rows are and how to render
+    them. Ctrl-C stops after saying what was kept. ``argv`` is ``main``'s argument: positional
+    arguments in it are refused (``check_no_arguments``)."""
+    check_no_arguments(argv)
+    if not experiment_flags.flag_values.is_parsed():
+        raise ValueError("run_from_flags needs parsed flags: call it from main under absl.app.run, "
+                         "in the program that called define_flags")
+    if experiment_flags.config.value is None:
+        raise ValueError("--config is required, e.g. --config=configs/<name>.py")
+    filename = config_flags.get_config_filename(experiment_flags.flag_values["config"])
+    path, _, arg = filename.partition(":")
+    if not pathlib.Path(path).is_file():
+        raise ValueError(f"--config file must exist, got {path!r}")
+    if not flags.FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)  # JAX and Orbax log routine steps at INFO
+    config = experiment_flags.config.value
+    check_base_config(config)
+    sweep = load_sweep(path, arg or None)
+    shard_index, shard_count = parse_shard(experiment_flags.sweep_shard.value)
+    workdir = pathlib.Path(experiment_flags.workdir.value or f"runs/{config.experiment}")
+    try:
+        rows = run(config, sweep, point_fn, workdir, shard_index=shard_index,
+                   shard_count=shard_count)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: every finished point is in {workdir / ROWS_FILE}; run the same "
+              "command again to continue", file=sys.stderr)
+        sys.exit(130)
+    print(f"{len(rows)} points of shard {shard_index}/{shard_count} in {workdir / ROWS_FILE}; "
+          f"tables and plots: python -m experiments.report --workdir={workdir}")
+    return rows

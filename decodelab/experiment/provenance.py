@@ -1,0 +1,70 @@
+"""Provenance of a result row: the git state of the decodelab checkout, library versions, the
+machine and the command that ran."""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import os
+import pathlib
+import platform
+import shlex
+import subprocess
+import sys
+from typing import Any
+
+PROVENANCE_FIELDS = ("git_commit", "git_dirty", "python_version", "jax_version", "jaxlib_version",
+                     "flax_version", "backend", "device_kind", "device_count", "cpu_count",
+                     "command")
+
+
+def git_state(directory: str | os.PathLike) -> tuple[str, bool | None]:
+    """``(commit, dirty)`` of the git checkout holding ``directory``; ``("unknown", None)`` outside
+    one. Dirty means tracked files differ from the commit (untracked files do not count, as in
+    ``git describe --dirty``)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(directory), *args], capture_output=True, text=True,
+                              check=True, timeout=30).stdout.strip()
+    try:
+        commit = git("rev-parse", "HEAD")
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    except (OSError, subprocess.SubprocessError):
+        return "unknown", None
+    return commit, dirty
+
+
+def current_command() -> str:
+    """The command line of this process as one would type it (``python -m pkg.mod args``)."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    program = (["python", "-m", spec.name] if spec is not None and spec.name != "__main__"
+               else ["python", sys.argv[0]])
+    return shlex.join(program + sys.argv[1:])
+
+
+@functools.cache
+def _static_provenance() -> tuple[tuple[str, Any], ...]:
+    import jax  # deferred: reading rows and rendering tables need no accelerator runtime
+
+    commit, dirty = git_state(pathlib.Path(__file__).resolve().parent)
+    devices = jax.devices()
+    fields = {
+        "git_commit": commit,
+        "git_dirty": dirty,
+        "python_version": platform.python_version(),
+        "jax_version": importlib.metadata.version("jax"),
+        "jaxlib_version": importlib.metadata.version("jaxlib"),
+        "flax_version": importlib.metadata.version("flax"),
+        "backend": jax.default_backend(),
+        "device_kind": devices[0].device_kind,
+        "device_count": len(devices),
+        "cpu_count": os.cpu_count(),
+    }
+    return tuple(fields.items())
+
+
+def provenance(command: str | None = None) -> dict[str, Any]:
+    """PROVENANCE_FIELDS of this process: git state of the decodelab checkout, versions, machine,
+    and the command (this process's unless given). Computed once per process."""
+    command = current_command() if command is None else command
+    return {**dict(_static_provenance()), "command": command}

@@ -1,0 +1,138 @@
+"""The runner: runs the points of a sweep that have no row yet, appending a row after each.
+
+Re-running skips every point that has a row, so an interrupted sweep (Ctrl-C, a killed process)
+loses only the points in progress.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import math
+import numbers
+import os
+import pathlib
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from ml_collections import config_dict
+from tqdm.auto import tqdm
+
+from decodelab.experiment.provenance import provenance
+from decodelab.experiment.rows import add_rows, as_workdir, check_writable, read_rows
+from decodelab.experiment.sweep import Point, expand, shard
+
+Metrics = dict[str, float | int | str | bool | None]
+
+
+@dataclasses.dataclass(frozen=True)
+class PointContext:
+    """What a point function gets besides its config."""
+
+    # The experiment's workdir, shared by all points (e.g. for cached models, see pipeline.py).
+    workdir: pathlib.Path
+    point: Point
+    # Whether progress bars are shown; pass it on (e.g. ``train(progress=ctx.show_progress)``).
+    show_progress: bool
+    _bar: Any = dataclasses.field(default=None, repr=False)
+
+    def status(self, text: str) -> None:
+        """Show ``text`` after the point's overrides on the sweep's progress bar."""
+        if self._bar is not None:
+            self._bar.set_postfix_str(f"{_describe(self.point)}: {text}")
+
+    def progress(self, iterable: Iterable | None = None, **kwargs) -> tqdm:
+        """A progress bar for work inside the point (tqdm arguments), removed when it closes."""
+        kwargs.setdefault("leave", False)
+        kwargs.setdefault("dynamic_ncols", True)
+        return tqdm(iterable, disable=not self.show_progress, **kwargs)
+
+
+def _check_metrics(metrics: Any, point: Point) -> Metrics:
+    where = f"point {point.index} {point.overrides}"
+    if not isinstance(metrics, Mapping):
+        raise ValueError(f"point_fn must return a dict of metrics, got {type(metrics).__name__} "
+                         f"for {where}")
+    checked: Metrics = {}
+    for name, value in metrics.items():
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"metric names must be non-empty strings, got {name!r} for {where}")
+        if hasattr(value, "item") and getattr(value, "ndim", None) == 0:
+            value = value.item()  # NumPy / JAX scalars
+        if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+            value = int(value)
+        elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+            value = float(value)
+            if not math.isfinite(value):
+                raise ValueError(f"metric {name!r} must be finite, got {value} for {where}; return "
+                                 "None (not applicable) or a string instead")
+        elif value is not None and not isinstance(value, (str, bool)):
+            raise ValueError(f"metric {name!r} must be a number, str, bool or None, got "
+                             f"{type(value).__name__} for {where}")
+        checked[name] = value
+    return checked
+
+
+def _describe(point: Point) -> str:
+    return ", ".join(f"{k}={v}" for k, v in point.overrides.items()) or "base config"
+
+
+def _utc_now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def run(
+    config: config_dict.ConfigDict,
+    sweep: Sequence[Mapping[str, Any]],
+    point_fn: Callable[[config_dict.ConfigDict, PointContext], Mapping[str, Any]],
+    workdir: str | os.PathLike,
+    *,
+    shard_index: int = 0,
+    shard_count: int = 1,
+    progress: bool = True,
+    command: str | None = None,
+) -> list[dict]:
+    """Run the points of shard ``shard_index/shard_count`` of ``sweep`` that have no row in
+    ``workdir``, appending a row after each. Returns the rows of this shard's points, in sweep order.
+
+    Everything is checked before the first point runs: the sweep (unknown keys, duplicates), the
+    shard, the workdir (a folder this process can write: its lock file is created and a rows file
+    written on trial) and its rows (all of ``config.experiment``).
+    """
+    points = expand(config, sweep)
+    mine = shard(points, shard_index, shard_count)
+    workdir = as_workdir(workdir)
+    existing = read_rows(workdir)
+    others = sorted({row["experiment"] for row in existing} - {config.experiment})
+    if others:
+        raise ValueError(f"workdir {str(workdir)!r} holds rows of experiment {others}, not "
+                         f"{config.experiment!r}; use another --workdir for this experiment")
+    check_writable(workdir)
+    rows = {row["config_hash"]: row for row in existing}
+    todo = [p for p in mine if p.config_hash not in rows]
+    fields = provenance(command)
+
+    label = config.experiment + (f" {shard_index}/{shard_count}" if shard_count > 1 else "")
+    with tqdm(total=len(mine), initial=len(mine) - len(todo), desc=label, unit="point",
+              disable=not progress, dynamic_ncols=True) as bar:
+        for point in todo:
+            bar.set_postfix_str(_describe(point))
+            start_time, start = _utc_now(), time.perf_counter()
+            metrics = point_fn(point.config, PointContext(workdir, point, progress, bar))
+            row = {
+                "experiment": config.experiment,
+                "config_hash": point.config_hash,
+                "seed": point.config.seed,
+                "sweep_index": point.index,
+                "overrides": point.overrides,
+                "config": point.config.to_dict(),
+                "metrics": _check_metrics(metrics, point),
+                "start_time": start_time,
+                "wall_time_s": time.perf_counter() - start,
+                "provenance": fields,
+            }
+            add_rows(workdir, [row])
+            rows.setdefault(point.config_hash, row)
+            bar.update(1)
+    return [rows[p.config_hash] for p in mine]
