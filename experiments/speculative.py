@@ -52,8 +52,8 @@ from matplotlib.figure import Figure
 
 from decodelab import data, experiment, pipeline, results, sampling, speculative
 from decodelab.decode import generate
-from decodelab.request import bucket_length
 from decodelab.model import param_count
+from decodelab.request import bucket_length
 from decodelab.sampling import SamplingParams
 
 _FLAGS = experiment.define_flags("configs/speculative.py")
