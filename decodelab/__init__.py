@@ -13,6 +13,9 @@ from decodelab.model import Transformer, param_count
 # Real checkpoints (GGUF files, Hugging Face directories)
 from decodelab.convert import PretrainedTokenizer, load_gguf, load_hf
 
+# Compression: weights stored quantized
+from decodelab.quantize import parameter_bytes, quantize
+
 # Training and checkpoints
 from decodelab.checkpoint import load_checkpoint, save_checkpoint
 from decodelab.train import TrainConfig  # the loop itself: decodelab.train.train
@@ -34,6 +37,8 @@ __all__ = [
     "load_hf",
     "PretrainedTokenizer",
     "param_count",
+    "parameter_bytes",
+    "quantize",
     "save_checkpoint",
     # Sampling and decoding
     "GenerateOutput",
