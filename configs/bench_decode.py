@@ -1,15 +1,28 @@
 """python -m experiments.bench_decode --config=configs/bench_decode.py --workdir=runs/bench_decode
 
-Decode speed of `dl.generate` (greedy, EOS ignored: every row generates exactly `new_tokens`) for
-the `tiny`, `small` and `medium` presets at batch 1, 8 and 32, each measured against this machine's
-roofline, the no-cache baseline and Hugging Face transformers `generate` (on the same weights), all
-in the same run. The weights are random (vocabulary 4096): speed does not depend on what the weights
-are. A pretrained preset (`presets.PRETRAINED_MODELS`) runs its real weights at batch 1 and 8:
+Decode speed of `dl.generate` (EOS ignored: every row generates exactly `new_tokens`), greedy and
+sampled (temperature 0.8, top-p 0.95), for the `tiny`, `small` and `medium` presets at batch 1, 8
+and 32, each measured against this machine's roofline, the no-cache baseline and Hugging Face
+transformers `generate` (on the same weights), all in the same run. The weights are random
+(vocabulary 4096): speed does not depend on what the weights are. A pretrained preset
+(`presets.PRETRAINED_MODELS`) runs its real weights at batch 1 and 8:
 
     python -m experiments.bench_decode --config=configs/bench_decode.py:smollm2-135m \
         --workdir=runs/bench_decode
 
-Render the page (both sweeps' rows, if they share the workdir) with
+Two more sweeps write their own rows (`study`) into the same workdir:
+
+    python -m experiments.bench_decode --config=configs/bench_decode.py:max_len \
+        --workdir=runs/bench_decode
+    python -m experiments.bench_decode --config=configs/bench_decode.py:breakdown \
+        --workdir=runs/bench_decode
+
+`max_len`: `small` at batch 8 with caches of 288 (the default, prompt + new tokens), 1024 and 4096
+slots, the same live tokens: a step should cost what the live rows hold, not the cache's size.
+`breakdown`: `small` at batch 1, 8 and 32, each step split into attention, MLP and projections,
+sampling and loop bookkeeping by ablation (`experiments/bench_decode.py`, `ABLATIONS`).
+
+Render the page (every sweep's rows in the workdir) with
 `python -m experiments.report --workdir=runs/bench_decode --out=results`. A quick look:
 `--config.new_tokens=16 --config.repeats=1 --config.peer.enabled=False`.
 """
@@ -23,17 +36,26 @@ PRESETS = ("tiny", "small", "medium")
 BATCH_SIZES = (1, 8, 32)
 # A pretrained model's batch sizes (its weights are 4-16x the medium preset's).
 PRETRAINED_BATCH_SIZES = (1, 8)
+# Cache slots of the max_len sweep (288 = prompt_len + new_tokens, the default) on small, batch 8.
+MAX_LENS = (288, 1024, 4096)
+# What the config argument names besides a preset: a sweep with its own rows.
+STUDIES = ("max_len", "breakdown")
 
 
 def get_config(arg: str | None = None) -> config_dict.ConfigDict:
+    study = arg if arg in STUDIES else "speed"
+    preset = "small" if arg in STUDIES else arg or "tiny"
     config = config_dict.ConfigDict()
     # Experiment name: rows of other experiments are refused in the same workdir.
     config.experiment = "bench_decode"
+    # Which table of the page the rows belong to: "speed" (the main sweep), "max_len" or
+    # "breakdown" (the sweeps named by the config argument).
+    config.study = study
     # Seed of the random weights and of the random prompt ids.
     config.seed = 0
     # Preset name (a label; the sweep also sets every model field from it, so rows hold them).
     # A pretrained preset's name (the config argument) loads its real weights instead.
-    config.preset = arg or "tiny"
+    config.preset = preset
     # Model architecture (every ModelConfig field but the vocabulary; for a pretrained preset
     # also `pretrained`, its name).
     config.model = model_section(config.preset)
@@ -46,7 +68,22 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
     config.prompt_len = 32
     # Output tokens per row (>= 2: the first comes from the prefill, the rest from the loop).
     config.new_tokens = 256
-    # Timed runs of each measurement after one warm-up run; medians are reported.
+    # Cache slots per row; 0: prompt_len + new_tokens, the least that holds every row.
+    config.max_len = 0
+    config.sampled = config_dict.ConfigDict(dict(
+        # Also time sampled decoding (the same rows, every row sampling) beside greedy.
+        enabled=True,
+        # Its sampling parameters: temperature and nucleus (top-p) mass.
+        temperature=0.8,
+        top_p=0.95,
+    ))
+    config.breakdown = config_dict.ConfigDict(dict(
+        # Split the step time by ablation (greedy, and sampled if enabled): each ablation level
+        # is a whole timed generate with one more part of the step removed.
+        enabled=study == "breakdown",
+        # Timed runs of each ablation level after a warm-up run.
+        repeats=3,
+    ))    # Timed runs of each measurement after one warm-up run; medians are reported.
     config.repeats = 5
     config.roofline = config_dict.ConfigDict(dict(
         # Size of the float32 array the bandwidth probe sums (MiB; far beyond the CPU caches).
@@ -57,6 +94,8 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
         repeats=5,
     ))
     config.nocache = config_dict.ConfigDict(dict(
+        # Time the no-cache baseline (n/a when off; the max_len and breakdown sweeps skip it).
+        enabled=study == "speed",
         # Sequence lengths at which one full-recompute step is timed (evenly spaced from the
         # prompt to prompt + new_tokens - 1); the time of all steps is interpolated between them.
         lengths=5,
@@ -64,8 +103,9 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
         repeats=3,
     ))
     config.peer = config_dict.ConfigDict(dict(
-        # Time transformers' LlamaForCausalLM.generate (needs the `peer` extra; n/a without it).
-        enabled=True,
+        # Time transformers' LlamaForCausalLM.generate (needs the `peer` extra; n/a without it;
+        # the max_len and breakdown sweeps skip it).
+        enabled=study == "speed",
         # Timed runs after a short warm-up call.
         repeats=3,
     ))
@@ -75,6 +115,11 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
 def get_sweep(arg: str | None = None) -> list[dict]:
     if arg in PRETRAINED_MODELS:
         return product({"batch_size": list(PRETRAINED_BATCH_SIZES)})
+    small = {"preset": "small", **{f"model.{k}": v for k, v in MODEL_PRESETS["small"].items()}}
+    if arg == "max_len":
+        return cross([small], product({"batch_size": [8], "max_len": list(MAX_LENS)}))
+    if arg == "breakdown":
+        return cross([small], product({"batch_size": list(BATCH_SIZES)}))
     presets = [{"preset": name, **{f"model.{k}": v for k, v in MODEL_PRESETS[name].items()}}
                for name in PRESETS]
     return cross(presets, product({"batch_size": list(BATCH_SIZES)}))

@@ -3,9 +3,11 @@
 Conventions (every caller relies on them):
 
 - A prompt gets ``W`` beams: rows ``b * W .. b * W + W - 1`` of one batch of ``B * W`` rows that
-  share the model call and the ``KVCache`` layout of ``generate``. The ragged prompts are prefilled
-  once (padded to a power-of-two bucket, as in ``decode``), then each prompt's cache row is copied
-  to its beams; every step gives each surviving beam its parent's row (``KVCache.take_rows``).
+  share the model call. The ragged prompts are prefilled once (padded to a power-of-two bucket, as
+  in ``decode``) into a ``BeamCache``: the prompt's keys and values are stored once, in its first
+  beam's row, and each beam's row stores only the tokens it generated. Every step gives each
+  surviving beam its parent's history by reordering a ``[B * W, S]`` table of which row holds each
+  slot (``BeamCache.take_rows``), never by copying keys and values.
 - A hypothesis's log-probability is the sum of the model's log-probabilities (``log_softmax`` of
   the logits, no sampling processors) of its output tokens. Hypotheses are ranked by
   ``logprob / lp(n)``, ``lp(n) = ((5 + n) / 6) ** alpha`` (Wu et al. 2016, GNMT), where ``n`` counts
@@ -43,6 +45,86 @@ from decodelab.cache import KVCache
 from decodelab.decode import (PAD_TOKEN, _check_eos, _check_int, _check_prompts, _is_int,
                               bucket_length)
 
+
+@struct.dataclass(kw_only=True)
+class BeamCache:
+    """A cache whose rows are reordered without copying keys and values (same interface as
+    ``KVCache``: ``write``, ``read``, ``advance``, ``take_rows``, ``rewind`` and the sizes).
+
+    ``store`` holds, per physical row, the tokens that row wrote (and the rows' lengths);
+    ``source[b, j]`` is the physical row whose slot j holds row b's token at position j. A write
+    puts row b's block into physical row b at its length and points those slots at b;
+    ``take_rows`` reorders ``source`` and the lengths only. A row's write overwrites slots of its
+    physical row from its length on, so rows that share history must not write below a slot
+    another row still reads: beams of one prompt always have the same length, and the lengths
+    only grow.
+    """
+
+    store: KVCache  # [L, B, K, S, H] keys and values as written; lengths per logical row
+    source: jax.Array  # [B, S] int32, physical row of each slot of each row
+
+    @classmethod
+    def from_prompts(cls, prompts: KVCache, width: int) -> BeamCache:
+        """``width`` beams per row of ``prompts`` (rows ``b * width + w``); the prompt's keys and
+        values stay in the first beam's row and the others point to it."""
+        L, B, K, S, H = prompts.k.shape
+        first = jnp.arange(B, dtype=jnp.int32) * width  # [B]
+        zeros = jnp.zeros((L, B * width, K, S, H), prompts.k.dtype)
+        store = KVCache(k=zeros.at[:, first].set(prompts.k), v=zeros.at[:, first].set(prompts.v),
+                        lengths=jnp.repeat(prompts.lengths, width))
+        source = jnp.broadcast_to(jnp.repeat(first, width)[:, None], (B * width, S))
+        return cls(store=store, source=source)
+
+    @property
+    def lengths(self) -> jax.Array:  # [B] int32
+        return self.store.lengths
+
+    @property
+    def batch_size(self) -> int:
+        return self.store.batch_size
+
+    @property
+    def max_len(self) -> int:
+        return self.store.max_len
+
+    def positions(self, block_len: int) -> jax.Array:
+        return self.store.positions(block_len)
+
+    def check_room(self, num_valid: jax.Array) -> None:
+        self.store.check_room(num_valid)
+
+    def write(self, layer: int, k: jax.Array, v: jax.Array) -> BeamCache:
+        """``KVCache.write`` into each row's own physical row, whose new slots it now owns."""
+        B, T = k.shape[:2]
+        rows = jnp.broadcast_to(jnp.arange(B, dtype=jnp.int32)[:, None], (B, T))
+        source = self.source.at[rows, self.positions(T)].set(rows, mode="drop")
+        return self.replace(store=self.store.write(layer, k, v), source=source)
+
+    def read(self, layer: int, start: jax.Array | int, size: int) -> tuple[jax.Array, jax.Array]:
+        """``KVCache.read``: slots ``[start, start + size)`` (start clamped into range), each
+        gathered from the physical row that holds it."""
+        first = jnp.clip(start, 0, self.max_len - size)
+        rows = jax.lax.dynamic_slice_in_dim(self.source, first, size, axis=1)  # [B, size]
+        slots = (first + jnp.arange(size, dtype=jnp.int32))[None, :]  # [1, size]
+        k = self.store.k[layer, rows, :, slots, :]  # [B, size, K, H]
+        v = self.store.v[layer, rows, :, slots, :]
+        return jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)  # [B, K, size, H]
+
+    def advance(self, num_valid: jax.Array) -> BeamCache:
+        return self.replace(store=self.store.advance(num_valid))
+
+    def take_rows(self, rows: jax.Array) -> BeamCache:
+        """Row ``i`` reads as row ``rows[i]`` did (``rows: [B]``, the same number of rows); only
+        the ``[B, S]`` slot table and the lengths move."""
+        rows = jnp.asarray(rows, jnp.int32)
+        return self.replace(store=self.store.replace(lengths=self.store.lengths[rows]),
+                            source=self.source[rows])
+
+    def rewind(self, lengths) -> BeamCache:
+        """``KVCache.rewind``; rewinding a row below a slot another row reads from its physical
+        row breaks the sharing rule above."""
+        return self.replace(store=self.store.rewind(lengths))
+
 FINISH_REASONS = ("none", "eos", "length")  # BeamState.finished_reason codes
 NONE, EOS, LENGTH = range(3)
 
@@ -57,7 +139,7 @@ class BeamState:
     min_new_tokens: jax.Array  # [] int32, no hypothesis finishes with EOS before this length
     lengths: jax.Array  # [B] int32, output tokens of each prompt's running beams
     done: jax.Array  # [B] bool
-    cache: KVCache  # B * W rows, prompt b's beams at rows b * W + w
+    cache: BeamCache  # B * W rows, prompt b's beams at rows b * W + w
     logits: jax.Array  # [B * W, V] float32, each running beam's next-token logits
     tokens: jax.Array  # [B, W, N] int32, running beams' output; PAD_TOKEN past lengths
     logprobs: jax.Array  # [B, W] float32, running beams' log-probabilities (-inf: no beam)
@@ -161,7 +243,7 @@ def _select_and_record(state: BeamState) -> tuple[BeamState, jax.Array]:
 
 
 def _step(model: nnx.Module, state: BeamState) -> BeamState:
-    """Choose the next beams, give each its parent's cache row, and feed its new token."""
+    """Choose the next beams, give each its parent's history, and feed its new token."""
     B, W, N = state.tokens.shape
     state, parents = _select_and_record(state)
     rows = (jnp.arange(B, dtype=jnp.int32)[:, None] * W + parents).reshape(B * W)
@@ -180,7 +262,7 @@ def _running(state: BeamState) -> jax.Array:
 @functools.partial(jax.jit, static_argnames=("graphdef", "width", "max_len", "max_new_tokens"))
 def _beam_prefill(weights, block, prompt_lengths, budgets, eos_mask, alpha, min_new_tokens, *,
                   graphdef, width, max_len, max_new_tokens) -> BeamState:
-    """Prefill the padded prompt block ``[B, T]`` once and copy each row to its ``W`` beams."""
+    """Prefill the padded prompt block ``[B, T]`` once; its ``W`` beams share each row."""
     model = nnx.merge(graphdef, weights)
     B, T = block.shape
     W, N = width, max_new_tokens
@@ -197,7 +279,7 @@ def _beam_prefill(weights, block, prompt_lengths, budgets, eos_mask, alpha, min_
         min_new_tokens=min_new_tokens,
         lengths=jnp.zeros((B,), jnp.int32),
         done=jnp.zeros((B,), bool),
-        cache=cache.take_rows(beams),
+        cache=BeamCache.from_prompts(cache, W),
         logits=last[beams],
         tokens=jnp.full((B, W, N), PAD_TOKEN, jnp.int32),
         logprobs=jnp.broadcast_to(alive[None, :], (B, W)),

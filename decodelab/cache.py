@@ -2,15 +2,25 @@
 
 Conventions (every caller relies on them):
 
-- ``k`` and ``v`` are ``[L, B, S, K, H]``; slot ``j`` of row ``b`` holds the token at position ``j``
-  of that row. ``lengths[b]`` counts the valid slots of row ``b``; slots at or beyond it hold stale
-  values that are never attended (attention masks by position, see ``model/attention.py``).
+- ``k`` and ``v`` are ``[L, B, K, S, H]``, head-major: for one layer and row, each kv head's slots
+  are contiguous, the layout both attention einsums read, so no step transposes the cache. Slot
+  ``j`` of row ``b`` holds the token at position ``j`` of that row. ``lengths[b]`` counts the valid
+  slots of row ``b``; slots at or beyond it hold stale values that are never attended (attention
+  masks by position, see ``model/attention.py``).
 - Rows are independent: ragged prompts, slots of a serving engine at different positions and
   speculative rollback are all "each row has its own length".
-- Writing a block of ``T`` tokens puts them at slots ``lengths[b] .. lengths[b] + T - 1`` and then
-  advances ``lengths[b]`` by the row's count of valid tokens (the rest of the block is padding).
-  Writing past ``S`` is an error when lengths are concrete; inside a trace, out-of-range writes are
-  dropped (never wrapped onto earlier slots), and the decode loop stops a row before its cache is full.
+- ``write(layer, k, v)`` takes a block of ``T`` tokens as the projections make it (``[B, T, K, H]``)
+  and puts it at slots ``lengths[b] .. lengths[b] + T - 1`` with one in-place window update per row
+  (no scatter of single slots); ``advance`` then moves ``lengths[b]`` by the row's count of valid
+  tokens (the rest of the block is padding). Writing past ``S`` is an error when lengths are
+  concrete; inside a trace, out-of-range slots are dropped (never wrapped onto earlier slots), and
+  the decode loop stops a row before its cache is full.
+- ``read(layer, start, size)`` returns slots ``[start, start + size)`` of every row as float
+  ``[B, K, size, H]``; attention reads the cache only through it, a block at a time. So a cache
+  that stores something else (quantized values, beams sharing a prompt: ``beam.BeamCache``) works
+  wherever this one does if it has this class's public methods and properties other than ``k`` and
+  ``v``: ``write``, ``read``, ``advance``, ``positions``, ``check_room``, ``take_rows``,
+  ``rewind``, ``lengths``, ``batch_size``, ``max_len``.
 """
 
 from __future__ import annotations
@@ -27,25 +37,85 @@ def _is_concrete(x) -> bool:
     return not isinstance(x, jax.core.Tracer)
 
 
+def _write_rows(cache: jax.Array, layer: int, block: jax.Array, at: jax.Array,
+                shift: jax.Array) -> jax.Array:
+    """``cache: [L, B, K, S, H]`` with ``block: [B, T, K, H]`` written into layer ``layer`` of each
+    row b at window ``[at[b], at[b] + T)`` (in range), the window's first ``shift[b]`` slots keeping
+    their values and token j landing in window slot ``j + shift[b]``.
+
+    One window update per row, ``[K, T, H]`` at ``(layer, b, :, at[b], :)``, in the cache's own
+    layout, so XLA updates the (donated) buffer in place.
+    """
+    L, B, K, S, H = cache.shape
+    T = block.shape[1]
+    block = jnp.swapaxes(block, 1, 2).astype(cache.dtype)  # [B, K, T, H]
+    index = jnp.stack([jnp.full((B,), layer, jnp.int32), jnp.arange(B, dtype=jnp.int32),
+                       at.astype(jnp.int32)], axis=1)  # [B, 3]: (layer, row, first slot)
+    windows = dict(offset_dims=(1, 2, 3), collapsed_slice_dims=(0, 1), start_index_map=(0, 1, 3))
+    old = jax.lax.gather(cache, index, jax.lax.GatherDimensionNumbers(**windows),
+                         slice_sizes=(1, 1, K, T, H), indices_are_sorted=True,
+                         mode=jax.lax.GatherScatterMode.PROMISE_IN_BOUNDS)  # [B, K, T, H]
+    window = jnp.arange(T, dtype=jnp.int32)[None, :]  # [1, T]
+    source = jnp.clip(window - shift[:, None], 0, T - 1)  # [B, T]: token landing in window slot
+    moved = jnp.take_along_axis(block, source[:, None, :, None], axis=2)  # [B, K, T, H]
+    new = jnp.where((window >= shift[:, None])[:, None, :, None], moved, old)
+    numbers = jax.lax.ScatterDimensionNumbers(
+        update_window_dims=(1, 2, 3), inserted_window_dims=(0, 1),
+        scatter_dims_to_operand_dims=(0, 1, 3))
+    return jax.lax.scatter(cache, index, new, numbers, indices_are_sorted=True,
+                           unique_indices=True, mode=jax.lax.GatherScatterMode.PROMISE_IN_BOUNDS)
+
+
+def _check_int_array(name: str, value, shape: tuple[int, ...]) -> jax.Array:
+    """``value`` as an int32 array broadcast to ``shape``; ValueError naming ``name`` for anything
+    that is not integers of a compatible shape (floats are not truncated, strings not parsed)."""
+    try:
+        array = value if isinstance(value, jax.Array) else np.asarray(value)
+    except (TypeError, ValueError):
+        array = None
+    if (array is None or array.dtype == bool
+            or not (jnp.issubdtype(array.dtype, jnp.integer))):
+        raise ValueError(f"{name} must be an int or one int per row ({shape[0]} rows), got "
+                         f"{value!r}")
+    if array.ndim > 1 or (array.ndim == 1 and array.shape != shape):
+        raise ValueError(f"{name} must be an int or one int per row, shape {shape}; got shape "
+                         f"{array.shape} ({value!r})")
+    if _is_concrete(array):
+        info = np.iinfo(np.int32)
+        host = np.asarray(array)
+        if host.size and (host.min() < info.min or host.max() > info.max):
+            raise ValueError(f"{name} must fit in int32, got {value!r}")
+    return jnp.broadcast_to(jnp.asarray(array, jnp.int32), shape)
+
+
 @struct.dataclass(kw_only=True)
 class KVCache:
     """Per-layer keys and values for a batch of rows, plus each row's length."""
 
-    k: jax.Array  # [L, B, S, K, H]
-    v: jax.Array  # [L, B, S, K, H]
+    k: jax.Array  # [L, B, K, S, H]
+    v: jax.Array  # [L, B, K, S, H]
     lengths: jax.Array  # [B] int32, valid slots per row
 
     @classmethod
     def init(cls, cfg: ModelConfig, batch_size: int, max_len: int, dtype=None) -> KVCache:
-        """An empty cache of ``max_len`` slots per row (all lengths 0)."""
+        """An empty cache of ``max_len`` slots per row (all lengths 0), in ``dtype`` (a float
+        dtype; default the config's)."""
+        if not isinstance(cfg, ModelConfig):
+            raise ValueError(f"cfg must be a ModelConfig, got {cfg!r}")
         for name, value in (("batch_size", batch_size), ("max_len", max_len)):
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        dtype = jnp.dtype(dtype or cfg.dtype)
-        shape = (cfg.n_layers, batch_size, max_len, cfg.n_kv_heads, cfg.head_dim)
+        allowed = "a float dtype such as float32, bfloat16 or float16"
+        try:
+            resolved = jnp.dtype(cfg.dtype if dtype is None else dtype)
+        except TypeError:
+            raise ValueError(f"dtype must be {allowed}, got {dtype!r}") from None
+        if not jnp.issubdtype(resolved, jnp.floating):
+            raise ValueError(f"dtype must be {allowed}, got {dtype!r}")
+        shape = (cfg.n_layers, batch_size, cfg.n_kv_heads, max_len, cfg.head_dim)
         return cls(
-            k=jnp.zeros(shape, dtype),
-            v=jnp.zeros(shape, dtype),
+            k=jnp.zeros(shape, resolved),
+            v=jnp.zeros(shape, resolved),
             lengths=jnp.zeros((batch_size,), jnp.int32),
         )
 
@@ -55,7 +125,7 @@ class KVCache:
 
     @property
     def max_len(self) -> int:
-        return self.k.shape[2]
+        return self.k.shape[3]
 
     def positions(self, block_len: int) -> jax.Array:
         """Positions ``[B, T]`` a block of ``block_len`` tokens written now would occupy."""
@@ -81,14 +151,29 @@ class KVCache:
         """Store ``k, v: [B, T, K, H]`` for ``layer`` at each row's current length.
 
         Lengths do not move (all layers of one forward pass write at the same offsets); call
-        ``advance`` once after the last layer.
+        ``advance`` once after the last layer. A row with fewer than ``T`` slots left keeps its
+        first tokens and drops the rest: the update window is moved back into range and its
+        leading slots are rewritten with their own values, so clamping never shifts tokens onto
+        earlier slots.
         """
-        B, T = k.shape[:2]
-        slots = self.positions(T)  # [B, T]
-        rows = jnp.broadcast_to(jnp.arange(B)[:, None], (B, T))
-        new_k = self.k.at[layer, rows, slots].set(k.astype(self.k.dtype), mode="drop")
-        new_v = self.v.at[layer, rows, slots].set(v.astype(self.v.dtype), mode="drop")
-        return self.replace(k=new_k, v=new_v)
+        S = self.max_len
+        if k.shape[1] > S:  # only the first S tokens of a block can land in range
+            k, v = k[:, :S], v[:, :S]
+        T = k.shape[1]
+        at = jnp.minimum(self.lengths, S - T)  # [B], the in-range window start
+        shift = self.lengths - at  # [B] >= 0
+        return self.replace(k=_write_rows(self.k, layer, k, at, shift),
+                            v=_write_rows(self.v, layer, v, at, shift))
+
+    def read(self, layer: int, start: jax.Array | int, size: int) -> tuple[jax.Array, jax.Array]:
+        """Keys and values of slots ``[start, start + size)`` of every row, ``[B, K, size, H]``
+        each. ``size`` is static, ``start`` may be traced; like ``lax.dynamic_slice``, ``start`` is
+        clamped to ``[0, max_len - size]``, so a caller reading a last partial block masks the
+        slots before its nominal start."""
+        L, B, K, S, H = self.k.shape
+        index = (layer, 0, 0, start, 0)
+        return (jax.lax.dynamic_slice(self.k, index, (1, B, K, size, H))[0],
+                jax.lax.dynamic_slice(self.v, index, (1, B, K, size, H))[0])
 
     def advance(self, num_valid: jax.Array) -> KVCache:
         """Move each row's length forward by ``num_valid: [B]`` tokens."""
@@ -96,18 +181,19 @@ class KVCache:
 
     def take_rows(self, rows: jax.Array) -> KVCache:
         """The cache whose row ``i`` is a copy of this cache's row ``rows[i]`` (``rows: [B']`` int,
-        in ``[0, B)``, repeats allowed). Beam search uses it to copy a prompt's row to each of its
-        beams and, every step, to give each surviving beam its parent's keys, values and length."""
+        in ``[0, B)``, repeats allowed). This copies every slot of every chosen row; beam search
+        reorders its beams without a copy (``beam.BeamCache``)."""
         rows = jnp.asarray(rows, jnp.int32)
         return self.replace(k=self.k[:, rows], v=self.v[:, rows], lengths=self.lengths[rows])
 
     def rewind(self, lengths) -> KVCache:
-        """Set each row's length back to ``lengths`` (scalar or ``[B]``); later slots become stale.
+        """Set each row's length back to ``lengths`` (an int or ``[B]`` ints); later slots become
+        stale.
 
-        This is how speculative decoding drops rejected draft tokens and how a serving slot is freed:
-        nothing is erased, the next write overwrites.
+        This is how speculative decoding drops rejected draft tokens and how a serving slot is
+        freed: nothing is erased, the next write overwrites.
         """
-        lengths = jnp.broadcast_to(jnp.asarray(lengths, jnp.int32), self.lengths.shape)
+        lengths = _check_int_array("lengths", lengths, self.lengths.shape)
         if _is_concrete(lengths) and _is_concrete(self.lengths):
             new, old = np.asarray(lengths), np.asarray(self.lengths)
             if (new < 0).any() or (new > old).any():

@@ -19,7 +19,7 @@ import pytest
 from flax import nnx
 
 import decodelab as dl
-from decodelab import experiment
+from decodelab import beam, experiment
 
 
 class Chain(nnx.Module):
@@ -40,7 +40,7 @@ class Chain(nnx.Module):
         positions = cache.positions(T)  # [B, T]
         stored = tokens.astype(jnp.float32)[:, :, None, None]  # [B, T, K=1, H=1]
         cache = cache.write(0, stored, stored)
-        held = cache.k[0, :, :, 0, 0].astype(jnp.int32)  # [B, S]
+        held = cache.read(0, 0, S)[0][:, 0, :, 0].astype(jnp.int32)  # [B, S]
         t1 = jnp.take_along_axis(held, jnp.clip(positions, 0, S - 1), axis=1)  # [B, T]
         t2 = jnp.take_along_axis(held, jnp.clip(positions - 1, 0, S - 1), axis=1)
         return self.logp[...][t2, t1], cache.advance(num_valid)
@@ -66,10 +66,31 @@ def test_kv_cache_take_rows_copies_keys_values_and_lengths_by_row():
     cache = cache.replace(k=cache.k + marks, v=cache.v - marks,
                           lengths=jnp.asarray([1, 2, 3], jnp.int32))
     taken = cache.take_rows(jnp.asarray([2, 0, 0, 1]))
-    assert taken.k.shape == (2, 4, 4, 1, 2)
+    assert taken.k.shape == (2, 4, 1, 4, 2)  # [L, B, K, S, H]
     np.testing.assert_array_equal(taken.k[:, :, 0, 0, 0], [[2, 0, 0, 1]] * 2)
     np.testing.assert_array_equal(taken.v[:, :, 0, 0, 0], [[-2, 0, 0, -1]] * 2)
     np.testing.assert_array_equal(taken.lengths, [3, 1, 1, 2])
+
+
+def test_beam_cache_take_rows_moves_the_slot_table_not_keys_and_values():
+    cfg = dl.ModelConfig(vocab_size=8, d_model=2, n_layers=1, n_heads=1, position="nope")  # H = 2
+    prompts = dl.KVCache.init(cfg, batch_size=2, max_len=4)
+    block = jnp.broadcast_to(jnp.asarray([[1.0, 2.0], [11.0, 12.0]])[:, :, None, None],
+                             (2, 2, 1, 2))  # [B, T, K, H]: prompt b's tokens
+    prompts = prompts.write(0, block, -block).advance(jnp.asarray([2, 2]))
+    cache = beam.BeamCache.from_prompts(prompts, 2)  # rows 0, 1: prompt 0; rows 2, 3: prompt 1
+    step = jnp.broadcast_to(jnp.asarray([3.0, 4.0, 13.0, 14.0])[:, None, None, None], (4, 1, 1, 2))
+    cache = cache.write(0, step, -step).advance(jnp.ones((4,), jnp.int32))
+    # Each prompt is stored once, in its first beam's row; each row holds what it generated.
+    np.testing.assert_array_equal(cache.store.k[0, :, 0, :3, 0],
+                                  [[1, 2, 3], [0, 0, 4], [11, 12, 13], [0, 0, 14]])
+    taken = cache.take_rows(jnp.asarray([1, 1, 3, 2]))
+    assert taken.store.k is cache.store.k and taken.store.v is cache.store.v
+    k, v = taken.read(0, 0, 3)  # [B, K, 3, H]
+    expected = [[1, 2, 4], [1, 2, 4], [11, 12, 14], [11, 12, 13]]
+    np.testing.assert_array_equal(k[:, 0, :, 0], expected)
+    np.testing.assert_array_equal(v[:, 0, :, 1], -np.asarray(expected))
+    np.testing.assert_array_equal(taken.lengths, [3, 3, 3, 3])
 
 
 # --- Hand-computed beams --------------------------------------------------------------------------

@@ -58,10 +58,38 @@ def test_the_sweep_covers_three_presets_at_three_batch_sizes_with_their_fields()
     assert (medium.prompt_len, medium.new_tokens, medium.vocab_size) == (32, 256, 4096)
 
 
+def test_the_max_len_sweep_runs_small_at_batch_8_in_three_cache_sizes_without_peers():
+    module = config_module()
+    points = experiment.expand(module.get_config("max_len"), module.get_sweep("max_len"))
+    assert [(p.config.preset, p.config.batch_size, p.config.max_len) for p in points] == [
+        ("small", 8, 288), ("small", 8, 1024), ("small", 8, 4096)]
+    config = points[0].config
+    assert config.study == "max_len" and config.prompt_len + config.new_tokens == 288
+    assert config.model.d_model == presets.MODEL_PRESETS["small"]["d_model"]
+    assert (config.peer.enabled, config.nocache.enabled, config.breakdown.enabled) == (
+        False, False, False)
+
+
+def test_the_breakdown_sweep_splits_small_at_batch_1_8_and_32():
+    module = config_module()
+    points = experiment.expand(module.get_config("breakdown"), module.get_sweep("breakdown"))
+    assert [(p.config.preset, p.config.batch_size) for p in points] == [
+        ("small", 1), ("small", 8), ("small", 32)]
+    assert all(p.config.study == "breakdown" and p.config.breakdown.enabled for p in points)
+
+
+def test_the_main_sweep_times_sampled_decoding_beside_greedy():
+    config = config_module().get_config()
+    assert (config.study, config.max_len, config.breakdown.enabled) == ("speed", 0, False)
+    assert (config.sampled.enabled, config.sampled.temperature, config.sampled.top_p) == (
+        True, 0.8, 0.95)
+
+
 def test_every_figure_is_present_and_finite_and_the_peer_is_na_when_disabled(metrics):
     numeric = ["compile_s", "prefill_ms", "step_ms", "generate_s", "tokens_per_s",
                "bandwidth_gb_s", "matmul_gflop_s", "roofline_step_ms", "roofline_tokens_per_s",
-               "nocache_generate_s", "nocache_tokens_per_s", "cache_speedup"]
+               "nocache_generate_s", "nocache_tokens_per_s", "cache_speedup",
+               "sampled_step_ms", "sampled_tokens_per_s", "sampled_generate_s"]
     for name in numeric:
         assert isinstance(metrics[name], float) and math.isfinite(metrics[name]), name
         assert metrics[name] >= 0, name
@@ -92,6 +120,74 @@ def test_speeds_and_ratios_follow_from_the_times(metrics):
         assert metrics["roofline_ratio"] is None
     # 8 new tokens from a 32-token prompt: lengths 32 .. 39, the first and last timed.
     assert metrics["nocache_lengths_timed"] == 2
+    assert metrics["sampled_tokens_per_s"] == pytest.approx(
+        B * N / metrics["sampled_generate_s"], rel=1e-12)
+    if metrics["step_ms"] > 0:
+        assert metrics["sampled_vs_greedy"] == pytest.approx(
+            metrics["sampled_step_ms"] / metrics["step_ms"], rel=1e-12)
+    assert (metrics["study"], metrics["max_len"]) == ("speed", 32 + N)
+
+
+def test_a_breakdown_applies_the_ablations_cumulatively_and_its_parts_sum_to_the_step(
+        monkeypatch, tiny_config):
+    # A stand-in for the timing whose step time says which parts were still there: attention
+    # costs 2 ms, the rest of the model 4, sampling 8, the loop 1.
+    def step_ms(*args):
+        present = {"attention": bench_decode.attention.blocked_attention
+                   is not bench_decode._no_attention,
+                   "model": bench_decode.Transformer.__call__ is not bench_decode._no_model,
+                   "sampling": bench_decode.sampling.sample_tokens
+                   is not bench_decode._draw_argmax}
+        return {"step_ms": 1.0 + 2.0 * (present["attention"] and present["model"])
+                + 4.0 * present["model"] + 8.0 * present["sampling"]}
+
+    monkeypatch.setattr(bench_decode, "time_generate", step_ms)
+    originals = [getattr(owner, name) for _, _, patches in bench_decode.ABLATIONS
+                 for owner, name, _ in patches]
+    out = bench_decode.time_breakdown(None, None, 8, 1, None, 0, "greedy")
+    assert out == {"breakdown_greedy_full_step_ms": 15.0,
+                   "breakdown_greedy_no_attention_step_ms": 13.0,
+                   "breakdown_greedy_no_model_step_ms": 9.0,
+                   "breakdown_greedy_no_sampling_step_ms": 1.0,
+                   "breakdown_greedy_attention_ms": 2.0,
+                   "breakdown_greedy_mlp_projections_ms": 4.0,
+                   "breakdown_greedy_sampling_ms": 8.0,
+                   "breakdown_greedy_loop_ms": 1.0}
+    assert [getattr(owner, name) for _, _, patches in bench_decode.ABLATIONS
+            for owner, name, _ in patches] == originals  # every patch is undone
+
+
+def test_generate_runs_with_every_ablation_applied(tiny_config):
+    model = Transformer(tiny_config, rngs=nnx.Rngs(0))
+    prompts = np.zeros((2, 5), np.int32)
+    sampled = bench_decode.SamplingParams(temperature=0.8, top_p=0.95)
+    with bench_decode.ablated("no_sampling"):  # the deepest level: every stand-in is traced
+        timed = bench_decode.time_generate(model, prompts, 2, 1, sampled)
+    assert timed["tokens_per_s"] > 0  # time_generate checked that each row made 2 tokens
+
+
+def test_the_report_adds_the_max_len_and_breakdown_tables_from_their_rows(rows, tmp_path):
+    base = rows[0]
+
+    def study_row(study, **metrics):
+        return {**base, "config": {**base["config"], "study": study},
+                "metrics": {**base["metrics"], "study": study, **metrics}}
+
+    breakdown = {f"breakdown_greedy_{level}_step_ms": ms for level, ms in
+                 zip(("full", "no_attention", "no_model", "no_sampling"), (4.0, 3.0, 1.0, 0.5))}
+    breakdown.update({f"breakdown_greedy_{part}_ms": ms for part, ms in
+                      zip(bench_decode.PARTS, (1.0, 2.0, 0.5, 0.5))})
+    extra = [study_row("max_len", max_len=40, step_ms=2.0),
+             study_row("max_len", max_len=400, step_ms=2.2),
+             study_row("breakdown", **breakdown)]
+    written = bench_decode.report(rows + extra, tmp_path)
+    assert {p.name for p in written} >= {"decode_speed_max_len.csv", "decode_speed_breakdown.csv"}
+    page = (tmp_path / "decode_speed.md").read_text()
+    assert "| tiny | 2 | 400 | 40 | 2.2 | 1.1 |" in page  # 2.2 ms / 2.0 ms at max_len 40
+    assert "| tiny | 2 | greedy | 4 | 1 (25%) | 2 (50%) | 0.5 (12%) | 0.5 (12%) |" in page
+    assert ("Step time at max_len 400 within 15% of max_len 40 (tiny, batch 2, the same live "
+            "tokens): met** (2.2 ms against 2 ms, 1.10x)") in page
+    assert "the largest part per row: tiny batch 2: MLP and projections (50% of 4 ms)" in page
 
 
 def test_the_report_writes_the_page_tables_and_plot(rows, tmp_path):

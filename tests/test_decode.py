@@ -42,7 +42,7 @@ class StandIn(nnx.Module):
         if self.rule == "position":
             source = positions
         else:
-            held = cache.k[0, :, :, 0, 0]  # [B, S]
+            held = cache.read(0, 0, cache.max_len)[0][:, 0, :, 0]  # [B, S]
             source = jnp.take_along_axis(held, jnp.clip(positions, 0, S - 1), axis=1)
         nxt = (source.astype(jnp.int32) + 1) % V  # [B, T]
         logits = self.base[...][None, None, :] + self.margin * jax.nn.one_hot(nxt, V)

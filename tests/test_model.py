@@ -17,6 +17,7 @@ import pytest
 from flax import nnx
 
 import decodelab as dl
+from decodelab.model import attention
 from decodelab.model.positions import (
     ALiBi,
     alibi_slopes,
@@ -136,6 +137,31 @@ def test_ragged_prefill_then_decode_matches_full_forward(build, case):
     np.testing.assert_array_equal(cache.lengths, PROMPT_LENS + 8)
 
 
+# The default blocks hold all 32 slots; these runs split attention into several blocks (5 slots:
+# six and a partial seventh that the read clamps back into range) for every position encoding, or
+# force the full-matrix path over the cache (no block counts as short).
+ATTENTION_PATHS = [
+    *[(case, "blocks-of-5") for case in ("learned", "sinusoidal", "t5", "alibi", "rope", "nope",
+                                         "mha")],
+    *[(case, "full-matrix") for case in ("t5", "alibi", "rope")],
+]
+PATH_SETTINGS = {"blocks-of-5": dict(BLOCK_SLOTS=5), "full-matrix": dict(SHORT_BLOCK=0)}
+
+
+@pytest.mark.parametrize(("case", "path"), ATTENTION_PATHS)
+def test_each_attention_path_matches_full_forward(tiny_config, monkeypatch, case, path):
+    for name, value in PATH_SETTINGS[path].items():
+        monkeypatch.setattr(attention, name, value)
+    m = Compiled(tiny_config.replace(**CASES[case]))
+    full = m.forward(SEQ)
+    logits, cache = m.prefill()
+    assert_rows_match(logits, full, np.zeros(B, np.int32), PROMPT_LENS)
+    for _ in range(3):
+        start = np.asarray(cache.lengths)
+        logits, cache = m.extend(padded_block(start, ONES, 1), cache, ONES)
+        assert_rows_match(logits, full, start, ONES)
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_chunked_prefill_then_decode_matches_full_forward(build, case):
     m = build(case)
@@ -188,9 +214,9 @@ def test_jitted_write_past_max_len_is_dropped_not_wrapped(build):
     # Inside jit the room check cannot run: a block of 4 at length 30 has 2 slots left.
     _, cache = m.extend(padded_block(np.zeros(B, np.int32), np.full(B, 4), BLOCK), cache,
                         np.full(B, 4, np.int32))
-    k = np.asarray(cache.k)  # [L, B, S, K, H]
-    np.testing.assert_array_equal(k[:, :, : MAX_LEN - 2], 0.0)  # slots 0..29 untouched
-    assert (np.abs(k[:, :, MAX_LEN - 2 :]).sum(axis=(-2, -1)) > 0).all()  # the 2 slots left
+    k = np.asarray(cache.k)  # [L, B, K, S, H]
+    np.testing.assert_array_equal(k[:, :, :, : MAX_LEN - 2], 0.0)  # slots 0..29 untouched
+    assert (np.abs(k[:, :, :, MAX_LEN - 2 :]).sum(axis=-1) > 0).all()  # the 2 slots left
 
 
 # --- Positions beyond the training length ---------------------------------------------------------
@@ -400,7 +426,7 @@ def test_t5_future_keys_use_bucket_zero():
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_cache_init_shapes_and_dtypes(tiny_config, dtype):
     cache = dl.KVCache.init(tiny_config.replace(dtype=dtype), batch_size=3, max_len=10)
-    assert cache.k.shape == cache.v.shape == (2, 3, 10, 2, 16)  # [L, B, S, K, H]
+    assert cache.k.shape == cache.v.shape == (2, 3, 2, 10, 16)  # [L, B, K, S, H]
     assert cache.k.dtype == cache.v.dtype == jnp.dtype(dtype)
     assert cache.lengths.dtype == jnp.int32
     np.testing.assert_array_equal(cache.lengths, [0, 0, 0])
@@ -417,6 +443,25 @@ def test_cache_init_rejects_bad_sizes(tiny_config, name, value):
     sizes = {"batch_size": 2, "max_len": 8, name: value}
     with pytest.raises(ValueError, match=f"^{name} must be a positive int"):
         dl.KVCache.init(tiny_config, **sizes)
+
+
+def test_cache_init_rejects_a_missing_config():
+    with pytest.raises(ValueError, match="^cfg must be a ModelConfig, got None"):
+        dl.KVCache.init(None, batch_size=2, max_len=8)
+
+
+@pytest.mark.parametrize("dtype", ["float7", "int8", jnp.int32])
+def test_cache_init_rejects_a_dtype_that_is_not_float(tiny_config, dtype):
+    with pytest.raises(ValueError, match="^dtype must be a float dtype"):
+        dl.KVCache.init(tiny_config, 2, 8, dtype=dtype)
+
+
+@pytest.mark.parametrize("lengths", [[1, 1, 1], "a", 1.7, [1.0, 2.0], True, [[1, 1]]],
+                         ids=["three-for-two-rows", "str", "float", "floats", "bool", "2-d"])
+def test_cache_rewind_rejects_lengths_that_are_not_one_int_per_row(tiny_config, lengths):
+    cache = dl.KVCache.init(tiny_config, 2, 8).advance(jnp.array([5, 6]))
+    with pytest.raises(ValueError, match="^lengths must be an int or one int per row"):
+        cache.rewind(lengths)
 
 
 def test_cache_positions_start_at_each_rows_length(tiny_config):
@@ -443,9 +488,10 @@ def test_cache_write_inside_jit_drops_out_of_range_slots(tiny_config):
     # [B, T, K, H]: token t carries the value t + 1; row 0 has 2 slots left for 3 tokens.
     k = jnp.broadcast_to(jnp.arange(1.0, 4.0)[None, :, None, None], (2, 3, 2, 16))
     cache = jax.jit(lambda c, k, v: c.write(1, k, v))(cache, k, 2 * k)
-    written = np.asarray(cache.k[1, :, :, 0, 0])  # [B, S]
-    np.testing.assert_array_equal(written, [[0, 0, 0, 0, 0, 0, 1, 2], [1, 2, 3, 0, 0, 0, 0, 0]])
-    np.testing.assert_array_equal(cache.v[1, :, :, 0, 0], 2 * written)
+    written = np.asarray(cache.k[1, :, :, :, 0])  # [B, K, S]
+    np.testing.assert_array_equal(written, [[[0, 0, 0, 0, 0, 0, 1, 2]] * 2,
+                                            [[1, 2, 3, 0, 0, 0, 0, 0]] * 2])
+    np.testing.assert_array_equal(cache.v[1, :, :, :, 0], 2 * written)
     np.testing.assert_array_equal(cache.k[0], 0.0)  # other layers untouched
     np.testing.assert_array_equal(cache.lengths, [6, 0])  # write does not advance
 
@@ -485,6 +531,14 @@ def test_num_valid_outside_zero_to_block_length_is_rejected(build, num_valid):
     cache = dl.KVCache.init(m.cfg, batch_size=2, max_len=8)
     with pytest.raises(ValueError, match=r"^num_valid must be in \[0, T=4\] per row"):
         m.model(jnp.zeros((2, 4), jnp.int32), cache=cache, num_valid=jnp.array(num_valid))
+
+
+@pytest.mark.parametrize("num_valid", [[1.9, 0.5], np.array([2.0, 1.0]), [True, False]])
+def test_num_valid_that_is_not_integers_is_rejected_not_truncated(build, num_valid):
+    m = build("rope")
+    cache = dl.KVCache.init(m.cfg, batch_size=2, max_len=8)
+    with pytest.raises(ValueError, match=r"^num_valid must be 2 ints in \[0, T=4\]"):
+        m.model(jnp.zeros((2, 4), jnp.int32), cache=cache, num_valid=num_valid)
 
 
 def test_num_valid_without_cache_is_rejected(build):

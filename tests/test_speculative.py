@@ -39,7 +39,7 @@ class StandIn(nnx.Module):
         positions = cache.positions(T)  # [B, T]
         stored = tokens.astype(jnp.float32)[:, :, None, None]  # [B, T, K=1, H=1]
         cache = cache.write(0, stored, stored)
-        held = cache.k[0, :, :, 0, 0]  # [B, S]
+        held = cache.read(0, 0, cache.max_len)[0][:, 0, :, 0]  # [B, S]
         last = jnp.take_along_axis(held, jnp.clip(positions, 0, cache.max_len - 1),
                                    axis=1).astype(jnp.int32)  # [B, T]
         step = 1

@@ -5,11 +5,22 @@ holds position j, so stale slots (at or past a row's length) are always in the f
 query and are never attended. Padding at the end of a block is likewise in the future of every valid
 query of that block. Masked scores use the most negative finite float, never -inf, so a fully padded
 row yields finite garbage that callers ignore rather than NaN.
+
+Two paths compute the same attention (float32 results agree to rounding):
+
+- ``causal_attention``: the whole ``[T, S]`` score matrix at once; training, full forward passes
+  and long blocks written to a cache (prefill).
+- ``blocked_attention``: decode steps and short blocks (at most ``SHORT_BLOCK`` tokens, e.g. a
+  speculative verify block) read the cache ``BLOCK_SLOTS`` slots at a time with an online softmax,
+  in a ``while_loop`` that stops after the last block any counted query can see, so a step costs
+  what the longest live row holds, not the cache's ``max_len``. A position bias (T5, ALiBi) is
+  computed per block from positions, never as a ``[B, N, T, S]`` matrix.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -20,27 +31,84 @@ from decodelab.config import ModelConfig
 from decodelab.model.layers import normal, residual_init
 from decodelab.model.positions import PositionEncoding
 
+BLOCK_SLOTS = 128  # cache slots per block of blocked_attention (fewer when max_len is smaller)
+SHORT_BLOCK = 16  # blocks of at most this many tokens use blocked_attention over a cache
+
+NEG = float(jnp.finfo(jnp.float32).min)  # a masked score
+
 
 def causal_attention(
     q: jax.Array,  # [B, T, N, H]
-    k: jax.Array,  # [B, S, K, H]
-    v: jax.Array,  # [B, S, K, H]
+    k: jax.Array,  # [B, K, S, H]
+    v: jax.Array,  # [B, K, S, H]
     q_pos: jax.Array,  # [B, T]
     k_pos: jax.Array,  # [B, S]
     bias: jax.Array | None,  # [B, N, T, S]
 ) -> jax.Array:  # [B, T, N, H]
     B, T, N, H = q.shape
-    S, K = k.shape[1], k.shape[2]
+    K, S = k.shape[1], k.shape[2]
     G = N // K
     q = q.reshape(B, T, K, G, H)  # query head n = k * G + g shares kv head k
-    scores = jnp.einsum("BTKGH,BSKH->BKGTS", q, k).astype(jnp.float32) / math.sqrt(H)
+    scores = jnp.einsum("BTKGH,BKSH->BKGTS", q, k).astype(jnp.float32) / math.sqrt(H)
     if bias is not None:
         scores = scores + bias.reshape(B, K, G, T, S)
     visible = k_pos[:, None, :] <= q_pos[:, :, None]  # [B, T, S]
-    scores = jnp.where(visible[:, None, None], scores, jnp.finfo(jnp.float32).min)
+    scores = jnp.where(visible[:, None, None], scores, NEG)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("BKGTS,BSKH->BTKGH", probs, v)
+    out = jnp.einsum("BKGTS,BKSH->BTKGH", probs, v)
     return out.reshape(B, T, N, H)
+
+
+def attention_blocks(live: jax.Array, max_len: int, block_slots: int) -> jax.Array:
+    """``[]`` int32: the blocks ``blocked_attention`` reads when queries see ``live`` slots."""
+    size = min(block_slots, max_len)
+    return (jnp.minimum(live, max_len) + size - 1) // size
+
+
+def blocked_attention(
+    q: jax.Array,  # [B, T, N, H]
+    cache: KVCache,  # already holding this block's keys and values
+    layer: int,
+    n_kv_heads: int,
+    q_pos: jax.Array,  # [B, T]
+    live: jax.Array,  # [] int32: no counted query sees a slot at or past it
+    bias: Callable[[jax.Array, jax.Array], jax.Array | None],  # (q_pos, k_pos [B, S']) -> bias
+    block_slots: int,
+) -> jax.Array:  # [B, T, N, H]
+    """Causal attention of ``q`` over the cache, ``block_slots`` slots per loop trip with an
+    online softmax (running max ``m``, normaliser ``l`` and weighted sum ``acc`` per query)."""
+    B, T, N, H = q.shape
+    K, S = n_kv_heads, cache.max_len
+    G = N // K
+    size = min(block_slots, S)
+    q = q.reshape(B, T, K, G, H)
+    blocks = attention_blocks(live, S, block_slots)
+
+    def trip(carry):
+        i, m, l, acc = carry  # [], [B, K, G, T], [B, K, G, T], [B, K, G, T, H]
+        start = i * size
+        k, v = cache.read(layer, start, size)  # [B, K, S', H], S' = size
+        first = jnp.minimum(start, S - size)  # read clamps a last partial block back into range
+        k_pos = first + jnp.arange(size, dtype=jnp.int32)  # [S']
+        scores = jnp.einsum("BTKGH,BKSH->BKGTS", q, k).astype(jnp.float32) / math.sqrt(H)
+        block_bias = bias(q_pos, jnp.broadcast_to(k_pos[None, :], (B, size)))  # [B, N, T, S']
+        if block_bias is not None:
+            scores = scores + block_bias.reshape(B, K, G, T, size)
+        visible = ((k_pos[None, None, :] <= q_pos[:, :, None])
+                   & (k_pos >= start)[None, None, :])  # [B, T, S']; slots before start: done
+        scores = jnp.where(visible[:, None, None], scores, NEG)
+        m_new = jnp.maximum(m, jnp.max(scores, axis=-1))
+        p = jnp.exp(scores - m_new[..., None])  # [B, K, G, T, S']
+        scale = jnp.exp(m - m_new)
+        l = l * scale + jnp.sum(p, axis=-1)
+        pv = jnp.einsum("BKGTS,BKSH->BKGTH", p.astype(v.dtype), v).astype(jnp.float32)
+        return i + 1, m_new, l, acc * scale[..., None] + pv
+
+    init = (jnp.zeros((), jnp.int32), jnp.full((B, K, G, T), NEG, jnp.float32),
+            jnp.zeros((B, K, G, T), jnp.float32), jnp.zeros((B, K, G, T, H), jnp.float32))
+    _, _, l, acc = jax.lax.while_loop(lambda carry: carry[0] < blocks, trip, init)
+    out = (acc / l[..., None]).astype(q.dtype)  # [B, K, G, T, H]
+    return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(B, T, N, H)
 
 
 class Attention(nnx.Module):
@@ -49,6 +117,7 @@ class Attention(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         D, N, K, H = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.n_kv_heads = K
         dtype = jnp.dtype(cfg.dtype)
         init = normal(D**-0.5)
 
@@ -70,16 +139,26 @@ class Attention(nnx.Module):
         x: jax.Array,  # [B, T, D]
         positions: PositionEncoding,
         q_pos: jax.Array,  # [B, T]
-        k_pos: jax.Array,  # [B, S]: q_pos without a cache, the slot index with one
+        k_pos: jax.Array | None,  # [B, S]: q_pos without a cache, the slot index with one
         bias: jax.Array | None,  # [B, N, T, S]
         cache: KVCache | None,
         layer: int,
+        live: jax.Array | None = None,  # [] int32 with a cache: the blocked path's slot bound
     ) -> tuple[jax.Array, KVCache | None]:
+        """Without ``live`` the whole score matrix over ``k_pos`` (the block itself without a
+        cache, all ``S`` slots with one); with it, ``blocked_attention`` over the cache."""
         q = positions.rotate(self.q(x), q_pos)
-        k = positions.rotate(self.k(x), q_pos)
+        k = positions.rotate(self.k(x), q_pos)  # [B, T, K, H]
         v = self.v(x)
-        if cache is not None:
-            cache = cache.write(layer, k, v)
-            k, v = cache.k[layer], cache.v[layer]  # [B, S, K, H]
-        out = causal_attention(q, k, v, q_pos, k_pos, bias)
+        if cache is None:
+            out = causal_attention(q, jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2), q_pos, k_pos,
+                                   bias)
+            return self.o(out), cache
+        cache = cache.write(layer, k, v)
+        if live is None:
+            k, v = cache.read(layer, 0, cache.max_len)  # [B, K, S, H]
+            out = causal_attention(q, k, v, q_pos, k_pos, bias)
+        else:
+            out = blocked_attention(q, cache, layer, self.n_kv_heads, q_pos, live, positions.bias,
+                                    BLOCK_SLOTS)
         return self.o(out), cache

@@ -18,6 +18,7 @@ from flax import nnx
 
 from decodelab.cache import KVCache
 from decodelab.config import ModelConfig
+from decodelab.model import attention
 from decodelab.model.attention import Attention
 from decodelab.model.layers import MLPS, NORMS
 from decodelab.model.positions import POSITION_ENCODINGS, PositionEncoding
@@ -32,8 +33,9 @@ class Block(nnx.Module):
         self.mlp_norm = NORMS[cfg.norm](cfg, rngs)
         self.mlp = MLPS[cfg.mlp](cfg, rngs=rngs)
 
-    def __call__(self, x, positions: PositionEncoding, q_pos, k_pos, bias, cache, layer):
-        attn_out, cache = self.attn(self.attn_norm(x), positions, q_pos, k_pos, bias, cache, layer)
+    def __call__(self, x, positions: PositionEncoding, q_pos, k_pos, bias, cache, layer, live=None):
+        attn_out, cache = self.attn(self.attn_norm(x), positions, q_pos, k_pos, bias, cache, layer,
+                                    live)
         h = x + attn_out
         return h + self.mlp(self.mlp_norm(h)), cache
 
@@ -49,6 +51,23 @@ def _check_tokens(tokens: jax.Array, vocab_size: int) -> None:
     if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
         bad = ids[(ids < 0) | (ids >= vocab_size)][0]
         raise ValueError(f"tokens must be ids in [0, {vocab_size}), got {int(bad)}")
+
+
+def _check_num_valid(num_valid, B: int, T: int) -> jax.Array:
+    """``num_valid`` as ``[B]`` int32 (default ``T`` per row); ValueError naming it for non-integer
+    values (never truncated), a wrong shape or counts outside ``[0, T]``."""
+    if num_valid is None:
+        return jnp.full((B,), T, jnp.int32)
+    array = num_valid if isinstance(num_valid, jax.Array) else np.asarray(num_valid)
+    if array.dtype == bool or not jnp.issubdtype(array.dtype, jnp.integer):
+        raise ValueError(f"num_valid must be {B} ints in [0, T={T}], got {num_valid!r}")
+    if array.shape != (B,):
+        raise ValueError(f"num_valid must have shape ({B},), got {array.shape}")
+    if not isinstance(array, jax.core.Tracer):
+        counts = np.asarray(array)
+        if (counts < 0).any() or (counts > T).any():
+            raise ValueError(f"num_valid must be in [0, T={T}] per row, got {counts.tolist()}")
+    return jnp.asarray(array, jnp.int32)
 
 
 class Transformer(nnx.Module):
@@ -80,6 +99,7 @@ class Transformer(nnx.Module):
         tokens = jnp.asarray(tokens)
         _check_tokens(tokens, cfg.vocab_size)
         B, T = tokens.shape
+        live = None
         if cache is None:
             if num_valid is not None:
                 raise ValueError("num_valid is only meaningful with a cache, got cache=None")
@@ -89,22 +109,20 @@ class Transformer(nnx.Module):
             if cache.batch_size != B:
                 raise ValueError(
                     f"tokens batch size must equal the cache's, got {B} and {cache.batch_size}")
-            num_valid = (jnp.full((B,), T, jnp.int32) if num_valid is None
-                         else jnp.asarray(num_valid, jnp.int32))
-            if num_valid.shape != (B,):
-                raise ValueError(f"num_valid must have shape ({B},), got {num_valid.shape}")
-            if not isinstance(num_valid, jax.core.Tracer):
-                counts = np.asarray(num_valid)
-                if (counts < 0).any() or (counts > T).any():
-                    raise ValueError(
-                        f"num_valid must be in [0, T={T}] per row, got {counts.tolist()}")
+            num_valid = _check_num_valid(num_valid, B, T)
             cache.check_room(num_valid)
             # Padding takes the row's last real position (or its first slot if it has none), so
             # what depends on how far a row reaches (a dynamic RoPE) never sees the padding.
             last = cache.lengths + jnp.maximum(num_valid, 1) - 1  # [B]
             q_pos = jnp.minimum(cache.positions(T), last[:, None])
-            k_pos = jnp.broadcast_to(jnp.arange(cache.max_len, dtype=jnp.int32), (B, cache.max_len))
             reach = cache.max_len
+            if T <= attention.SHORT_BLOCK:
+                # Slots the blocked path visits: rows with no real token do not count (their
+                # logits are padding, ignored), so a stopped row does not hold a step back.
+                live = jnp.max(jnp.where(num_valid > 0, last + 1, 1))
+                k_pos = None
+            else:
+                k_pos = jnp.broadcast_to(jnp.arange(reach, dtype=jnp.int32), (B, reach))
         limit = self.positions.max_positions
         if limit is not None and reach > limit:
             raise ValueError(
@@ -114,9 +132,10 @@ class Transformer(nnx.Module):
 
         x = self.embed(tokens)  # [B, T, D]
         x = self.positions.embed(x, q_pos)
-        bias = self.positions.bias(q_pos, k_pos)  # [B, N, T, S] or None, shared by all layers
+        # [B, N, T, S] or None, shared by all layers; the blocked path makes its own per block.
+        bias = None if live is not None else self.positions.bias(q_pos, k_pos)
         for layer, block in enumerate(self.blocks):
-            x, cache = block(x, self.positions, q_pos, k_pos, bias, cache, layer)
+            x, cache = block(x, self.positions, q_pos, k_pos, bias, cache, layer, live)
         x = self.final_norm(x)
         if cfg.tie_embeddings:
             logits = self.embed.attend(x)
