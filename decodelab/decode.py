@@ -34,6 +34,7 @@ import numpy as np
 from flax import nnx, struct
 
 from decodelab import sampling
+from decodelab import kvquant
 from decodelab.cache import KVCache
 from decodelab.sampling import RowParams, SamplingParams
 
@@ -169,14 +170,14 @@ def _running(state: DecodeState) -> jax.Array:
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_len", "max_new_tokens", "top_n",
-                                             "with_entropy"))
+                                             "with_entropy", "kv_cache"))
 def _prefill(weights, block, prompt_lengths, seeds, params, eos_mask, stop_ids, *, graphdef,
-             max_len, max_new_tokens, top_n, with_entropy) -> DecodeState:
+             max_len, max_new_tokens, top_n, with_entropy, kv_cache=None) -> DecodeState:
     """Run the padded prompt block ``[B, T]`` through the model: the state before the first step."""
     model = nnx.merge(graphdef, weights)
     B, T = block.shape
     N = max_new_tokens
-    cache = KVCache.init(model.config, batch_size=B, max_len=max_len)
+    cache = kvquant.init_cache(model.config, B, max_len, kv_cache)
     logits, cache = model(block, cache=cache, num_valid=prompt_lengths)  # [B, T, V]
     last = jnp.take_along_axis(logits, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0]  # [B, V]
     state = DecodeState(
@@ -497,6 +498,7 @@ def generate(
     max_len: int | None = None,
     python_loop: bool = False,
     raise_on_error: bool = True,
+    kv_cache: str | None = None,
 ) -> GenerateOutput:
     """Continue each prompt by up to ``max_new_tokens`` tokens.
 
@@ -518,8 +520,11 @@ def generate(
       python_loop: run the decode steps from Python (same step function, same tokens).
       raise_on_error: raise ValueError if a row hit NaN / +inf logits or a distribution with no
         allowed token; with False such rows just finish with reason "error".
+      kv_cache: None (a float cache) or "int8" / "int4": keys and values stored quantized
+        (``kvquant.QuantizedKVCache``).
     """
     check_model("model", model)
+    kvquant.check_kind("kv_cache", kv_cache)
     for name, flag in (("python_loop", python_loop), ("raise_on_error", raise_on_error)):
         _check_bool(name, flag)
     request = check_request(model.config.vocab_size, prompts, params, max_new_tokens, seed,
@@ -534,7 +539,7 @@ def generate(
     graphdef, weights = nnx.split(model)
     state = _prefill(weights, block, lengths, request.seeds, row_params, request.eos_mask,
                      request.stop_block, graphdef=graphdef, max_len=S, max_new_tokens=N,
-                     top_n=request.top_n, with_entropy=return_entropy)
+                     top_n=request.top_n, with_entropy=return_entropy, kv_cache=kv_cache)
     if python_loop:
         while bool(_running(state)):
             state = _decode_step(weights, state, graphdef=graphdef)

@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
-from decodelab import decode, sampling
+from decodelab import decode, kvquant, sampling
 from decodelab.cache import KVCache
 from decodelab.decode import (BAD_LOGITS, EOS, LENGTH, NO_ALLOWED_TOKEN, PAD_TOKEN, RUNNING, STOP,
                               GenerateOutput)
@@ -166,10 +166,11 @@ class ModelDrafter(Drafter):
     sampling parameters (``speculative_generate`` builds it from a draft model)."""
 
     graphdef: Any
+    kv_cache: str | None = None  # the draft cache's kind (kvquant)
 
     def prefill(self, weights, block, num_valid, max_len):
         model = nnx.merge(self.graphdef, weights)
-        cache = KVCache.init(model.config, batch_size=block.shape[0], max_len=max_len)
+        cache = kvquant.init_cache(model.config, block.shape[0], max_len, self.kv_cache)
         _, cache = model(block, cache=cache, num_valid=num_valid)
         return cache
 
@@ -409,13 +410,13 @@ def _running(state: SpecState) -> jax.Array:
 _STATIC = ("graphdef", "drafter")
 
 
-@functools.partial(jax.jit, static_argnames=(*_STATIC, "max_len"))
+@functools.partial(jax.jit, static_argnames=(*_STATIC, "max_len", "kv_cache"))
 def prefill(target_weights, draft_weights, block, num_valid, *, graphdef, drafter,
-             max_len) -> tuple[KVCache, KVCache | None]:
+             max_len, kv_cache=None) -> tuple[KVCache, KVCache | None]:
     """Both caches after the prompt block ``[B, T]``, of which ``num_valid[b]`` tokens are fed:
     each prompt but its last token."""
     target = nnx.merge(graphdef, target_weights)
-    cache = KVCache.init(target.config, batch_size=block.shape[0], max_len=max_len)
+    cache = kvquant.init_cache(target.config, block.shape[0], max_len, kv_cache)
     _, cache = target(block, cache=cache, num_valid=num_valid)
     return cache, drafter.prefill(draft_weights, block, num_valid, max_len)
 
@@ -573,6 +574,7 @@ def speculative_generate(
     max_len: int | None = None,
     python_loop: bool = False,
     raise_on_error: bool = True,
+    kv_cache: str | None = None,
 ) -> SpeculativeOutput:
     """Continue each prompt by up to ``max_new_tokens`` tokens distributed exactly as ``target``'s
     ``generate`` output, drafting ``gamma`` tokens per target call.
@@ -585,6 +587,7 @@ def speculative_generate(
       return_top_logprobs, return_entropy, python_loop, raise_on_error: as in ``generate``; the
         logprobs, top logprobs and entropy are those of the target's sampling distribution.
       gamma: proposals per round (>= 1).
+      kv_cache: as in ``generate``, for the target's cache and a draft model's.
       tokenizer, draft_tokenizer: the models' tokenizers; when both are given they must be the same
         (``tokenizer`` also serves ``stop_strings``).
       max_len: cache slots per row, for both models. Default: the prompt bucket plus
@@ -594,6 +597,7 @@ def speculative_generate(
     Returns a ``SpeculativeOutput``: ``generate``'s fields plus ``stats`` (``SpeculativeStats``).
     """
     decode.check_model("target", target)
+    kvquant.check_kind("kv_cache", kv_cache)
     if isinstance(draft, Drafter):
         if draft_tokenizer is not None:
             raise ValueError(f"draft_tokenizer must be None for a model-free drafter "
@@ -644,9 +648,9 @@ def speculative_generate(
         drafter, draft_weights = draft, None
     else:
         draft_graphdef, draft_weights = nnx.split(draft)
-        drafter = ModelDrafter(draft_graphdef)
+        drafter = ModelDrafter(draft_graphdef, kv_cache)
     caches = prefill(target_weights, draft_weights, block, lengths - 1, graphdef=graphdef,
-                     drafter=drafter, max_len=S)
+                     drafter=drafter, max_len=S, kv_cache=kv_cache)
     state = initial_state(*caches, block, lengths, request.seeds, row_params, request.eos_mask,
                           request.stop_block, gamma=gamma, max_new_tokens=N, top_n=request.top_n,
                           with_entropy=request.with_entropy)
