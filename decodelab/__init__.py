@@ -13,7 +13,9 @@ from decodelab.model import Transformer, param_count
 # Real checkpoints (GGUF files, Hugging Face directories)
 from decodelab.convert import PretrainedTokenizer, load_gguf, load_hf
 
-# Compression: weights stored quantized
+# Compression: weights and KV caches stored quantized, judged on one scoreboard
+from decodelab.compare import Scoreboard, compare
+from decodelab.kvquant import QuantizedKVCache
 from decodelab.quantize import parameter_bytes, quantize
 
 # Training and checkpoints
@@ -39,6 +41,9 @@ __all__ = [
     "param_count",
     "parameter_bytes",
     "quantize",
+    "QuantizedKVCache",
+    "Scoreboard",
+    "compare",
     "save_checkpoint",
     # Sampling and decoding
     "GenerateOutput",
