@@ -193,7 +193,7 @@ def _targets(model: Transformer, embeddings: bool) -> list[tuple[tuple, nnx.Modu
     return found
 
 
-def _layout(module: nnx.Module) -> tuple[str, tuple[int, ...], int]:
+def layout(module: nnx.Module) -> tuple[str, tuple[int, ...], int]:
     """``(equation, kernel_shape, In)`` of an Einsum or a (tied) Embed; shapes only."""
     if isinstance(module, nnx.Embed):
         V, D = module.embedding.shape
@@ -204,7 +204,7 @@ def _layout(module: nnx.Module) -> tuple[str, tuple[int, ...], int]:
 
 def _as_matrix(module: nnx.Module) -> tuple[jax.Array, str, tuple[int, ...]]:
     """``(w [In, Out], equation, kernel_shape)`` of an Einsum or a (tied) Embed."""
-    equation, shape, In = _layout(module)
+    equation, shape, In = layout(module)
     w = module.embedding[...].T if isinstance(module, nnx.Embed) else module.kernel[...]
     return w.reshape(In, -1), equation, shape
 
@@ -216,14 +216,14 @@ class _Recorder(nnx.Module):
         self.inner, self.method, self.sink, self.key = inner, method, sink, key
 
     def __call__(self, x):
-        X = jnp.asarray(x, jnp.float32).reshape(-1, _layout(self.inner)[2])  # [n, In]
+        X = jnp.asarray(x, jnp.float32).reshape(-1, layout(self.inner)[2])  # [n, In]
         stat = X.T @ X if self.method == "gptq" else jnp.abs(X).sum(0)
         total, count = self.sink.get(self.key, (0.0, 0))
         self.sink[self.key] = (total + stat, count + X.shape[0])
         return self.inner(x)
 
 
-def _set_module(root: nnx.Module, path: tuple, module: nnx.Module) -> None:
+def set_module(root: nnx.Module, path: tuple, module: nnx.Module) -> None:
     parent = root
     for name in path[:-1]:
         parent = parent[name] if isinstance(name, int) else getattr(parent, name)
@@ -239,7 +239,7 @@ def _calibrate(model: Transformer, targets, method: str, tokens) -> dict[tuple, 
         inner = functools.reduce(lambda m, k: m[k] if isinstance(k, int) else getattr(m, k),
                                  path, probe)
         if isinstance(inner, nnx.Einsum):
-            _set_module(probe, path, _Recorder(inner, method, sink, path))
+            set_module(probe, path, _Recorder(inner, method, sink, path))
     probe(jnp.asarray(tokens, jnp.int32))
     return {path: (total if method == "gptq" else total / count)
             for path, (total, count) in sink.items()}
@@ -355,7 +355,7 @@ def quantize(model: Transformer, weights: str = "int8", group_size: int | None =
         if not isinstance(module, (nnx.Einsum, nnx.Embed)):
             raise ValueError(f"{'.'.join(map(str, path))} is already quantized; quantize the "
                              "float model")
-        In = _layout(module)[2]
+        In = layout(module)[2]
         if group_size is not None and In % group_size:
             raise ValueError(f"group_size must divide the input dimension of every quantized "
                              f"projection; {'.'.join(map(str, path))} has {In} inputs, "
@@ -371,7 +371,7 @@ def quantize(model: Transformer, weights: str = "int8", group_size: int | None =
             w, qtype, group_size, scheme, how, stats.get(path))
         bias = None if embed or module.bias is None else module.bias[...]
         cls = QuantizedEmbed if embed else QuantizedEinsum
-        _set_module(out, path, cls(equation, kernel_shape, qvalue, scale, offset, bias,
+        set_module(out, path, cls(equation, kernel_shape, qvalue, scale, offset, bias,
                                    input_scale, dtype=module.dtype or jnp.float32))
     return out
 
@@ -401,7 +401,7 @@ def restructure(model: Transformer, description: dict[str, dict[str, Any]]) -> T
         path = tuple(int(p) if p.isdigit() else p for p in name.split("."))
         module = functools.reduce(lambda m, k: m[k] if isinstance(k, int) else getattr(m, k),
                                   path, out)
-        equation, kernel_shape, In = _layout(module)
+        equation, kernel_shape, In = layout(module)
         Out, G = math.prod(kernel_shape) // In, spec["groups"]
 
         def build(module=module, equation=equation, kernel_shape=kernel_shape, spec=spec, G=G,
@@ -417,7 +417,7 @@ def restructure(model: Transformer, description: dict[str, dict[str, Any]]) -> T
                        jnp.ones((In,), jnp.float32) if spec["input_scale"] else None,
                        dtype=module.dtype or jnp.float32)
 
-        _set_module(out, path, nnx.eval_shape(build))
+        set_module(out, path, nnx.eval_shape(build))
     return out
 
 
@@ -440,7 +440,7 @@ def dequantized(model: Transformer) -> Transformer:
             float_module.kernel[...] = kernel
             if module.bias is not None:
                 float_module.bias[...] = module.bias[...].astype(jnp.float32)
-        _set_module(out, path, float_module)
+        set_module(out, path, float_module)
     return out
 
 
