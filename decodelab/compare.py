@@ -10,12 +10,13 @@ What is counted, exactly:
   in nats; whether both models' most likely tokens are the same (ties go to the lowest id); the
   difference ``P_cand(t) - P_ref(t)`` at the reference's most likely token t.
 - ``kl_mean`` / ``kl_p99``: the mean and the 99th percentile (linear interpolation) of the KL over
-  all positions; ``same_top``: the percentage of positions with the same top token; ``rms_top_prob``:
-  the root mean square of the probability difference at the reference's top token.
+  all positions; ``same_top``: the percentage of positions with the same top token;
+  ``rms_top_prob``: the root mean square of the probability difference at the reference's top token.
 - Perplexity ``exp(mean NLL of the targets)`` of each model on the same positions, and the
   difference candidate minus reference.
-- ``parameter_bytes`` at each element's bit width (``quantize.parameter_bytes``); ``kv_bytes_per_token``:
-  the bytes the KV cache holds per token (all layers, keys and values, with scales).
+- ``parameter_bytes`` at each element's bit width (``quantize.parameter_bytes``);
+  ``kv_bytes_per_token``: the bytes the KV cache holds per token (all layers, keys and values,
+  with scales).
 - A model with a ``kv_cache`` kind other than None reads its windows through a cache of that kind
   (prefilled with the window), so a quantized cache's error is in its logits.
 

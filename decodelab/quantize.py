@@ -142,7 +142,8 @@ class QuantizedEinsum(nnx.Module):
 
 class QuantizedEmbed(QuantizedEinsum):
     """A tied embedding table ``[V, D]`` stored quantized as the matrix ``[In = D, Out = V]``
-    (groups along D): ``embed(tokens [B, T]) -> [B, T, D]``, ``attend(x [B, T, D]) -> [B, T, V]``."""
+    (groups along D): ``embed(tokens [B, T]) -> [B, T, D]``,
+    ``attend(x [B, T, D]) -> [B, T, V]``."""
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
         cols = jnp.take(self.qvalue[...], tokens, axis=1)  # [D, B, T]

@@ -223,7 +223,8 @@ def report(rows, out_dir) -> list[pathlib.Path]:
         name = "quantization" + ("" if pretrained is None else f"_{pretrained}")
         shape = group[0]["config"]["model"]
         model = (f"a model of width {shape['d_model']} and {shape['n_layers']} layers (the "
-                 f"`medium` preset unless overridden) trained on the corpus" if pretrained is None else
+                 f"`medium` preset unless overridden) trained on the corpus"
+                 if pretrained is None else
                  f"the pretrained `{pretrained}` (reference: its GGUF file dequantized to float32)")
         page = results.Page(f"Quantization: {model}", group)
         c = group[0]["config"]

@@ -80,8 +80,11 @@ def load_kept(cfg, tensors, source: str, read_float, rows_to_rotate_half):
 
     shape = lambda t: tuple(int(d) for d in reversed(t.shape))  # noqa: E731  (GGUF: fastest first)
     kept = {name for name, t in tensors.items() if t.tensor_type.name in KEPT}
-    src = TensorSource(source, tensors, lambda name: (np.zeros(shape(tensors[name]), np.float32)
-                                                      if name in kept else read_float(tensors[name])))
+    def read(name: str) -> np.ndarray:  # kept tensors: placeholders, replaced below
+        tensor = tensors[name]
+        return np.zeros(shape(tensor), np.float32) if name in kept else read_float(tensor)
+
+    src = TensorSource(source, tensors, read)
     model = build_transformer(cfg, llama.llama_params(cfg, src, llama.GGUF_NAMES,
                                                       rows_to_rotate_half))
     src.check_used()
