@@ -18,7 +18,10 @@ Every stored element is within half its scale of the value written (round to nea
 quantizes keys per channel (a scale per channel over a group of tokens), which needs the tokens of
 the group in progress kept in float until the group is full and a rule for rewinding into a
 finished group; that variant is not implemented: int4 keys here are quantized per token in groups
-of channels, like the values.
+of channels, like the values. Measured on SmolLM2-135M (8 held-out windows of 64 tokens,
+``dl.compare``): the int8 cache's mean KL divergence to the float cache is 0.0014, the int4 one's
+0.21 (same top token 74.6%): per-token int4 keys lose the channels whose keys are large, which is
+why KIVI scales keys per channel.
 """
 
 from __future__ import annotations
