@@ -13,6 +13,11 @@ from decodelab.model import Transformer, param_count
 # Real checkpoints (GGUF files, Hugging Face directories)
 from decodelab.convert import PretrainedTokenizer, load_gguf, load_hf
 
+# Compression: weights and KV caches stored quantized, judged on one scoreboard
+from decodelab.compare import Scoreboard, compare
+from decodelab.kvquant import QuantizedKVCache
+from decodelab.quantize import parameter_bytes, quantize
+
 # Training and checkpoints
 from decodelab.checkpoint import load_checkpoint, save_checkpoint
 from decodelab.train import TrainConfig  # the loop itself: decodelab.train.train
@@ -35,6 +40,11 @@ __all__ = [
     "load_hf",
     "PretrainedTokenizer",
     "param_count",
+    "parameter_bytes",
+    "quantize",
+    "QuantizedKVCache",
+    "Scoreboard",
+    "compare",
     "save_checkpoint",
     # Sampling and decoding
     "GenerateOutput",

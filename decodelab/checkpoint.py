@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from decodelab.quantize import describe as describe_quantization, restructure
 from decodelab.config import ModelConfig
 from decodelab.convert.tokenizer import PretrainedTokenizer
 from decodelab.model import Transformer
@@ -108,15 +109,18 @@ def restore_meta(manager, step: int) -> dict[str, Any]:
     return manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
 
 
-def abstract_model(cfg: ModelConfig) -> Transformer:
-    """A Transformer of ``cfg`` whose arrays are shapes only (nothing allocated)."""
-    return nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+def abstract_model(cfg: ModelConfig, quantization: dict | None = None) -> Transformer:
+    """A Transformer of ``cfg`` whose arrays are shapes only (nothing allocated), with the
+    quantized modules ``quantization`` (``quantize.describe``) describes."""
+    model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+    return restructure(model, quantization) if quantization else model
 
 
-def restore(manager, step: int, cfg: ModelConfig, opt_state_like=None):
+def restore(manager, step: int, cfg: ModelConfig, opt_state_like=None,
+            quantization: dict | None = None):
     """Restore ``(model, opt_state or None)`` of ``step``; ``opt_state_like`` gives the optimizer
     state's structure (e.g. ``jax.eval_shape(tx.init, params)``)."""
-    graphdef, abstract_params = nnx.split(abstract_model(cfg))
+    graphdef, abstract_params = nnx.split(abstract_model(cfg, quantization))
     items = {"params": ocp.args.StandardRestore(
         jax.tree.map(ocp.utils.to_shape_dtype_struct, nnx.to_pure_dict(abstract_params)))}
     if opt_state_like is not None:
@@ -131,6 +135,9 @@ def save_checkpoint(path, model: Transformer, tokenizer: Tokenizer | PretrainedT
                     step: int = 0, **extra: Any) -> None:
     """Save a ready-to-use model and its tokenizer to the directory ``path``."""
     manager = open_manager(path)
+    quantization = describe_quantization(model)
+    if quantization:
+        extra = {**extra, "quantization": quantization}
     save(manager, step, nnx.state(model, nnx.Param),
          make_meta(model.config, tokenizer, step, **extra))
     manager.close()
@@ -167,7 +174,7 @@ def _load_step(manager, path: pathlib.Path, step: int
         raise _damaged(path, step, f"tokenizer (in {str(meta_dir)!r})", e) from e
     params_dir = path / str(step) / "params"
     try:
-        model, _ = restore(manager, step, cfg)
+        model, _ = restore(manager, step, cfg, quantization=meta.get("quantization"))
     except Exception as e:  # noqa: BLE001 (see above)
         raise _damaged(path, step, f"parameters ({str(params_dir)!r}: array data, manifest or "
                                    "array metadata)", e) from e

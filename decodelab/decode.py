@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
-from decodelab import sampling
+from decodelab import kvquant, sampling
 from decodelab.cache import KVCache
 from decodelab.checks import check_bool, check_model, position_limit
 from decodelab.loop import CompiledLoop
@@ -166,15 +166,15 @@ def running(state: DecodeState) -> jax.Array:
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_len", "max_new_tokens", "top_n",
-                                             "with_entropy"))
+                                             "with_entropy", "kv_cache"))
 def prefill(weights, block, prompt_lengths, keys, params, eos_mask, stop_ids, *, graphdef,
-            max_len, max_new_tokens, top_n, with_entropy) -> DecodeState:
+            max_len, max_new_tokens, top_n, with_entropy, kv_cache=None) -> DecodeState:
     """Run the padded prompt block ``[B, T]`` through the model: the state before the first step
     (also the serving engine's prefill of one request)."""
     model = nnx.merge(graphdef, weights)
     B, T = block.shape
     N = max_new_tokens
-    cache = KVCache.init(model.config, batch_size=B, max_len=max_len)
+    cache = kvquant.init_cache(model.config, B, max_len, kv_cache)
     logits, cache = model(block, cache=cache, num_valid=prompt_lengths)  # [B, T, V]
     last = jnp.take_along_axis(logits, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0]  # [B, V]
     state = DecodeState(
@@ -225,6 +225,7 @@ def generate(
     max_len: int | None = None,
     python_loop: bool = False,
     raise_on_error: bool = True,
+    kv_cache: str | None = None,
 ) -> GenerateOutput:
     """Continue each prompt by up to ``max_new_tokens`` tokens.
 
@@ -247,8 +248,11 @@ def generate(
       python_loop: run the decode steps from Python (same step function, same tokens).
       raise_on_error: raise ValueError if a row hit NaN / +inf logits or a distribution with no
         allowed token; with False such rows just finish with reason "error".
+      kv_cache: None (a float cache) or "int8" / "int4": keys and values stored quantized
+        (``kvquant.QuantizedKVCache``).
     """
     check_model("model", model)
+    kvquant.check_kind("kv_cache", kv_cache)
     for name, flag in (("python_loop", python_loop), ("raise_on_error", raise_on_error)):
         check_bool(name, flag)
     request = check_request(model.config.vocab_size, prompts, params, max_new_tokens, seed,
@@ -263,7 +267,7 @@ def generate(
     graphdef, weights = nnx.split(model)
     state = prefill(weights, block, lengths, request.keys(), row_params, request.eos_mask,
                     request.stop_block, graphdef=graphdef, max_len=S, max_new_tokens=N,
-                    top_n=request.top_n, with_entropy=return_entropy)
+                    top_n=request.top_n, with_entropy=return_entropy, kv_cache=kv_cache)
     state = DECODE_LOOP.run(weights, state, python_loop=python_loop, graphdef=graphdef)
     out = host_output(state, request.top_n, return_entropy)
     return finish_output(out, np.asarray(state.finish), request, tokenizer, raise_on_error)

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from decodelab import sampling
+from decodelab import kvquant, sampling
 from decodelab.cache import KVCache
 from decodelab.checks import check_size
 
@@ -91,10 +91,11 @@ class ModelDrafter(Drafter):
     sampling parameters (``speculative_generate`` builds it from a draft model)."""
 
     graphdef: Any
+    kv_cache: str | None = None  # the draft cache's kind (kvquant)
 
     def prefill(self, weights, block, num_valid, max_len):
         model = nnx.merge(self.graphdef, weights)
-        cache = KVCache.init(model.config, batch_size=block.shape[0], max_len=max_len)
+        cache = kvquant.init_cache(model.config, block.shape[0], max_len, self.kv_cache)
         _, cache = model(block, cache=cache, num_valid=num_valid)
         return cache
 

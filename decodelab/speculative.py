@@ -48,7 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
-from decodelab import sampling
+from decodelab import kvquant, sampling
 from decodelab.cache import KVCache
 from decodelab.checks import check_bool, check_model, check_size, is_int, position_limit
 from decodelab.decode import ends_with_stop
@@ -247,13 +247,13 @@ def _running(state: SpecState) -> jax.Array:
 _STATIC = ("graphdef", "drafter")
 
 
-@functools.partial(jax.jit, static_argnames=(*_STATIC, "max_len"))
+@functools.partial(jax.jit, static_argnames=(*_STATIC, "max_len", "kv_cache"))
 def prefill(target_weights, draft_weights, block, num_valid, *, graphdef, drafter,
-             max_len) -> tuple[KVCache, KVCache | None]:
+             max_len, kv_cache=None) -> tuple[KVCache, KVCache | None]:
     """Both caches after the prompt block ``[B, T]``, of which ``num_valid[b]`` tokens are fed:
     each prompt but its last token."""
     target = nnx.merge(graphdef, target_weights)
-    cache = KVCache.init(target.config, batch_size=block.shape[0], max_len=max_len)
+    cache = kvquant.init_cache(target.config, block.shape[0], max_len, kv_cache)
     _, cache = target(block, cache=cache, num_valid=num_valid)
     return cache, drafter.prefill(draft_weights, block, num_valid, max_len)
 
@@ -406,6 +406,7 @@ def speculative_generate(
     max_len: int | None = None,
     python_loop: bool = False,
     raise_on_error: bool = True,
+    kv_cache: str | None = None,
 ) -> SpeculativeOutput:
     """Continue each prompt by up to ``max_new_tokens`` tokens distributed exactly as ``target``'s
     ``generate`` output, drafting ``gamma`` tokens per target call.
@@ -418,6 +419,7 @@ def speculative_generate(
       return_top_logprobs, return_entropy, python_loop, raise_on_error: as in ``generate``; the
         logprobs, top logprobs and entropy are those of the target's sampling distribution.
       gamma: proposals per round (>= 1).
+      kv_cache: as in ``generate``, for the target's cache and a draft model's.
       tokenizer, draft_tokenizer: the models' tokenizers; when both are given they must be the same
         (``tokenizer`` also serves ``stop_strings``).
       max_len: cache slots per row, for both models. Default: the prompt bucket plus
@@ -427,6 +429,7 @@ def speculative_generate(
     Returns a ``SpeculativeOutput``: ``generate``'s fields plus ``stats`` (``SpeculativeStats``).
     """
     check_model("target", target)
+    kvquant.check_kind("kv_cache", kv_cache)
     if isinstance(draft, Drafter):
         if draft_tokenizer is not None:
             raise ValueError(f"draft_tokenizer must be None for a model-free drafter "
@@ -477,9 +480,9 @@ def speculative_generate(
         drafter, draft_weights = draft, None
     else:
         draft_graphdef, draft_weights = nnx.split(draft)
-        drafter = ModelDrafter(draft_graphdef)
+        drafter = ModelDrafter(draft_graphdef, kv_cache)
     caches = prefill(target_weights, draft_weights, block, lengths - 1, graphdef=graphdef,
-                     drafter=drafter, max_len=S)
+                     drafter=drafter, max_len=S, kv_cache=kv_cache)
     state = initial_state(*caches, block, lengths, request.keys(), row_params, request.eos_mask,
                           request.stop_block, gamma=gamma, max_new_tokens=N, top_n=request.top_n,
                           with_entropy=request.with_entropy)

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from decodelab.config import ModelConfig
-from decodelab.convert import llama
+from decodelab.convert import gguf_blocks, llama
 from decodelab.convert.tokenizer import PretrainedTokenizer, from_gguf_metadata
 from decodelab.convert.weights import TensorSource, build_transformer
 from decodelab.model import Transformer
@@ -145,12 +145,21 @@ def gguf_tokenizer(path: str | os.PathLike) -> PretrainedTokenizer:
     return _tokenizer(meta, str(path))
 
 
-def load_gguf(path: str | os.PathLike) -> tuple[Transformer, PretrainedTokenizer]:
-    """The float32 model and the tokenizer of a Llama-architecture GGUF file (module docstring)."""
+def load_gguf(path: str | os.PathLike, *, dequantize: bool = True
+              ) -> tuple[Transformer, PretrainedTokenizer]:
+    """The float32 model and the tokenizer of a Llama-architecture GGUF file (module docstring);
+    with ``dequantize=False`` its Q8_0 / Q4_0 / Q4_1 tensors stay as stored, quantized
+    (``gguf_blocks``)."""
+    if not isinstance(dequantize, bool):
+        raise ValueError(f"dequantize must be a bool, got {dequantize!r}")
     meta, tensors = read_metadata(path)
     source = str(path)
     cfg = gguf_config(meta, set(tensors), source)
     tokenizer = _tokenizer(meta, source)
+    if not dequantize:
+        model = gguf_blocks.load_kept(cfg, tensors, source, lambda t: _dequantize(t, source),
+                                      interleaved_to_rotate_half)
+        return model, tokenizer
     src = TensorSource(source, tensors, lambda name: _dequantize(tensors[name], source))
     params = llama.llama_params(cfg, src, llama.GGUF_NAMES, interleaved_to_rotate_half)
     src.check_used()

@@ -33,8 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from decodelab import decode, sampling
-from decodelab.cache import KVCache
+from decodelab import decode, kvquant, sampling
 from decodelab.checks import check_model, check_size, is_int, position_limit
 from decodelab.decode import DecodeState
 from decodelab.loop import CompiledLoop
@@ -111,7 +110,7 @@ class StepResult:
 
 
 def _empty_state(config, num_slots: int, max_len: int, max_stops: int, stop_width: int,
-                 eos_mask: np.ndarray) -> DecodeState:
+                 eos_mask: np.ndarray, kv_cache: str | None = None) -> DecodeState:
     B, S, V = num_slots, max_len, config.vocab_size
     return DecodeState(
         step=jnp.zeros((), jnp.int32),
@@ -119,7 +118,7 @@ def _empty_state(config, num_slots: int, max_len: int, max_stops: int, stop_widt
         prompt_lengths=jnp.zeros((B,), jnp.int32),
         lengths=jnp.zeros((B,), jnp.int32),
         finish=jnp.full((B,), LENGTH, jnp.int32),  # not running: a free slot never advances
-        cache=KVCache.init(config, batch_size=B, max_len=S),
+        cache=kvquant.init_cache(config, B, S, kv_cache),
         logits=jnp.zeros((B, V), jnp.float32),
         keys=sampling.seed_keys(np.zeros((B,), np.uint32)),
         params=SamplingParams.greedy().per_row(B, V),
@@ -141,9 +140,9 @@ def _write_row(state: DecodeState, row: DecodeState, slot: jax.Array) -> DecodeS
         return lambda big, one: jax.lax.dynamic_update_slice_in_dim(big, one.astype(big.dtype),
                                                                     slot, axis)
 
-    cache = state.cache.replace(k=put(1)(state.cache.k, row.cache.k),
-                                v=put(1)(state.cache.v, row.cache.v),
-                                lengths=put(0)(state.cache.lengths, row.cache.lengths))
+    # lengths [B] have the slot axis first; keys, values (and a quantized cache's scales) second
+    cache = jax.tree.map(lambda big, one: put(0 if big.ndim == 1 else 1)(big, one), state.cache,
+                         row.cache)
     rows = {name: jax.tree.map(put(0), getattr(state, name), getattr(row, name))
             for name in ROW_FIELDS}
     return state.replace(cache=cache, **rows)
@@ -183,13 +182,16 @@ class SlotEngine:
         Default: the model's position table (``max_seq_len``).
       eos_ids: ids that end any request (finish reason "eos"): the model's, shared by all slots.
       max_stop_sequences, max_stop_width: room for each request's own stop sequences.
+      kv_cache: None (a float cache) or "int8" / "int4" (``kvquant.QuantizedKVCache``).
     """
 
     def __init__(self, model: nnx.Module, num_slots: int, max_len: int | None = None, *,
                  eos_ids: int | Sequence[int] = (), max_stop_sequences: int = 4,
-                 max_stop_width: int = 8):
+                 max_stop_width: int = 8, kv_cache: str | None = None):
         check_model("model", model)
         self.num_slots = check_size("num_slots", num_slots, 1)
+        kvquant.check_kind("kv_cache", kv_cache)
+        self.kv_cache = kv_cache
         limit = position_limit(model)
         if max_len is None:
             if not limit:
@@ -205,7 +207,8 @@ class SlotEngine:
         self._eos_mask = check_eos(eos_ids, self.vocab_size)
         self._graphdef, self._weights = nnx.split(model)
         self._state = _empty_state(model.config, self.num_slots, self.max_len,
-                                   self.max_stop_sequences, self.max_stop_width, self._eos_mask)
+                                   self.max_stop_sequences, self.max_stop_width, self._eos_mask,
+                                   kv_cache)
         self._slots: list[Request | None] = [None] * self.num_slots
 
     # --- Slots ------------------------------------------------------------------------------
@@ -279,7 +282,8 @@ class SlotEngine:
                              sampling.seed_keys(np.asarray([request.seed], np.uint32)),
                              request.params.per_row(1, self.vocab_size), self._eos_mask, stops,
                              graphdef=self._graphdef, max_len=self.max_len,
-                             max_new_tokens=self.max_len, top_n=0, with_entropy=False)
+                             max_new_tokens=self.max_len, top_n=0, with_entropy=False,
+                             kv_cache=self.kv_cache)
         row = row.replace(budgets=jnp.asarray([request.max_new_tokens], jnp.int32))
         self._state = _write_row(self._state, row, jnp.asarray(slot, jnp.int32))
         self._slots[slot] = request

@@ -1,0 +1,97 @@
+"""python -m experiments.quantization --config=configs/quantization.py --workdir=runs/quantization
+
+Weights stored quantized (int8; int4 in groups of 128 and of 32, absmax and min-max; GPTQ and AWQ
+int4 g128), each crossed with a float32, int8 or int4 KV cache, judged by `dl.compare` against the
+float32 model on held-out windows (KL divergence, same top token, perplexity, bytes) and timed
+against it (decode tokens/s at batch 1 and 8); plus one row of speculative decoding that drafts
+with the int4 g32 copy of the model itself. The model is `medium` trained on the corpus.
+Render the page with `python -m experiments.report --workdir=runs/quantization --out=results`.
+
+On SmolLM2-135M-Instruct (reference: its GGUF file dequantized to float32):
+
+    python -m experiments.quantization --config=configs/quantization.py:smollm2-135m \
+        --workdir=runs/quantization_smollm2
+    python -m experiments.report --workdir=runs/quantization_smollm2 --out=results
+
+SmolLM2's width (576) is not a multiple of 128, so its "g128" rows use groups of 64.
+
+A quick look (tiny model, a few training steps, one point):
+`--config.model.d_model=64 --config.model.n_layers=2 --config.model.n_heads=4
+--config.model.n_kv_heads=2 --config.model.d_ff=256 --config.model.max_seq_len=128
+--config.train.steps=20 --config.num_windows=2 --config.new_tokens=8 --config.repeats=1
+--sweep_shard=0/22`.
+"""
+
+from ml_collections import config_dict
+
+from decodelab.experiment import product
+from decodelab.presets import PRETRAINED_MODELS, check_config_arg, model_section, train_section
+
+# (weights, group_size (0: one scale per output channel), scheme, method): the weight rows.
+WEIGHT_ROWS = (
+    ("f32", 0, "absmax", "rtn"),
+    ("int8", 0, "absmax", "rtn"),
+    ("int4", 128, "absmax", "rtn"),
+    ("int4", 32, "absmax", "rtn"),
+    ("int4", 32, "minmax", "rtn"),
+    ("int4", 128, "absmax", "gptq"),
+    ("int4", 128, "absmax", "awq"),
+)
+KV_CACHES = ("f32", "int8", "int4")
+
+
+def get_config(arg: str | None = None) -> config_dict.ConfigDict:
+    check_config_arg(arg)
+    config = config_dict.ConfigDict()
+    # Experiment name: rows of other experiments are refused in the same workdir.
+    config.experiment = "quantization"
+    # Seed of the decoding requests (greedy: it only names the streams).
+    config.seed = 0
+    # Tokenizer trained on the training plays.
+    config.tokenizer = config_dict.ConfigDict(dict(vocab_size=4096, model_type="bpe"))
+    # The reference model: `medium` trained with the shared recipe.
+    config.model = model_section("medium")
+    config.train = train_section(steps=1000, checkpoint_every=250)
+    # Weights: "f32" (the reference itself), "int8" or "int4".
+    config.weights = "f32"
+    # Input channels per scale (0: one scale per output channel).
+    config.group_size = 0
+    # "absmax" (symmetric) or "minmax" (asymmetric, with zero points).
+    config.scheme = "absmax"
+    # "rtn" (round to nearest), "gptq" or "awq" (calibrated on training windows).
+    config.method = "rtn"
+    # KV cache of the candidate: "f32", "int8" or "int4".
+    config.kv_cache = "f32"
+    # True: the speculative row (the reference drafting with its own int4 g32 copy).
+    config.self_draft = False
+    # Proposals per round of the speculative row.
+    config.gamma = 4
+    # Scoreboard windows: evenly spaced windows of `window_tokens` + 1 tokens of the test plays.
+    config.num_windows = 32
+    config.window_tokens = 128
+    # GPTQ / AWQ calibration: windows of the training plays.
+    config.calibration_windows = 16
+    # Decode timing: prompts of `prompt_tokens` test-play tokens, `new_tokens` greedy tokens each,
+    # at each batch size; medians of `repeats` interleaved runs of reference and candidate.
+    config.batch_sizes = (1, 8)
+    config.prompt_tokens = 32
+    config.new_tokens = 64
+    config.repeats = 3
+    if arg is not None:
+        # The pretrained model is the reference (its training section is not used).
+        config.tokenizer = config_dict.ConfigDict(dict(pretrained=arg))
+        config.model = model_section(arg)
+        config.num_windows = 16
+        config.new_tokens = 32
+    return config
+
+
+def get_sweep(arg: str | None = None) -> list[dict]:
+    """Each weight row with each KV cache, then the self-draft speculative row."""
+    big_group = 64 if arg in PRETRAINED_MODELS else 128
+    points = []
+    for weights, group, scheme, method in WEIGHT_ROWS:
+        group = big_group if group == 128 else group
+        points += product({"weights": [weights], "group_size": [group], "scheme": [scheme],
+                           "method": [method], "kv_cache": list(KV_CACHES)})
+    return points + [{"self_draft": True}]

@@ -1,0 +1,251 @@
+"""Quantization: weights stored as int8 / int4 and KV caches stored as int8 / int4, judged by KL
+divergence to the float32 model (llama.cpp's scoreboard) and by decode speed.
+
+    python -m experiments.quantization --config=configs/quantization.py --workdir=runs/quantization
+    python -m experiments.report --workdir=runs/quantization --out=results
+
+One point = one (weights, group size, scheme, method, KV cache), or the self-draft row. What each
+number is:
+
+- the scoreboard (``dl.compare``) of the candidate (quantized weights, read through a KV cache of
+  the point's kind) against the float32 reference with a float32 cache, on ``num_windows`` evenly
+  spaced windows of ``window_tokens + 1`` test-play tokens: ``kl_mean``, ``kl_p99`` (nats),
+  ``same_top`` (%), ``rms_top_prob``, both perplexities; ``parameter_bytes`` at each element's bit
+  width; ``kv_bytes_per_token``.
+- ``tokens_per_s_b<B>``: greedy ``dl.generate`` of ``new_tokens`` tokens for B prompts with the
+  candidate and its cache, output tokens / median seconds; ``speedup_b<B>``: the reference's
+  median seconds on the same prompts over the candidate's, runs interleaved after a warm-up
+  (compilation excluded).
+- The self-draft row: ``speculative_generate`` of the reference drafting with its own int4 g32 copy
+  (greedy, ``gamma``): ``alpha`` (accepted / tested proposals) and ``speedup_b1`` over the
+  reference's ``dl.generate``.
+- ``load_1min``: the machine's 1-minute load average when the point started.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import statistics
+import time
+
+import jax
+import numpy as np
+from absl import app
+from matplotlib.figure import Figure
+
+import decodelab as dl
+from decodelab import data, experiment, pipeline, results
+
+_FLAGS = experiment.define_flags("configs/quantization.py")
+
+_CACHE: dict = {}
+
+ANCHORS = """**Published anchors** (not rerun here). llama.cpp, LLaMA-3-8B against FP16
+(`llama-perplexity --kl-divergence`): q8_0 mean KLD 0.00136, same top token 97.67%; q4_K_M
+0.0313 / 91.90%; q4_0 0.0719; KV cache q8_0 (K and V) mean KLD 0.00098. AWQ paper, LLaMA-7B,
+wikitext-2 perplexity: FP16 5.68, int4 g128 round-to-nearest 5.96, GPTQ 6.22, AWQ 5.78."""
+
+
+def _cached(key, make):
+    if key not in _CACHE:
+        _CACHE[key] = make()
+    return _CACHE[key]
+
+
+def _windows(tokenizer, split: str, num: int, length: int) -> np.ndarray:
+    """``[num, length]``: evenly spaced windows of the split's token stream."""
+    stream = data.token_stream(tokenizer, split)
+    starts = np.linspace(0, len(stream) - length - 1, num).astype(int)
+    return np.stack([stream[s:s + length] for s in starts]).astype(np.int32)
+
+
+def _label(config) -> str:
+    if config.self_draft:
+        return "self-draft (int4 g32)"
+    if config.weights == "f32":
+        return "f32"
+    group = f" g{config.group_size}" if config.group_size else ""
+    extra = {"rtn": "" if config.scheme == "absmax" else " min-max", "gptq": " GPTQ",
+             "awq": " AWQ"}[config.method]
+    return f"{config.weights}{group}{extra}"
+
+
+def _seconds(fn) -> float:
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    return time.perf_counter() - start
+
+
+def _timed_pair(reference, candidate, repeats: int) -> tuple[float, float]:
+    """Median seconds of ``reference()`` and ``candidate()``, interleaved after a warm-up."""
+    reference(), candidate()
+    pairs = [(_seconds(reference), _seconds(candidate)) for _ in range(repeats)]
+    return statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
+
+
+def evaluate(config, ctx) -> dict:
+    load = os.getloadavg()[0]
+    model, tokenizer = _cached("reference", lambda: pipeline.model_for(
+        config.tokenizer, config.model, config.train, ctx.workdir, progress=ctx.show_progress))
+    kv = None if config.kv_cache == "f32" else config.kv_cache
+    greedy = dl.SamplingParams.greedy()
+    prompts = _windows(tokenizer, "test", max(config.batch_sizes), config.prompt_tokens).tolist()
+    N = config.new_tokens
+    row = {"label": _label(config), "load_1min": load}
+    if config.self_draft:
+        ctx.status("self-draft")
+        draft = dl.quantize(model, weights="int4", group_size=32)
+        outputs = []
+
+        def run_spec():
+            outputs.append(dl.speculative_generate(model, draft, prompts[:1], greedy,
+                                                   config.gamma, N, seed=config.seed))
+            return outputs[-1].tokens
+
+        ref_s, spec_s = _timed_pair(lambda: dl.generate(model, prompts[:1], greedy, N).tokens,
+                                    run_spec, config.repeats)
+        return {**row, "alpha": outputs[0].stats.overall_alpha, "speedup_b1": ref_s / spec_s,
+                "tokens_per_s_b1": N / spec_s, "parameter_bytes": dl.parameter_bytes(model),
+                "draft_parameter_bytes": dl.parameter_bytes(draft)}
+    ctx.status("quantize")
+    if config.weights == "f32":
+        candidate = model
+    else:
+        calibration = (_windows(tokenizer, "train", config.calibration_windows,
+                                config.window_tokens) if config.method != "rtn" else None)
+        key = (config.weights, config.group_size, config.scheme, config.method)
+        candidate = _cached(key, lambda: dl.quantize(
+            model, weights=config.weights, group_size=config.group_size or None,
+            method=config.method, calibration=calibration, scheme=config.scheme))
+    ctx.status("scoreboard")
+    windows = _windows(tokenizer, "test", config.num_windows, config.window_tokens + 1)
+    board = dl.compare(model, candidate, windows, candidate_kv_cache=kv)
+    row.update({k: v for k, v in board.as_dict().items()})
+    row["parameter_bytes"] = board.parameter_bytes_candidate
+    row["kv_bytes_per_token"] = board.kv_bytes_per_token_candidate
+    for B in config.batch_sizes:
+        ctx.status(f"decode batch {B}")
+        ref_s, cand_s = _timed_pair(
+            lambda: dl.generate(model, prompts[:B], greedy, N).tokens,
+            lambda: dl.generate(candidate, prompts[:B], greedy, N, kv_cache=kv).tokens,
+            config.repeats)
+        row[f"tokens_per_s_b{B}"] = B * N / cand_s
+        row[f"speedup_b{B}"] = ref_s / cand_s
+    return row
+
+
+# --- The page -------------------------------------------------------------------------------------
+
+
+def _m(row, name):
+    return row["metrics"].get(name)
+
+
+def _pretrained(row) -> str | None:
+    return row["config"]["model"].get("pretrained")
+
+
+def _table(rows) -> results.Table:
+    columns = ["weights", "KV cache", "param MB", "KV bytes/token", "mean KLD", "p99 KLD",
+               "same top %", "RMS dp", "ppl", "ppl diff", "tok/s b1", "speed-up b1", "tok/s b8",
+               "speed-up b8", "alpha"]
+    body = []
+    for r in rows:
+        kv = "f32" if r["config"]["self_draft"] else r["config"]["kv_cache"]
+        bytes_ = _m(r, "parameter_bytes")
+        body.append([_m(r, "label"), kv, None if bytes_ is None else bytes_ / 1e6,
+                     _m(r, "kv_bytes_per_token"), _m(r, "kl_mean"), _m(r, "kl_p99"),
+                     _m(r, "same_top"), _m(r, "rms_top_prob"), _m(r, "perplexity_candidate"),
+                     _m(r, "perplexity_diff"), _m(r, "tokens_per_s_b1"), _m(r, "speedup_b1"),
+                     _m(r, "tokens_per_s_b8"), _m(r, "speedup_b8"), _m(r, "alpha")])
+    return results.Table(columns, body)
+
+
+def _plot(rows, path: pathlib.Path) -> pathlib.Path:
+    """Mean KL divergence against parameter bytes, one marker per KV cache kind."""
+    fig = Figure(figsize=(6.5, 4.2), layout="constrained")
+    ax = fig.subplots()
+    for kv, marker in (("f32", "o"), ("int8", "s"), ("int4", "^")):
+        group = [r for r in rows if not r["config"]["self_draft"] and r["config"]["kv_cache"] == kv]
+        ax.scatter([_m(r, "parameter_bytes") / 1e6 for r in group],
+                   [max(_m(r, "kl_mean"), 1e-7) for r in group], marker=marker,
+                   label=f"KV cache {kv}")
+        for r in group:
+            if kv == "f32":
+                ax.annotate(_m(r, "label"), (_m(r, "parameter_bytes") / 1e6,
+                                             max(_m(r, "kl_mean"), 1e-7)), fontsize=7)
+    ax.set_yscale("log")
+    ax.set_xlabel("parameter MB (int4 at half a byte)")
+    ax.set_ylabel("mean KL(ref || candidate), nats")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def _targets(rows, pretrained: str | None) -> str:
+    """The issue's targets, read from the rows."""
+    def find(label, kv="f32"):
+        return next((r for r in rows if _m(r, "label") == label and not r["config"]["self_draft"]
+                     and r["config"]["kv_cache"] == kv), None)
+
+    lines = []
+    int8 = find("int8")
+    if int8:
+        ok = _m(int8, "kl_mean") <= 0.002 and _m(int8, "same_top") >= 97
+        lines.append(f"- int8 weights: mean KLD {_m(int8, 'kl_mean'):.5f}, same top "
+                     f"{_m(int8, 'same_top'):.2f}% (target <= 0.002 and >= 97%): "
+                     f"{'met' if ok else 'not met'}; speed-up at batch 1 "
+                     f"{_m(int8, 'speedup_b1'):.2f}x (target >= 1.5x): "
+                     f"{'met' if _m(int8, 'speedup_b1') >= 1.5 else 'not met'}.")
+    kv8 = find("f32", "int8")
+    if kv8:
+        lines.append(f"- int8 KV cache: mean KLD {_m(kv8, 'kl_mean'):.5f} (target <= 0.002): "
+                     f"{'met' if _m(kv8, 'kl_mean') <= 0.002 else 'not met'}.")
+    g32 = find("int4 g32")
+    if g32 and pretrained:
+        lines.append(f"- int4 g32 weights: same top {_m(g32, 'same_top'):.2f}% (target >= 90% on "
+                     f"SmolLM2): {'met' if _m(g32, 'same_top') >= 90 else 'not met'}.")
+    return "\n".join(lines)
+
+
+def report(rows, out_dir) -> list[pathlib.Path]:
+    """One page per reference model: ``quantization.md`` (medium) or
+    ``quantization_<preset>.md``."""
+    out_dir = pathlib.Path(out_dir)
+    groups: dict = {}
+    for row in rows:
+        groups.setdefault(_pretrained(row), []).append(row)
+    written = []
+    for pretrained, group in groups.items():
+        name = "quantization" + ("" if pretrained is None else f"_{pretrained}")
+        shape = group[0]["config"]["model"]
+        model = (f"a model of width {shape['d_model']} and {shape['n_layers']} layers (the "
+                 f"`medium` preset unless overridden) trained on the corpus"
+                 if pretrained is None else
+                 f"the pretrained `{pretrained}` (reference: its GGUF file dequantized to float32)")
+        page = results.Page(f"Quantization: {model}", group)
+        c = group[0]["config"]
+        page.text(f"Reference: {model}. Scoreboard (`dl.compare`) on {c['num_windows']} windows "
+                  f"of {c['window_tokens']} held-out tokens; decode speed: greedy "
+                  f"`dl.generate` of {c['new_tokens']} tokens, medians of {c['repeats']} runs "
+                  f"interleaved with the float32 reference (speed-up = reference seconds / "
+                  f"candidate seconds). See `experiments/quantization.py` for every column.")
+        page.text(_targets(group, pretrained))
+        page.table(_table(group), out_dir / f"{name}.csv", number_format="{:.4g}")
+        page.image(_plot(group, out_dir / f"{name}.png"), "mean KL divergence against bytes")
+        page.text(ANCHORS)
+        written += [page.write(out_dir / f"{name}.md"), out_dir / f"{name}.csv",
+                    out_dir / f"{name}.png"]
+    return written
+
+
+def main(argv) -> None:
+    del argv
+    experiment.run_from_flags(_FLAGS, evaluate)
+
+
+if __name__ == "__main__":
+    app.run(main)

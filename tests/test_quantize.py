@@ -1,0 +1,204 @@
+"""dl.quantize: weights stored as int8 / int4 values with per-group scales; the quantized model
+runs wherever the float one does and equals the float model that holds its dequantized kernels."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import decodelab as dl
+from decodelab import data
+from decodelab.quantize import QuantizedEinsum, QuantizedEmbed, dequantized
+from tests.conftest import TINY
+
+GREEDY = dl.SamplingParams.greedy()
+PROMPTS = [[5, 9, 13], [7, 1, 2, 3, 4, 8]]
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return dl.ModelConfig(position="rope", **TINY)
+
+
+@pytest.fixture(scope="module")
+def model(cfg):
+    return dl.Transformer(cfg, rngs=nnx.Rngs(0))
+
+
+@pytest.fixture(scope="module")
+def tokens():
+    return jax.random.randint(jax.random.key(1), (2, 16), 0, TINY["vocab_size"], jnp.int32)
+
+
+@pytest.fixture(scope="module")
+def int8(model):
+    return dl.quantize(model, weights="int8")
+
+
+@pytest.fixture(scope="module")
+def int4(model):
+    return dl.quantize(model, weights="int4", group_size=32)
+
+
+@pytest.fixture(scope="module")
+def forward():
+    """A jitted ``(model, tokens, cache) -> (logits, cache)``, shared by the tests."""
+
+    @jax.jit
+    def run(graphdef_state, tokens, cache):
+        graphdef, state = graphdef_state
+        return nnx.merge(graphdef, state)(tokens, cache=cache)
+
+    def call(model, tokens, cache=None):
+        if cache is None:
+            return nnx.jit(lambda m, t: m(t))(model, tokens)
+        graphdef, state = nnx.split(model)
+        return run((graphdef, state), tokens, cache)
+
+    return call
+
+
+def quantized_modules(model):
+    return {path: m for path, m in nnx.iter_modules(model) if isinstance(m, QuantizedEinsum)}
+
+
+# Tiny config: per layer q [64, 64], k [64, 32], v [64, 32], o [64, 64] (In = N * H = 64), gate and
+# up [64, 256], down [256, 64]: 61440 weights and 768 output channels; 2 layers; norms 2 * 64 per
+# layer plus 64; the tied table 512 * 64 stays float32.
+FLOAT_REST = 512 * 64 * 4 + 2 * 128 * 4 + 64 * 4
+
+
+def test_float_parameter_bytes_count_every_parameter_at_4_bytes(model):
+    assert dl.parameter_bytes(model) == (dl.param_count(model)) * 4 == 623872
+
+
+def test_int8_per_channel_stores_one_byte_per_weight_and_a_float_scale_per_output(int8):
+    assert dl.parameter_bytes(int8) == FLOAT_REST + 2 * (61440 + 768 * 4)
+    for m in quantized_modules(int8).values():
+        assert m.qvalue.dtype == jnp.int8 and m.scale.shape[0] == 1 and m.offset is None
+
+
+def test_int4_g32_stores_half_a_byte_per_weight_and_a_scale_per_32_inputs(int4):
+    # groups x outputs: q 2 x 64, k 2 x 32, v 2 x 32, o 2 x 64, gate and up 2 x 256, down 8 x 64
+    scales = 128 + 64 + 64 + 128 + 512 + 512 + 512
+    assert dl.parameter_bytes(int4) == FLOAT_REST + 2 * (61440 // 2 + scales * 4)
+    modules = quantized_modules(int4)
+    assert len(modules) == 14
+    assert all(m.qvalue.dtype == jnp.int4 and m.group_size == 32 for m in modules.values())
+
+
+def test_embeddings_stay_float_unless_asked(model, int8):
+    assert isinstance(int8.embed, nnx.Embed)
+    with_table = dl.quantize(model, weights="int8", embeddings=True)
+    assert isinstance(with_table.embed, QuantizedEmbed)
+    assert with_table.embed.qvalue.shape == (64, 512)  # [D, V]: groups run along D
+    assert dl.parameter_bytes(with_table) == (dl.parameter_bytes(int8) - 512 * 64 * 4
+                                              + 512 * 64 + 512 * 4)
+
+
+@pytest.mark.parametrize("scheme", ["absmax", "minmax"])
+def test_each_weight_is_within_half_a_scale_of_its_dequantized_value(model, scheme):
+    q = dl.quantize(model, weights="int4", group_size=32, scheme=scheme)
+    floats = dict(nnx.iter_modules(model))
+    for path, m in quantized_modules(q).items():
+        w = np.asarray(floats[path].kernel[...]).reshape(m.qvalue.shape)  # [In, Out]
+        scale = np.repeat(np.asarray(m.scale[...]), 32, axis=0)  # [In, Out]
+        error = np.abs(w - np.asarray(m.kernel()).reshape(w.shape))
+        assert (error <= scale / 2 * (1 + 1e-5)).all(), path
+        assert (m.offset is not None) == (scheme == "minmax")
+        values = np.asarray(m.qvalue[...], np.int32)
+        assert values.min() >= -8 and values.max() <= 7
+
+
+def test_grouped_matmul_equals_the_float_model_holding_the_dequantized_kernels(
+        model, int4, tokens, forward):
+    minmax = dl.quantize(model, weights="int4", group_size=32, scheme="minmax", embeddings=True)
+    for q in (int4, minmax):
+        np.testing.assert_allclose(forward(q, tokens), forward(dequantized(q), tokens),
+                                   atol=1e-5, rtol=1e-5)
+
+
+def test_quantized_cache_path_matches_the_full_forward(cfg, int4, tokens, forward):
+    full = forward(int4, tokens)
+    cache = dl.KVCache.init(cfg, batch_size=2, max_len=16)
+    prefill, cache = forward(int4, tokens[:, :10], cache)
+    steps = [prefill]
+    for t in range(10, 16):
+        logits, cache = forward(int4, tokens[:, t:t + 1], cache)
+        steps.append(logits)
+    np.testing.assert_allclose(jnp.concatenate(steps, axis=1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_generate_with_a_quantized_model_is_the_greedy_argmax_of_its_logits(int4, forward):
+    out = dl.generate(int4, PROMPTS, GREEDY, max_new_tokens=4, seed=0).token_lists()
+    for prompt, new in zip(PROMPTS, out):
+        logits = forward(int4, jnp.asarray([prompt + new], jnp.int32))[0]  # [T, V]
+        P = len(prompt)
+        assert new == jnp.argmax(logits[P - 1:P - 1 + len(new)], axis=-1).tolist()
+
+
+def test_greedy_speculative_with_a_quantized_target_equals_greedy_generate(int8, int4):
+    expected = dl.generate(int8, PROMPTS, GREEDY, max_new_tokens=8, seed=0).token_lists()
+    spec = dl.speculative_generate(int8, int4, PROMPTS, GREEDY, gamma=3, max_new_tokens=8, seed=0)
+    assert spec.token_lists() == expected
+
+
+def test_beam_search_of_width_one_with_a_quantized_model_is_greedy(int4):
+    expected = dl.generate(int4, PROMPTS, GREEDY, max_new_tokens=4, seed=0).token_lists()
+    beams = dl.beam_search(int4, PROMPTS, 1, max_new_tokens=4).best()
+    assert beams == expected
+
+
+def test_checkpoint_round_trip_keeps_the_stored_values(tmp_path, model, tokens, forward):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(data.split_documents("train")["hamlet"], encoding="utf-8")
+    tok = dl.Tokenizer.train([corpus], vocab_size=400, model_type="bpe")
+    q = dl.quantize(model, weights="int4", group_size=32, scheme="minmax", embeddings=True)
+    dl.save_checkpoint(tmp_path / "ckpt", q, tok)
+    loaded, _ = dl.load_checkpoint(tmp_path / "ckpt")
+    saved, restored = nnx.state(q, nnx.Param), nnx.state(loaded, nnx.Param)
+    assert jax.tree.map(lambda a: a.dtype, saved) == jax.tree.map(lambda a: a.dtype, restored)
+    for a, b in zip(jax.tree.leaves(saved), jax.tree.leaves(restored)):
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+    np.testing.assert_array_equal(forward(loaded, tokens), forward(q, tokens))
+
+
+def output_error(float_model, q, calibration):
+    """Sum over projections of ||X W - X W_q||^2 on the projections' calibration inputs."""
+    from decodelab.quantize import _calibrate, _targets
+
+    hessians = _calibrate(float_model, _targets(float_model, False), "gptq", calibration)
+    floats = dict(nnx.iter_modules(float_model))
+    total = 0.0
+    for path, m in quantized_modules(q).items():
+        delta = (np.asarray(floats[path].kernel[...]).reshape(m.qvalue.shape)
+                 - np.asarray(m.kernel()).reshape(m.qvalue.shape))  # [In, Out]
+        total += float(np.einsum("io,ij,jo->", delta, np.asarray(hessians[path]), delta))
+    return total
+
+
+def test_gptq_and_awq_lower_the_calibration_output_error_of_round_to_nearest(model, tokens):
+    rtn = dl.quantize(model, weights="int4", group_size=32)
+    gptq = dl.quantize(model, weights="int4", group_size=32, method="gptq", calibration=tokens)
+    awq = dl.quantize(model, weights="int4", group_size=32, method="awq", calibration=tokens)
+    assert all(m.input_scale is not None for m in quantized_modules(awq).values())
+    baseline = output_error(model, rtn, tokens)
+    assert output_error(model, gptq, tokens) < 0.8 * baseline
+    assert output_error(model, awq, tokens) <= baseline
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(weights="int3"), "weights must be one of ('int8', 'int4'), got 'int3'"),
+    (dict(weights="int4", group_size=48), "group_size must divide the input dimension"),
+    (dict(weights="int4", group_size=0), "group_size must be None or a positive int"),
+    (dict(weights="int4", method="gptq"), "calibration must be a token array [B, T] for "
+                                          "method='gptq'"),
+    (dict(weights="int4", method="hqq"), "method must be one of ('rtn', 'gptq', 'awq')"),
+    (dict(weights="int4", scheme="mse"), "scheme must be one of ('absmax', 'minmax')"),
+])
+def test_bad_arguments_name_the_argument_and_what_is_allowed(model, kwargs, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        dl.quantize(model, **kwargs)
