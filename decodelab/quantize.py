@@ -50,6 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from decodelab import optional
 from decodelab.model import Transformer
 
 WEIGHTS = {"int8": jnp.int8, "int4": jnp.int4}
@@ -248,20 +249,15 @@ def _calibrate(model: Transformer, targets, method: str, tokens) -> dict[tuple, 
 
 def _qwix():
     """The qwix package (the ``quant`` extra), imported when a model is quantized."""
-    try:
-        import qwix
-        from qwix.contrib import awq_core, gptq_core
-    except ImportError:
-        raise ValueError("quantize needs qwix: pip install 'decodelab[quant]'") from None
-    return qwix, gptq_core, awq_core
+    return (optional.require("qwix"), optional.require("qwix.contrib.gptq_core"),
+            optional.require("qwix.contrib.awq_core"))
 
 
 def _how(qtype, group_size: int | None, scheme: str, in_axis: int):
     """qwix's description of one matrix's quantization: a scale per output channel, grouped in
     ``group_size`` runs along the input axis ``in_axis``."""
-    from qwix._src.core.qarray import HowToQuantize
-
-    return HowToQuantize(qtype=qtype, channelwise_axes=(1 - in_axis,),
+    qarray = optional.require("qwix._src.core.qarray")
+    return qarray.HowToQuantize(qtype=qtype, channelwise_axes=(1 - in_axis,),
                          tiled_axes={in_axis: group_size} if group_size else {},
                          calibration_method=scheme)
 
