@@ -155,7 +155,7 @@ def test_beam_search_of_width_one_with_a_quantized_model_is_greedy(int4):
 def test_checkpoint_round_trip_keeps_the_stored_values(tmp_path, model, tokens, forward):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(data.split_documents("train")["hamlet"], encoding="utf-8")
-    tok = dl.Tokenizer.train([corpus], vocab_size=400, model_type="bpe")
+    tok = dl.Tokenizer.train([corpus], vocab_size=model.config.vocab_size, model_type="bpe")
     q = dl.quantize(model, weights="int4", group_size=32, scheme="minmax", embeddings=True)
     dl.save_checkpoint(tmp_path / "ckpt", q, tok)
     loaded, _ = dl.load_checkpoint(tmp_path / "ckpt")
