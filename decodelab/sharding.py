@@ -37,7 +37,6 @@ from typing import Any
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 from absl import flags
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -67,7 +66,7 @@ CACHE_LAYOUT = "LBSKH"
 
 
 def _axis_size(mesh: Mesh, name: str) -> int:
-    return dict(zip(mesh.axis_names, mesh.devices.shape))[name]
+    return mesh.shape[name]
 
 
 def make_mesh(data: int = 1, model: int = 1, *, devices: Sequence[jax.Device] | None = None
@@ -133,7 +132,7 @@ def param_spec(name: str, shape: Sequence[int], mesh: Mesh,
                 raise ValueError(f"mesh axis {axis!r} has size {devices}, which does not divide "
                                  f"dimension {dim} (size {size}) of {name} {tuple(shape)}; use a "
                                  f"{axis!r} axis that divides it")
-        return PartitionSpec(*spec)
+        return PartitionSpec(*spec) if any(spec) else PartitionSpec()
     return PartitionSpec()
 
 
@@ -270,7 +269,9 @@ def load_sharded(path, mesh: Mesh, *, step: int | None = None) -> nnx.Module:
     unless given), restored by Orbax straight onto ``mesh``, each device reading only its shards.
     The mesh need not have the shape the checkpoint was saved from. (``load_checkpoint`` gives the
     tokenizer.)"""
-    from decodelab import checkpoint  # checkpoint -> model -> this module: import at call time
+    import orbax.checkpoint as ocp  # at call time: the model imports this module, keep it light
+
+    from decodelab import checkpoint  # checkpoint -> model -> this module
 
     mesh = _check_mesh(mesh)
     manager = checkpoint.open_manager(path, read_only=True)
