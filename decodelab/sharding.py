@@ -174,9 +174,12 @@ def mesh_of(model: nnx.Module) -> Mesh | None:
 def cache_spec(cfg: ModelConfig, mesh: Mesh, batch_size: int,
                layout: str = CACHE_LAYOUT) -> PartitionSpec:
     """The KV cache's PartitionSpec: rows (B) over ``data``, KV heads (K) over ``model`` when the
-    axis divides them (replicated otherwise, like their projections)."""
+    axis divides them. Otherwise K is left to XLA (``UNCONSTRAINED``): with N query heads split
+    M ways, a group of M / K devices shares each KV head, and XLA splits K over that part of the
+    axis; pinning K replicated would make it all-gather the cache every step."""
+    model = _axis_size(mesh, "model")
     axes = {"B": batch_axis(mesh, batch_size),
-            "K": "model" if cfg.n_kv_heads % _axis_size(mesh, "model") == 0 else None}
+            "K": "model" if cfg.n_kv_heads % model == 0 else PartitionSpec.UNCONSTRAINED}
     return PartitionSpec(*(axes.get(letter) for letter in layout))
 
 

@@ -268,8 +268,9 @@ def measure(repeats: int) -> list[str]:
     lines = [
         "## 2. Measured on this machine: 8 fake CPU devices",
         "",
-        f"`{platform.processor() or platform.machine()}`, {os.cpu_count()} cores, "
-        f"jax {jax.__version__}, {datetime.date.today().isoformat()}. Model: {cfg.n_layers} "
+        f"`{platform.processor() or platform.machine()}`, {os.cpu_count()} cores (load average "
+        f"{os.getloadavg()[0]:.1f} at the end: other work shared them), jax {jax.__version__}, "
+        f"{datetime.date.today().isoformat()}. Model: {cfg.n_layers} "
         f"layers, d {cfg.d_model}, {cfg.n_heads} heads (MHA), d_ff {cfg.d_ff}, vocab "
         f"{cfg.vocab_size} ({cfg.num_params() / 1e6:.2f} M parameters, float32), random "
         f"weights; greedy `generate` of {len(prompts)} prompts x 16 tokens, {new_tokens} new "

@@ -134,14 +134,18 @@ def error_message(fn) -> str | None:
     return None
 
 
-def all_gathers(text: str) -> list[list[int]]:
-    """The result shapes of the all-gathers in compiled HLO text."""
-    shapes = []
+def all_gathers(text: str) -> dict[str, list[list[int]]]:
+    """The result shapes of the all-gathers in compiled HLO text: those of the program's entry
+    (run once per call) and those of the computations it calls (the loop body: every step)."""
+    found: dict[str, list[list[int]]] = {"entry": [], "step": []}
+    where = "step"
     for line in text.splitlines():
+        if not line.startswith(" ") and line.endswith("{"):
+            where = "entry" if line.startswith("ENTRY") else "step"
         if "all-gather(" in line or "all-gather-start(" in line:
             shape = re.search(r"=\s*\(?[a-z0-9]+\[([0-9,]*)\]", line).group(1)
-            shapes.append([int(d) for d in shape.split(",") if d])
-    return shapes
+            found[where].append([int(d) for d in shape.split(",") if d])
+    return found
 
 
 def programs() -> dict:
