@@ -22,6 +22,7 @@ import sys
 
 import jax
 import pytest
+from absl import flags
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
@@ -155,6 +156,18 @@ def test_shard_rejects_what_is_not_a_model():
 def test_initialize_rejects_bad_arguments(args, message):
     with pytest.raises(ValueError, match=message):
         sharding.initialize(*args)
+
+
+def test_the_multi_process_flags_default_to_one_process():
+    values = flags.FlagValues()
+    sharding.define_flags(values)
+    sharding.define_flags(values)  # a second program module defining them again is harmless
+    values(["program"])
+    assert (values.coordinator_address, values.num_processes, values.process_id) == (None, 1, 0)
+    sharding.initialize_from_flags(values)  # one process: nothing to join
+    values(["program", "--num_processes=2"])
+    with pytest.raises(ValueError, match="--num_processes=2 needs --coordinator_address"):
+        sharding.initialize_from_flags(values)
 
 
 # --- On 8 devices (subprocesses) -----------------------------------------------------------------
