@@ -14,12 +14,12 @@ Conventions (every caller relies on them):
   ValueError naming the axis.
 - Embeddings and the output head are split over the vocabulary (``model?``): each device holds V/M
   rows, the lookup is a masked gather plus an all-reduce of ``[B, T, D]``, and the logits come out
-  split over V (the sampler's reductions over V are partitioned by XLA). Replicating them instead
-  is a one-line change of the table.
+  split over V; the sampler all-gathers each step's ``[B, V]`` logits (a row's worth of bytes per
+  token, far below any weight matrix). Replicating them instead is a one-line change of the table.
 - The sharded model remembers its mesh (``model.mesh``). ``Transformer.__call__`` calls
   ``constrain_inputs`` so that every program that runs the model (generate, speculative decoding,
   beam search, the serving engine, training) lays its token block over ``data`` and its KV cache
-  over ``data`` and ``model`` (``cache_spec``) without knowing about meshes. A batch of one row (a
+  over ``data`` and its KV heads over ``model`` (``cache_spec``) without knowing about meshes. A batch of one row (a
   serving engine prefilling one request) is replicated over ``data``; any other batch must be
   divisible by the ``data`` axis.
 - The KV cache layout is named by ``CACHE_LAYOUT`` (one letter per dimension, DESIGN.md's
