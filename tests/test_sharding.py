@@ -184,9 +184,8 @@ def test_greedy_tokens_and_logits_on_a_mesh_equal_one_device(checks, position, a
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mesh", ["2x4", "1x8"])
-def test_generate_on_a_mesh_equals_one_device(checks, mesh):
-    result = checks["programs"][f"generate/{mesh}"]
+def test_generate_on_a_mesh_equals_one_device(checks):
+    result = checks["programs"]["generate/2x4"]
     assert result["tokens_equal"]
     assert result["max_logprob_diff"] <= 1e-5
 
@@ -220,6 +219,13 @@ def test_speculative_decoding_and_the_engine_on_a_mesh_equal_one_device(checks):
     programs = checks["programs"]
     assert programs["speculative"]["tokens_equal"]
     assert programs["engine"] == {"tokens_equal": True, "requests": 8}
+
+
+@pytest.mark.slow
+def test_beam_search_on_a_mesh_equals_one_device(checks):
+    result = checks["programs"]["beam"]
+    assert result["tokens_equal"]
+    assert result["max_score_diff"] <= 1e-5
 
 
 @pytest.mark.slow
