@@ -1,4 +1,4 @@
-"""Data- and tensor-parallel layout on a ``jax.sharding.Mesh``: one table of rules, the same programs.
+"""Data- and tensor-parallel layout on a ``jax.sharding.Mesh``: one table of rules, same programs.
 
 Conventions (every caller relies on them):
 
@@ -19,14 +19,14 @@ Conventions (every caller relies on them):
 - The sharded model remembers its mesh (``model.mesh``). ``Transformer.__call__`` calls
   ``constrain_inputs`` so that every program that runs the model (generate, speculative decoding,
   beam search, the serving engine, training) lays its token block over ``data`` and its KV cache
-  over ``data`` and its KV heads over ``model`` (``cache_spec``) without knowing about meshes. A batch of one row (a
-  serving engine prefilling one request) is replicated over ``data``; any other batch must be
-  divisible by the ``data`` axis.
+  over ``data`` and its KV heads over ``model`` (``cache_spec``) without knowing about meshes. A
+  batch of one row (a serving engine prefilling one request) is replicated over ``data``; any
+  other batch must be divisible by the ``data`` axis.
 - The KV cache layout is named by ``CACHE_LAYOUT`` (one letter per dimension, DESIGN.md's
   letters); ``cache_spec`` derives the PartitionSpec from it, so a cache laid out head-major
   (``"LBKSH"``) needs only that string changed.
-- Several processes (hosts) form one mesh after ``initialize`` (``jax.distributed``); the experiment
-  programs call ``define_flags()`` at import and ``initialize_from_flags()`` first thing in ``main``.
+- Several processes (hosts) form one mesh after ``initialize`` (``jax.distributed``); experiment
+  programs call ``define_flags()`` at import and ``initialize_from_flags()`` first in ``main``.
 """
 
 from __future__ import annotations

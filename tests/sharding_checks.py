@@ -1,9 +1,9 @@
 """Checks of decodelab.sharding on fake CPU devices, run by tests/test_sharding.py in subprocesses
 (the device count is fixed when JAX starts, and the rest of the suite keeps one device).
 
-    PYTHONPATH=. python tests/sharding_checks.py matrix 8x1 1x8   # encodings x attention on meshes
-    PYTHONPATH=. python tests/sharding_checks.py programs          # generate, sampling, speculative, engine, ...
-    PYTHONPATH=. python tests/sharding_checks.py process ADDRESS NUM_PROCESSES PROCESS_ID   # one of several
+    PYTHONPATH=. python tests/sharding_checks.py matrix 8x1 1x8  # encodings x attention x meshes
+    PYTHONPATH=. python tests/sharding_checks.py programs  # generate, speculative, engine, ...
+    PYTHONPATH=. python tests/sharding_checks.py process ADDRESS NUM_PROCESSES PROCESS_ID
 
 Each prints one JSON object on its last line: the measured values the tests assert on.
 """
@@ -47,7 +47,10 @@ B, STEPS = 8, 6
 
 
 def config(position: str = "rope", kv_heads: int = 2, **changes) -> dl.ModelConfig:
-    fields = dict(vocab_size=512, d_model=64, n_layers=2, n_heads=8, n_kv_heads=kv_heads,
+    # One layer: what sharding changes (heads split under a bias, rotations, added tables, the
+    # cache, the all-reduces back into the residual stream) is all in one layer, and each layer
+    # adds compile time to every check.
+    fields = dict(vocab_size=512, d_model=64, n_layers=1, n_heads=8, n_kv_heads=kv_heads,
                   d_ff=256, max_seq_len=64, position=position)
     return dl.ModelConfig(**{**fields, **changes})
 
@@ -97,9 +100,7 @@ def greedy_through_cache(models: list[dl.Transformer], steps: int = STEPS):
 def matrix(meshes: list[tuple[int, int]]) -> dict:
     """Every (position encoding, attention) on each of ``meshes`` against one device."""
     cases = [(p, a) for p in POSITIONS for a in ATTENTION]
-    # One layer: what sharding changes per encoding (heads split under a bias, rotations, added
-    # tables, the cache) is all in one layer; programs() decodes a two-layer model.
-    models = [model_of(config(p, ATTENTION[a], n_layers=1)) for p, a in cases]
+    models = [model_of(config(p, ATTENTION[a])) for p, a in cases]
     refs = greedy_through_cache(models)
     out = {}
     for mesh in meshes:
@@ -189,7 +190,7 @@ def programs() -> dict:
 
     lap("decode loop text")
     # speculative decoding with a sharded target and draft; greedy, so equal to generate's tokens
-    draft = sharding.shard(model_of(config("rope", 2, n_layers=1), seed=1),
+    draft = sharding.shard(model_of(config("rope", 2, d_ff=128), seed=1),
                            sharding.make_mesh(2, 4))
     got = dl.speculative_generate(smodel, draft, rows, greedy, 3, STEPS, seed=0)
     out["speculative"] = {"tokens_equal": bool((got.tokens == ref.tokens).all())}

@@ -264,7 +264,7 @@ def test_two_processes_generate_on_one_mesh_like_one_device(checks):
         assert result["tokens"] == checks["programs"]["reference_tokens"]
 
 
-# --- The plan of results/sharding.md ---------------------------------------------------------------
+# --- The plan of results/sharding.md --------------------------------------------------------------
 
 
 def test_the_plan_counts_one_layers_bytes(tiny_config):
