@@ -17,6 +17,9 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
     config.tokenizer = config_dict.ConfigDict(dict(vocab_size=4096, model_type="bpe"))
     # Model architecture: a named preset, each field overridable.
     config.model = model_section(arg or "small")
+    # Device mesh (decodelab.sharding): rows over `data`, heads and MLP units over `model`;
+    # 1 x 1 is one device. E.g. --config.mesh.data=2 --config.mesh.model=4 on 8 devices.
+    config.mesh = config_dict.ConfigDict(dict(data=1, model=1))
     # Optimisation: the shared recipe (decodelab.presets.TRAIN_RECIPE; TrainConfig documents each field).
     config.train = train_section()
     # Report: validation batch size; one held-out prompt per test play, continued greedily and

@@ -29,6 +29,9 @@ from decodelab.sampling import SamplingParams
 from decodelab.beam import BeamSearchOutput, beam_search
 from decodelab.speculative import NgramDrafter, SpeculativeOutput, speculative_generate
 
+# Scale: data and tensor parallel on a device mesh
+from decodelab.sharding import make_mesh, shard
+
 __all__ = [
     "KVCache",
     "ModelConfig",
@@ -55,4 +58,7 @@ __all__ = [
     "NgramDrafter",
     "SpeculativeOutput",
     "speculative_generate",
+    # Scale
+    "make_mesh",
+    "shard",
 ]

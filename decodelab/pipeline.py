@@ -176,13 +176,14 @@ class TrainedModel:
 
 def load_or_train(tokenizer_cfg: Any, model_cfg_section: Any, train_cfg: Any,
                   workdir: str | os.PathLike, *, resume: bool = True,
-                  progress: bool = True) -> TrainedModel:
+                  progress: bool = True, mesh: Any = None) -> TrainedModel:
     """The model of these configs: loaded if finished, continued if interrupted, else trained.
 
     ``model_cfg_section`` holds every ModelConfig field but ``vocab_size`` (``presets.model_section``);
     ``train_cfg`` is a TrainConfig or its fields. ``resume=False`` refuses to reuse or continue
     existing checkpoints (as ``train.train`` does), for programs that want a fresh run made explicit.
-    ``tokenizer_cfg`` may name a pretrained model's tokenizer (module docstring).
+    ``tokenizer_cfg`` may name a pretrained model's tokenizer (module docstring). ``mesh`` trains
+    on a device mesh (``train.train``); it is not part of the cache key.
     """
     fields = _as_dict("model_cfg_section", model_cfg_section)
     if presets.is_pretrained(fields):
@@ -195,7 +196,8 @@ def load_or_train(tokenizer_cfg: Any, model_cfg_section: Any, train_cfg: Any,
     spec = {"tokenizer": _tokenizer_args(tokenizer_cfg), "model": model_cfg.to_dict(),
             "train": train_cfg.to_dict()}
     return _load_or_run(pathlib.Path(workdir) / "models" / key, spec, tokenizer, model_cfg,
-                        train_cfg, train.NextToken(), resume=resume, progress=progress)
+                        train_cfg, train.NextToken(), resume=resume, progress=progress,
+                        mesh=mesh)
 
 
 def load_or_distill(tokenizer_cfg: Any, teacher_cfg_section: Any, teacher_train_cfg: Any,
@@ -231,7 +233,8 @@ def _train_config(train_cfg: Any) -> train.TrainConfig:
 def _load_or_run(directory: pathlib.Path, spec: dict[str, Any],
                  tokenizer: Tokenizer | PretrainedTokenizer,
                  model_cfg: ModelConfig, train_cfg: train.TrainConfig,
-                 objective: train.Objective, *, resume: bool, progress: bool) -> TrainedModel:
+                 objective: train.Objective, *, resume: bool, progress: bool,
+                 mesh: Any = None) -> TrainedModel:
     """Load the finished model in ``directory``, or continue or start its training run."""
     checkpoints = directory / "checkpoints"
     with _lock(directory.with_suffix(".lock")):
@@ -258,7 +261,8 @@ def _load_or_run(directory: pathlib.Path, spec: dict[str, Any],
             manager.close()
         result = train.train(model_cfg, train_cfg, data.token_stream(tokenizer, "train"),
                              tokenizer=tokenizer, checkpoint_dir=checkpoints,
-                             resume=latest is not None, progress=progress, objective=objective)
+                             resume=latest is not None, progress=progress, objective=objective,
+                             mesh=mesh)
         history += result.history
         _write_atomic(history_path, json_dumps(history).encode("utf-8"))
     return TrainedModel(result.model, tokenizer, directory, result.step, result.resumed_from,

@@ -25,9 +25,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from jax.sharding import Mesh
 from tqdm.auto import tqdm
 
-from decodelab import checkpoint
+from decodelab import checkpoint, sharding
 from decodelab.config import ModelConfig
 from decodelab.convert.tokenizer import PretrainedTokenizer
 from decodelab.data import PackedBatches
@@ -239,6 +240,7 @@ def train(
     progress: bool = True,
     extra_meta: dict[str, Any] | None = None,
     objective: Objective = NextToken(),
+    mesh: Mesh | None = None,
 ) -> TrainResult:
     """Train a Transformer of ``model_cfg`` on ``train_stream`` (int token ids ``[N]``) to
     minimise ``objective`` (next-token cross-entropy by default).
@@ -247,7 +249,9 @@ def train(
     are written every ``tc.checkpoint_every`` steps and at the end. ``resume=True`` continues from
     the latest checkpoint there; a directory that already holds checkpoints without ``resume`` is
     an error rather than a silent overwrite. ``stop_after`` ends the run early at that step (as an
-    interruption would), for tests and for splitting a run.
+    interruption would), for tests and for splitting a run. ``mesh`` (``sharding.make_mesh``)
+    trains data- and tensor-parallel: parameters and optimizer state laid out by
+    ``sharding.PARAM_RULES``, batches split over its ``data`` axis.
 
     A loss or gradient that stops being finite raises ``TrainingDiverged`` naming the first such
     step, at the next step that logs or saves; no checkpoint from that step on is written.
@@ -262,6 +266,8 @@ def train(
     batches = PackedBatches(train_stream, tc.batch_size, tc.seq_len, tc.seed)
     tx = make_optimizer(tc)
     model = Transformer(model_cfg, rngs=nnx.Rngs(tc.seed))
+    if mesh is not None:
+        model = sharding.shard(model, mesh)
     graphdef, params = nnx.split(model)
     opt_state = tx.init(params)
     start, resumed_from, manager = 0, None, None
@@ -289,6 +295,8 @@ def train(
             restored, opt_state = checkpoint.restore(
                 manager, latest, model_cfg, jax.eval_shape(tx.init, params))
             params = nnx.state(restored)
+            if mesh is not None:
+                params, opt_state = sharding.shard_tree((params, opt_state), mesh)
             start = resumed_from = latest
 
     def save(step_done: int) -> None:

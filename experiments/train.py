@@ -14,7 +14,7 @@ import numpy as np
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from decodelab import data, experiment, pipeline, quality, train
+from decodelab import data, experiment, pipeline, quality, sharding, train
 from decodelab.decode import generate
 from decodelab.sampling import SamplingParams
 from decodelab.tokenizer import Tokenizer
@@ -25,6 +25,7 @@ _WORKDIR = flags.DEFINE_string("workdir", "runs/train", "Folder for the summary 
                                "tokenizer and checkpoints (see decodelab/pipeline.py).")
 _RESUME = flags.DEFINE_bool("resume", False, "Reuse or continue this config's checkpoints in "
                             "--workdir (without it, existing checkpoints are an error).")
+sharding.define_flags()  # --coordinator_address --num_processes --process_id: several hosts
 
 
 def held_out_prompts(tokenizer: Tokenizer, prompt_tokens: int, new_tokens: int):
@@ -67,6 +68,7 @@ def quality_table(model, tokenizer: Tokenizer, pairs, report) -> dict[str, dict]
 
 def main(argv) -> None:
     experiment.check_no_arguments(argv)
+    sharding.initialize_from_flags()
     logging.set_verbosity(logging.WARNING)  # Orbax logs every checkpoint step at INFO
     config = _CONFIG.value
     workdir = pathlib.Path(_WORKDIR.value)
@@ -75,14 +77,19 @@ def main(argv) -> None:
     workdir.mkdir(parents=True, exist_ok=True)
 
     train_cfg = train.TrainConfig(**config.train.to_dict())
+    mesh = sharding.mesh_from_config(config.mesh)
     result = pipeline.load_or_train(config.tokenizer, config.model, train_cfg, workdir,
-                                    resume=_RESUME.value)
+                                    resume=_RESUME.value, mesh=mesh)
     tokenizer, model_cfg = result.tokenizer, result.model.config
+    # The report decodes one prompt per test play, a batch the data axis need not divide: it runs
+    # tensor parallel only.
+    model = (result.model if mesh is None else
+             sharding.shard(result.model, sharding.make_mesh(model=config.mesh.model)))
     print(f"model: {model_cfg.num_params():,} parameters, trained {result.step} steps; "
           f"checkpoints in {result.directory}")
 
     windows = data.eval_windows(data.token_stream(tokenizer, "validation"), train_cfg.seq_len)
-    metrics = train.evaluate(result.model, windows, config.report.eval_batch_size)
+    metrics = train.evaluate(model, windows, config.report.eval_batch_size)
     print(f"validation: loss {metrics['loss']:.4f} nats/token, perplexity {metrics['perplexity']:.2f}"
           f" over {metrics['tokens']:,} tokens at context {train_cfg.seq_len}")
 
@@ -92,7 +99,7 @@ def main(argv) -> None:
     strategies = {"greedy": SamplingParams.greedy(), **{
         name: SamplingParams(**settings.to_dict())
         for name, settings in config.report.sampling.items()}}
-    outputs = {name: generate(result.model, prompts, params, config.report.new_tokens,
+    outputs = {name: generate(model, prompts, params, config.report.new_tokens,
                               seed=config.report.seed, eos_ids=[tokenizer.eos_id])
                for name, params in strategies.items()}
     samples = []
@@ -106,7 +113,7 @@ def main(argv) -> None:
                   f"{out.finish_reason[i]}) ---\n{sample[name]}")
         print("--- true continuation ---\n" + sample["reference"])
         samples.append(sample)
-    table = quality_table(result.model, tokenizer, pairs, config.report)
+    table = quality_table(model, tokenizer, pairs, config.report)
     summary = {"validation": metrics, "steps": result.step, "model_config": model_cfg.to_dict(),
                "train_config": train_cfg.to_dict(), "samples": samples, "quality": table,
                "history": result.history}

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from decodelab import sharding
 from decodelab.cache import KVCache
 from decodelab.config import ModelConfig
 from decodelab.model import attention
@@ -150,6 +151,7 @@ class Transformer(nnx.Module):
                 f"reach position {reach - 1} ({'cache max_len' if cache else 'sequence length'} "
                 f"{reach}); use a shorter input or an encoding without a table")
 
+        tokens, cache = sharding.constrain_inputs(self, tokens, cache)  # no-op without a mesh
         x = self.embed(tokens)  # [B, T, D]
         x = self.positions.embed(x, q_pos)
         # [B, N, T, S] or None, shared by all layers; the blocked path makes its own per block.
