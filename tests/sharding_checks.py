@@ -34,7 +34,7 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 import decodelab as dl  # noqa: E402
-from decodelab import decode, request, sampling, sharding, train  # noqa: E402
+from decodelab import data, decode, request, sampling, sharding, train  # noqa: E402
 from decodelab.cache import KVCache  # noqa: E402
 from decodelab.serving import Request, SlotEngine  # noqa: E402
 
@@ -231,8 +231,9 @@ def programs() -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         corpus = os.path.join(tmp, "corpus.txt")
         with open(corpus, "w") as f:
-            f.write("to be or not to be that is the question\n" * 50)
-        tokenizer = dl.Tokenizer.train([corpus], vocab_size=300)  # a checkpoint embeds one
+            f.write(data.split_documents("train")["hamlet"])
+        # a checkpoint embeds a tokenizer of the model's vocabulary
+        tokenizer = dl.Tokenizer.train([corpus], vocab_size=model.config.vocab_size)
         dl.save_checkpoint(os.path.join(tmp, "ckpt"), smodel, tokenizer)
         ref_leaves = jax.tree.leaves(jax.device_get(nnx.state(model)))
         for mesh in [(4, 2), (1, 8)]:
