@@ -104,29 +104,53 @@ def ends_with_stop(state: DecodeState, lengths: jax.Array) -> jax.Array:
 
 
 def _sample_and_record(state: DecodeState) -> DecodeState:
-    """Sample each running row's next token from ``state.logits`` and record it."""
+    """Sample each running row's next token from ``state.logits`` and record it.
+
+    What runs depends on ``state.params.plan``: a greedy plan is the argmax of the scores before
+    temperature (``sampling.greedy_scores``), whose processed distribution is that one token with
+    log-probability 0, so no softmax and no random numbers; otherwise the processed distribution
+    is formed and sampled."""
     B, S = state.tokens.shape
     N = state.max_new_tokens
     running = ~state.done
     logits = state.logits
-    logprobs = sampling.processed_logprobs(logits, state.params, state.history)  # [B, V]
-    bad_logits = jnp.any(jnp.isnan(logits) | (logits == jnp.inf), axis=-1)
-    no_token = ~jnp.any(logprobs > -jnp.inf, axis=-1)
-    # A greedy row's distribution is one token, so argmax draws it too; when every row is greedy
-    # this skips generating B x V random numbers per step.
-    token = jax.lax.cond(
-        jnp.all(state.params.temperature == 0.0),
-        lambda: sampling.argmax(logprobs),
-        lambda: sampling.sample_tokens(logprobs, sampling.row_keys(state.keys, state.lengths)),
-    )  # [B]
+    plan = state.params.plan
+    vocab = jnp.arange(logits.shape[-1], dtype=jnp.int32)[None, :]  # [1, V]
+    if plan.greedy:
+        scores = sampling.greedy_scores(logits, state.params, state.history)  # [B, V]
+        best = jnp.max(scores, axis=-1)  # [B]; NaN if the row holds NaN
+        token = sampling.argmax(scores)
+        if len(plan.processors()) == 1:  # temperature alone: the scores are the logits
+            bad_logits = jnp.isnan(best) | (best == jnp.inf)
+        else:  # a ban may have hidden a NaN
+            bad_logits = jnp.any(jnp.isnan(logits) | (logits == jnp.inf), axis=-1)
+        no_token = best == -jnp.inf
+        chosen = jnp.zeros((B,), jnp.float32)
+        distribution = lambda: jnp.where(vocab == token[:, None], 0.0, -jnp.inf)  # noqa: E731
+    else:
+        logprobs = sampling.processed_logprobs(logits, state.params, state.history)  # [B, V]
+        bad_logits = jnp.any(jnp.isnan(logits) | (logits == jnp.inf), axis=-1)
+        no_token = ~jnp.any(logprobs > -jnp.inf, axis=-1)
+        keys = sampling.row_keys(state.keys, state.lengths)
+        if plan.active is None:
+            # A greedy row's distribution is one token, so argmax draws it too; when every row is
+            # greedy this skips generating B x V random numbers per step.
+            token = jax.lax.cond(jnp.all(state.params.temperature == 0.0),
+                                 lambda: sampling.argmax(logprobs),
+                                 lambda: sampling.sample_tokens(logprobs, keys))  # [B]
+        else:
+            token = sampling.sample_tokens(logprobs, keys)  # [B]
+        chosen = jnp.take_along_axis(logprobs, token[:, None], axis=-1)[:, 0]
+        distribution = lambda: logprobs  # noqa: E731
     write = running & ~bad_logits & ~no_token
 
     rows = jnp.arange(B)
     slot = jnp.where(write, state.lengths, S)  # out of range: dropped
     out = jnp.where(write, state.num_generated, N)
     tokens = state.tokens.at[rows, slot].set(token, mode="drop")
-    chosen = jnp.take_along_axis(logprobs, token[:, None], axis=-1)[:, 0]
     record = dict(logprobs=state.logprobs.at[rows, out].set(chosen, mode="drop"))
+    if state.top_logprobs.shape[-1] or state.entropy.shape[-1]:
+        logprobs = distribution()  # [B, V], the processed distribution
     if state.top_logprobs.shape[-1]:
         top, ids = jax.lax.top_k(logprobs, state.top_logprobs.shape[-1])  # [B, n]
         record.update(top_logprobs=state.top_logprobs.at[rows, out].set(top, mode="drop"),

@@ -7,8 +7,19 @@ Conventions (every processor relies on them):
   never removes every token: each truncation keeps at least the most probable one.
 - A processor reads its per-row setting from ``RowParams`` (``sampling``) under its
   ``Parameter``'s name. The parameter's neutral value makes the processor exactly the identity for
-  that row (rows are selected with ``where``), and a processor neutral for every row costs nothing
-  (``lax.cond`` skips it).
+  that row.
+- What a compiled program contains is decided on the host, from the values, by ``Plan``: a
+  processor neutral in every row is not in the program at all; one enabled in every row is applied
+  to every row; one enabled in some rows is applied and its rows selected with ``where``. When
+  every row is greedy (temperature 0) the truncations after temperature are left out (they keep
+  the one token greedy keeps). The plan is static: a sweep over the *values* of the enabled
+  processors runs one program, and a different *set* (a processor switched on or off in every row,
+  greedy against sampled) compiles one more. ``Plan.ANY`` traces every processor and skips one
+  that no row enables at run time (``lax.cond``): the serving engine's plan, whose rows change
+  parameters without recompiling.
+- Top-k and top-p look at the ``Plan.candidates`` largest logits (``lax.top_k``) and fall back to
+  sorting the whole vocabulary only when some row needs more (``lax.cond``); both give exactly
+  the kept set of the full sort.
 - Adding a processor is one class (its ``parameter`` and its ``apply``) plus one line in
   ``PROCESSORS``: ``SamplingParams`` and ``RowParams`` take their fields, defaults, validation and
   storage dtype from the registry.
@@ -130,6 +141,50 @@ class History:
             valid.astype(jnp.int32), mode="drop")
 
 
+# --- Which processors a program contains ----------------------------------------------------------
+
+CANDIDATES = 256  # Plan.candidates' default
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The processors a compiled program contains, decided on the host from the parameter values:
+    a static (hashable) part of ``RowParams``, so one plan is one program.
+
+    ``active``: the names (``LogitsProcessor.name``) of the processors enabled in some row, or
+    None for every processor, each skipped at run time when no row enables it. ``uniform``: those
+    enabled in every row (applied without the per-row ``where``). ``greedy``: every row has
+    temperature 0. ``candidates``: how many of the largest logits top-k and top-p look at before
+    falling back to a full sort.
+    """
+
+    active: tuple[str, ...] | None
+    uniform: tuple[str, ...] = ()
+    greedy: bool = False
+    candidates: int = CANDIDATES
+
+    @classmethod
+    def of(cls, enabled: dict[str, np.ndarray], greedy: bool,
+           candidates: int = CANDIDATES) -> Plan:
+        """The plan for ``enabled``: processor name -> ``[B]`` bool (host arrays)."""
+        return cls(active=tuple(name for name, on in enabled.items() if on.any()),
+                   uniform=tuple(name for name, on in enabled.items() if on.all()),
+                   greedy=greedy, candidates=candidates)
+
+    def processors(self) -> tuple[LogitsProcessor, ...]:
+        """The processors in the program, in pipeline order; for a greedy plan, up to temperature."""
+        chosen = []
+        for processor in PROCESSORS:
+            if self.active is None or processor.name in self.active:
+                chosen.append(processor)
+            if self.greedy and isinstance(processor, Temperature):
+                break
+        return tuple(chosen)
+
+
+Plan.ANY = Plan(active=None)
+
+
 # --- Processors -----------------------------------------------------------------------------------
 
 
@@ -179,7 +234,7 @@ class LogitsProcessor(abc.ABC):
 
     ``parameter`` is the per-row setting it owns (None for one that reads only ``logit_bias``).
     ``enabled`` says which rows it acts on (by default: those whose setting is not neutral); the
-    others pass through unchanged, and when no row is enabled the step is skipped at run time.
+    others pass through unchanged. ``params.plan`` says whether it is in the program at all.
     """
 
     parameter: ClassVar[Parameter | None] = None
@@ -187,21 +242,34 @@ class LogitsProcessor(abc.ABC):
     # logits alone.
     reads_history: ClassVar[bool] = False
 
+    @property
+    def name(self) -> str:
+        return self.parameter.name
+
     def enabled(self, params: RowParams) -> jax.Array:
         """``[B]`` bool."""
         return getattr(params, self.parameter.name) != self.parameter.neutral
+
+    def enabled_on_host(self, values: dict[str, np.ndarray]) -> np.ndarray:
+        """``[B]`` bool from the host arrays ``RowParams`` is built from (its fields by name)."""
+        return values[self.parameter.name] != self.parameter.neutral
 
     @abc.abstractmethod
     def apply(self, logits: jax.Array, params: RowParams, history: History) -> jax.Array:
         """The processed logits of every row (only enabled rows are kept)."""
 
     def __call__(self, logits: jax.Array, params: RowParams, history: History) -> jax.Array:
+        plan = params.plan
+        if plan.active is not None and self.name in plan.uniform:
+            return self.apply(logits, params, history)
         on = self.enabled(params)  # [B]
 
         def run(logits):
             return jnp.where(on[:, None], self.apply(logits, params, history), logits)
 
-        return jax.lax.cond(jnp.any(on), run, lambda logits: logits, logits)
+        if plan.active is None:
+            return jax.lax.cond(jnp.any(on), run, lambda logits: logits, logits)
+        return run(logits)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -288,8 +356,15 @@ class NoRepeatNgram(LogitsProcessor):
 class LogitBias(LogitsProcessor):
     """Add the row's bias; banned tokens carry ``-inf``."""
 
+    @property
+    def name(self) -> str:
+        return "logit_bias"
+
     def enabled(self, params):
         return jnp.any(params.logit_bias != 0.0, axis=-1)
+
+    def enabled_on_host(self, values):
+        return np.any(values["logit_bias"] != 0.0, axis=-1)
 
     def apply(self, logits, params, history):
         return logits + params.logit_bias
@@ -361,8 +436,19 @@ class TopK(LogitsProcessor):
 
     def apply(self, logits, params, history):
         k = params.top_k[:, None]  # [B, 1]
-        descending = -jnp.sort(-logits, axis=-1)
-        kth = jnp.take_along_axis(descending, jnp.maximum(k - 1, 0), axis=-1)  # [B, 1]
+        C, V = params.plan.candidates, logits.shape[-1]
+
+        def kth(descending):  # [B, C or V] -> [B, 1]
+            return jnp.take_along_axis(descending, jnp.maximum(k - 1, 0), axis=-1)
+
+        def from_sort():
+            return kth(-jnp.sort(-logits, axis=-1))
+
+        if C >= V:
+            kth = from_sort()
+        else:  # the C largest hold the k-th largest of every row with k <= C
+            kth = jax.lax.cond(jnp.any(k > C), from_sort,
+                               lambda: kth(jax.lax.top_k(logits, C)[0]))
         above = logits > kth
         tied = logits == kth
         room = k - jnp.sum(above, axis=-1, keepdims=True)  # tied tokens that still fit, >= 1
@@ -380,7 +466,20 @@ class TopP(LogitsProcessor):
             "sampling): a token stays if the mass before it is < p."))
 
     def apply(self, logits, params, history):
-        return _keep_top_mass(logits, -logits, params.top_p)
+        C, V = params.plan.candidates, logits.shape[-1]
+        mass = params.top_p
+        if C >= V:
+            return _keep_top_mass(logits, -logits, mass)
+        # The C most probable tokens, with the probabilities softmax gives them over all V.
+        top = jax.lax.top_k(logits, C)[0]  # [B, C] descending
+        best = jnp.max(logits, axis=-1, keepdims=True)  # [B, 1]
+        total = jnp.sum(jnp.exp(logits - best), axis=-1, keepdims=True)  # [B, 1]
+        before = exclusive_cumsum(jnp.exp(top - best) / total)  # [B, C]
+        n_keep = jnp.sum(before < mass[:, None], axis=-1)  # [B], in [1, C]
+        cutoff = jnp.take_along_axis(top, (n_keep - 1)[:, None], axis=-1)  # [B, 1]
+        # A row that keeps all C candidates may need more: then sort the whole vocabulary.
+        return jax.lax.cond(jnp.any(n_keep >= C), lambda: _keep_top_mass(logits, -logits, mass),
+                            lambda: _remove(logits, logits >= cutoff))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -122,7 +122,7 @@ def _empty_state(config, num_slots: int, max_len: int, max_stops: int, stop_widt
         cache=KVCache.init(config, batch_size=B, max_len=S),
         logits=jnp.zeros((B, V), jnp.float32),
         keys=sampling.seed_keys(np.zeros((B,), np.uint32)),
-        params=SamplingParams.greedy().per_row(B, V),
+        params=SamplingParams.greedy().per_row(B, V).with_any_plan(),
         eos_mask=jnp.asarray(eos_mask),
         stop_ids=jnp.full((B, max_stops, stop_width), -1, jnp.int32),
         budgets=jnp.zeros((B,), jnp.int32),
@@ -277,7 +277,8 @@ class SlotEngine:
             stops[0, m, self.max_stop_width - len(s):] = s
         row = decode.prefill(self._weights, block, np.asarray([P], np.int32),
                              sampling.seed_keys(np.asarray([request.seed], np.uint32)),
-                             request.params.per_row(1, self.vocab_size), self._eos_mask, stops,
+                             request.params.per_row(1, self.vocab_size).with_any_plan(),
+                             self._eos_mask, stops,
                              graphdef=self._graphdef, max_len=self.max_len,
                              max_new_tokens=self.max_len, top_n=0, with_entropy=False)
         row = row.replace(budgets=jnp.asarray([request.max_new_tokens], jnp.int32))
