@@ -11,6 +11,10 @@ Conventions (every caller relies on them):
   input (sampling parameters, seeds, prompt lengths within a bucket) is an array value, so the
   programs compile once per (batch size, prompt bucket, ``max_new_tokens``, ``max_len``, number
   and width of stop sequences, output options).
+- What sampling runs is the static ``sampling.Plan`` of the parameters (in ``RowParams``): the
+  processors no row enables are not in the program, greedy is an argmax, and the counts the
+  penalties read are carried in the state and updated by each sampled token. A sweep over values
+  compiles once; a new set of enabled processors compiles once more.
 - The token at position p of row b is drawn with ``fold_in(request key b, p)``
   (``sampling.row_keys``; the request keys come from the seeds, see ``request``).
 - A row stops at the first of: an EOS id ("eos"), the end of a stop sequence ("stop"),
@@ -68,6 +72,9 @@ class DecodeState:
     top_logprobs: jax.Array  # [B, N, n] float32 (n = 0 unless requested)
     top_ids: jax.Array  # [B, N, n] int32
     entropy: jax.Array  # [B, N] float32 in nats, or [B, 0] unless requested
+    # Carried only when the plan has a penalty that reads them (else None: see `carried_counts`).
+    output_counts: jax.Array | None = None  # [B, V] int32, occurrences in the output
+    seen: jax.Array | None = None  # [B, V] bool, occurs in the prompt or the output
 
     @property
     def done(self) -> jax.Array:  # [B] bool
@@ -84,7 +91,19 @@ class DecodeState:
     @property
     def history(self) -> sampling.History:
         return sampling.History(tokens=self.tokens, prompt_lengths=self.prompt_lengths,
-                                lengths=self.lengths, eos_mask=self.eos_mask)
+                                lengths=self.lengths, eos_mask=self.eos_mask,
+                                output_counts=self.output_counts, seen=self.seen)
+
+
+def carried_counts(history: sampling.History, plan: sampling.Plan,
+                   vocab_size: int) -> dict[str, jax.Array | None]:
+    """The counts a loop under ``plan`` carries, from ``history``: output occurrences when
+    frequency or presence penalties are on, the seen tokens when the repetition penalty is;
+    None for the others (and for every field under ``Plan.ANY``)."""
+    output = plan.carries("frequency_penalty") or plan.carries("presence_penalty")
+    return dict(
+        output_counts=history.output_occurrences(vocab_size) if output else None,
+        seen=history.seen_tokens(vocab_size) if plan.carries("repetition_penalty") else None)
 
 
 def ends_with_stop(state: DecodeState, lengths: jax.Array) -> jax.Array:
@@ -160,6 +179,12 @@ def _sample_and_record(state: DecodeState) -> DecodeState:
         entropy = -jnp.sum(jnp.where(p > 0, p * logprobs, 0.0), axis=-1)
         record.update(entropy=state.entropy.at[rows, out].set(entropy, mode="drop"))
 
+    counted = jnp.where(write, token, logits.shape[-1])  # out of range: dropped
+    if state.output_counts is not None:
+        record.update(output_counts=state.output_counts.at[rows, counted].add(1, mode="drop"))
+    if state.seen is not None:
+        record.update(seen=state.seen.at[rows, counted].set(True, mode="drop"))
+
     lengths = state.lengths + write.astype(jnp.int32)
     state = state.replace(tokens=tokens, **record)
     code = jnp.select(
@@ -219,7 +244,7 @@ def prefill(weights, block, prompt_lengths, keys, params, eos_mask, stop_ids, *,
         top_ids=jnp.full((B, N, top_n), PAD_TOKEN, jnp.int32),
         entropy=jnp.full((B, N if with_entropy else 0), jnp.nan, jnp.float32),
     )
-    return state
+    return state.replace(**carried_counts(state.history, params.plan, model.config.vocab_size))
 
 
 def _body(weights, state: DecodeState, *, graphdef) -> DecodeState:

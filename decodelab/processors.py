@@ -125,13 +125,29 @@ class History:
     prompt_lengths: jax.Array  # [B] int32
     lengths: jax.Array  # [B] int32, prompt + output tokens
     eos_mask: jax.Array  # [V] bool, the ids min_new_tokens suppresses
+    # What a decode loop carries instead of counting `tokens` every step (None: count them).
+    output_counts: jax.Array | None = None  # [B, V] int32, occurrences in the output
+    seen: jax.Array | None = None  # [B, V] bool, occurs in prompt or output
 
     @property
     def num_generated(self) -> jax.Array:  # [B]
         return self.lengths - self.prompt_lengths
 
+    def output_occurrences(self, vocab_size: int) -> jax.Array:
+        """``[B, V]`` int32: occurrences of each token in the output."""
+        if self.output_counts is not None:
+            return self.output_counts
+        return self.counts(vocab_size, output_only=True)
+
+    def seen_tokens(self, vocab_size: int) -> jax.Array:
+        """``[B, V]`` bool: the tokens that occur in the prompt or the output."""
+        if self.seen is not None:
+            return self.seen
+        return self.counts(vocab_size, output_only=False) > 0
+
     def counts(self, vocab_size: int, *, output_only: bool) -> jax.Array:
-        """``[B, V]`` int32: occurrences of each token in the output (or in prompt + output)."""
+        """``[B, V]`` int32: occurrences of each token in the output (or in prompt + output),
+        counted from ``tokens``."""
         B, S = self.tokens.shape
         slot = jnp.arange(S, dtype=jnp.int32)[None, :]  # [1, S]
         start = self.prompt_lengths[:, None] if output_only else jnp.zeros((B, 1), jnp.int32)
@@ -170,6 +186,11 @@ class Plan:
         return cls(active=tuple(name for name, on in enabled.items() if on.any()),
                    uniform=tuple(name for name, on in enabled.items() if on.all()),
                    greedy=greedy, candidates=candidates)
+
+    def carries(self, name: str) -> bool:
+        """Whether a decode loop under this plan carries the counts processor ``name`` reads
+        (``Plan.ANY`` carries none: its rows change parameters, so it counts every step)."""
+        return self.active is not None and name in self.active
 
     def processors(self) -> tuple[LogitsProcessor, ...]:
         """The processors in the program, in pipeline order; for a greedy plan, up to temperature."""
@@ -285,7 +306,7 @@ class RepetitionPenalty(LogitsProcessor):
             "by it, negative ones multiplied."))
 
     def apply(self, logits, params, history):
-        seen = history.counts(logits.shape[-1], output_only=False) > 0
+        seen = history.seen_tokens(logits.shape[-1])
         penalty = params.repetition_penalty[:, None]
         penalised = jnp.where(logits > 0, logits / penalty, logits * penalty)
         return jnp.where(seen, penalised, logits)
@@ -302,7 +323,7 @@ class FrequencyPenalty(LogitsProcessor):
             "OpenAI penalty on output tokens: logit -= frequency_penalty * count."))
 
     def apply(self, logits, params, history):
-        counts = history.counts(logits.shape[-1], output_only=True)
+        counts = history.output_occurrences(logits.shape[-1])
         return logits - params.frequency_penalty[:, None] * counts.astype(jnp.float32)
 
 
@@ -317,7 +338,7 @@ class PresencePenalty(LogitsProcessor):
             "OpenAI penalty on output tokens: logit -= presence_penalty * (count > 0)."))
 
     def apply(self, logits, params, history):
-        present = history.counts(logits.shape[-1], output_only=True) > 0
+        present = history.output_occurrences(logits.shape[-1]) > 0
         return logits - params.presence_penalty[:, None] * present.astype(jnp.float32)
 
 

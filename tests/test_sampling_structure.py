@@ -151,14 +151,20 @@ def test_a_top_p_step_sorts_only_in_its_fallback_branch(tiny):
 @pytest.mark.parametrize("params", [
     dl.SamplingParams.greedy(),
     dl.SamplingParams(temperature=0.0, repetition_penalty=1.3, banned_tokens=[3, 4]),
-    dl.SamplingParams(temperature=[0.8, 0.0, 1.2], top_p=[0.9, 1.0, 0.5], top_k=[0, 5, 40]),
+    dl.SamplingParams(temperature=[0.8, 0.0, 1.2], top_p=[0.9, 1.0, 0.5], top_k=[0, 5, 40],
+                      frequency_penalty=[0.5, 0.0, 0.3], presence_penalty=0.2),
 ], ids=["greedy", "greedy-penalised", "mixed"])
 def test_a_plan_records_exactly_what_the_any_plan_records(tiny, params):
+    """Same tokens, log-probabilities, top log-probabilities and entropies, bit for bit: the
+    greedy fast path reports what the processed distribution gives, and the penalty counts the
+    plan's loop carries are those ``Plan.ANY`` counts from the tokens every step."""
     outputs = []
     for any_plan in (False, True):
         graphdef, weights, state = initial_state(tiny, params, top_n=3, with_entropy=True,
                                                  any_plan=any_plan)
         assert (state.params.plan.active is None) == any_plan
+        penalised = "penalty" in " ".join(state.params.plan.active or ())
+        assert (state.seen is not None or state.output_counts is not None) == penalised
         final = decode.DECODE_LOOP.run(weights, state, graphdef=graphdef)
         outputs.append(jax.device_get((final.tokens, final.lengths, final.finish, final.logprobs,
                                        final.top_logprobs, final.top_ids, final.entropy)))
