@@ -156,9 +156,9 @@ def _sample_and_record(state: DecodeState) -> DecodeState:
             # greedy this skips generating B x V random numbers per step.
             token = jax.lax.cond(jnp.all(state.params.temperature == 0.0),
                                  lambda: sampling.argmax(logprobs),
-                                 lambda: sampling.sample_tokens(logprobs, keys))  # [B]
+                                 lambda: sampling.draw(logprobs, state.params, keys))  # [B]
         else:
-            token = sampling.sample_tokens(logprobs, keys)  # [B]
+            token = sampling.draw(logprobs, state.params, keys)  # [B]
         chosen = jnp.take_along_axis(logprobs, token[:, None], axis=-1)[:, 0]
         distribution = lambda: logprobs  # noqa: E731
     write = running & ~bad_logits & ~no_token

@@ -12,6 +12,9 @@ Conventions (every caller relies on them):
   sampled) is a different plan and compiles once more (see ``processors``).
 - ``processed_logprobs`` is the distribution that is sampled from, reported as the token's logprob,
   and used by speculative decoding's accept/reject test: one function, so the three never disagree.
+- ``draw`` samples a row with top-k in ``[1, Plan.candidates]`` among its candidates (Gumbel
+  noise over those, not the vocabulary): the same distribution, drawn from another stream than a
+  vocabulary-wide draw with the same key.
 - Randomness is per request. A request has a key: ``key(seed_r)`` for per-request seeds
   (``seed_keys``), and ``fold_in(key(seed), r)`` for row r of a batch under one int seed
   (``batch_keys``), so no (seed, row) pair shares a stream with another. The token at sequence
@@ -34,7 +37,7 @@ from flax import struct
 from decodelab.checks import check_size, is_int
 from decodelab.processors import CANDIDATES, PARAMETERS, PROCESSORS, History, Plan, argmax
 
-__all__ = ["History", "Plan", "RowParams", "SamplingParams", "argmax", "batch_keys",
+__all__ = ["History", "Plan", "RowParams", "SamplingParams", "argmax", "batch_keys", "draw",
            "greedy_scores", "process_logits", "processed_logprobs", "row_keys", "sample_tokens",
            "seed_keys"]
 
@@ -271,3 +274,29 @@ def row_keys(keys: jax.Array, positions: jax.Array) -> jax.Array:
 def sample_tokens(logprobs: jax.Array, keys: jax.Array) -> jax.Array:
     """``[B, V]`` log-probabilities and ``[B]`` keys -> ``[B]`` int32 draws, exactly from them."""
     return jax.vmap(jax.random.categorical)(keys, logprobs).astype(jnp.int32)
+
+
+def draw(logprobs: jax.Array, params: RowParams, keys: jax.Array) -> jax.Array:
+    """``[B, V]`` processed log-probabilities -> ``[B]`` int32 draws, exactly from them, drawing
+    among candidates where the kept set is known to be small.
+
+    A row with top-k in ``[1, C]`` (C = ``params.plan.candidates``) keeps at most k tokens, all
+    among its C most probable, so it draws among those C (Gumbel noise over C values, not V);
+    any other row draws over the whole vocabulary. The rule is per row, so a row's token depends
+    only on its own distribution and key; when every row draws among candidates the
+    vocabulary-wide draw is skipped."""
+    C, V = params.plan.candidates, logprobs.shape[-1]
+    plan = params.plan
+    if C >= V or not (plan.active is None or "top_k" in plan.active):
+        return sample_tokens(logprobs, keys)
+    narrow = (params.top_k >= 1) & (params.top_k <= C)  # [B]
+
+    def among_candidates():
+        top, ids = jax.lax.top_k(logprobs, C)  # [B, C]
+        pick = sample_tokens(top, keys)  # [B] in [0, C)
+        return jnp.take_along_axis(ids, pick[:, None], axis=-1)[:, 0].astype(jnp.int32)
+
+    def per_row():
+        return jnp.where(narrow, among_candidates(), sample_tokens(logprobs, keys))
+
+    return jax.lax.cond(jnp.all(narrow), among_candidates, per_row)

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import scipy.stats
 from flax import nnx
 
 import decodelab as dl
@@ -179,15 +180,17 @@ CAP = 16
 _process = jax.jit(sampling.process_logits)
 
 
+def empty_history(rows: int) -> sampling.History:
+    zeros = jnp.zeros((rows,), jnp.int32)
+    return sampling.History(tokens=jnp.zeros((rows, 1), jnp.int32), prompt_lengths=zeros,
+                            lengths=zeros, eos_mask=jnp.zeros((V,), bool))
+
+
 def kept(params: dl.SamplingParams, logits: np.ndarray, candidates: int) -> np.ndarray:
     """``[B, V]`` bool: the tokens the processed logits keep."""
     rows = logits.shape[0]
-    history = sampling.History(tokens=jnp.zeros((rows, 1), jnp.int32),
-                               prompt_lengths=jnp.zeros((rows,), jnp.int32),
-                               lengths=jnp.zeros((rows,), jnp.int32),
-                               eos_mask=jnp.zeros((V,), bool))
     row_params = params.per_row(rows, V, candidates=candidates)
-    return np.asarray(_process(jnp.asarray(logits), row_params, history)) > -np.inf
+    return np.asarray(_process(jnp.asarray(logits), row_params, empty_history(rows))) > -np.inf
 
 
 def random_logits(rows: int, seed: int) -> np.ndarray:
@@ -222,3 +225,42 @@ def test_a_nearly_flat_distribution_takes_the_fallback():
     np.testing.assert_array_equal(np.flatnonzero(out[0]), np.arange(224))
     np.testing.assert_array_equal(np.flatnonzero(out[1]), [3, 9])
     np.testing.assert_array_equal(out, kept(params, logits, candidates=V))
+
+
+# --- Drawing among candidates ----------------------------------------------------------------------
+
+_draw = jax.jit(sampling.draw)
+_logprobs = jax.jit(sampling.processed_logprobs)
+
+
+def test_a_draw_among_candidates_is_exactly_the_top_k_distribution():
+    """Chi-square at significance 1e-3 over 4000 rows (each its own key): top-k 4 of logits
+    log(0.4, 0.3, 0.2, 0.1, then 0.01 spread over the rest) draws among the 16 candidates, with
+    probabilities 0.4 / 0.3 / 0.2 / 0.1 renormalised over the four kept (total 1.0 of 1.01)."""
+    rows = 4000
+    p = np.full(V, 0.01 / (V - 4))
+    p[[10, 20, 30, 40]] = [0.4, 0.3, 0.2, 0.1]
+    params = dl.SamplingParams(top_k=4)
+    logits = np.tile(np.log(p).astype(np.float32), (rows, 1))
+    history = empty_history(rows)
+    row_params = params.per_row(rows, V, candidates=CAP)
+    logprobs = _logprobs(jnp.asarray(logits), row_params, history)
+    tokens = np.asarray(_draw(logprobs, row_params, sampling.batch_keys(0, rows)))
+    counts = np.bincount(tokens, minlength=V)
+    assert counts.sum() == counts[[10, 20, 30, 40]].sum()
+    expected = np.array([0.4, 0.3, 0.2, 0.1]) * rows
+    assert scipy.stats.chisquare(counts[[10, 20, 30, 40]], expected).pvalue > 1e-3
+
+
+def test_the_draw_rule_is_per_row():
+    """A top-k row draws the same token whether its batch-mate also draws among candidates (the
+    vocabulary-wide draw skipped) or not (both draws, selected per row)."""
+    logits = random_logits(2, seed=3)
+    keys = sampling.batch_keys(5, 2)
+    history = empty_history(2)
+    tokens = []
+    for top_k in ([6, 9], [6, 0]):
+        row_params = dl.SamplingParams(top_k=top_k).per_row(2, V, candidates=CAP)
+        logprobs = _logprobs(jnp.asarray(logits), row_params, history)
+        tokens.append(np.asarray(_draw(logprobs, row_params, keys)))
+    assert tokens[0][0] == tokens[1][0]
