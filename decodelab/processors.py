@@ -125,7 +125,8 @@ class History:
     prompt_lengths: jax.Array  # [B] int32
     lengths: jax.Array  # [B] int32, prompt + output tokens
     eos_mask: jax.Array  # [V] bool, the ids min_new_tokens suppresses
-    # What a decode loop carries instead of counting `tokens` every step (None: count them).
+    # What the decode loop carries instead of counting `tokens` every step (None: count them,
+    # as speculative decoding does, whose rounds rewind, and the serving engine's Plan.ANY).
     output_counts: jax.Array | None = None  # [B, V] int32, occurrences in the output
     seen: jax.Array | None = None  # [B, V] bool, occurs in prompt or output
 

@@ -11,6 +11,9 @@ Conventions (every caller relies on them):
   slots in one compiled ``lax.while_loop`` (a ``loop.CompiledLoop``); it stops early once no slot
   is running. Rows that have finished, and free slots, are carried without advancing, so
   ``step(n)`` gives the same tokens as ``n`` calls of ``step(1)``.
+- The state's sampling parameters run under ``sampling.Plan.ANY``: every processor is traced and
+  skipped at run time when no slot enables it, and the penalties count the tokens every step, so
+  a request with a new set of processors compiles nothing (``generate`` compiles per set).
 - Request ids are unique among the requests an engine holds: ``insert`` refuses an id that is
   decoding, and ``run`` refuses a list with a repeated id before anything runs.
 - The token at position p of a request is drawn with ``fold_in(key(seed), p)``, so a request's
