@@ -139,7 +139,7 @@ def _sample_and_record(state: DecodeState) -> DecodeState:
         scores = sampling.greedy_scores(logits, state.params, state.history)  # [B, V]
         best = jnp.max(scores, axis=-1)  # [B]; NaN if the row holds NaN
         token = sampling.argmax(scores)
-        if len(plan.processors()) == 1:  # temperature alone: the scores are the logits
+        if len(sampling.planned(plan)) == 1:  # temperature alone: the scores are the logits
             bad_logits = jnp.isnan(best) | (best == jnp.inf)
         else:  # a ban may have hidden a NaN
             bad_logits = jnp.any(jnp.isnan(logits) | (logits == jnp.inf), axis=-1)

@@ -35,10 +35,11 @@ import numpy as np
 from flax import struct
 
 from decodelab.checks import check_size, is_int
-from decodelab.processors import CANDIDATES, PARAMETERS, PROCESSORS, History, Plan, argmax
+from decodelab.processors import (CANDIDATES, PARAMETERS, PROCESSORS, History, Plan, argmax,
+                                  planned)
 
 __all__ = ["History", "Plan", "RowParams", "SamplingParams", "argmax", "batch_keys", "draw",
-           "greedy_scores", "process_logits", "processed_logprobs", "row_keys", "sample_tokens",
+           "greedy_scores", "planned", "process_logits", "processed_logprobs", "row_keys", "sample_tokens",
            "seed_keys"]
 
 _FLOAT32_MAX = np.finfo(np.float32).max
@@ -219,7 +220,7 @@ def process_logits(logits: jax.Array, params: RowParams, history: History) -> ja
     in pipeline order. A greedy plan stops at temperature: the truncations after it keep the one
     token greedy keeps."""
     logits = logits.astype(jnp.float32)
-    for processor in params.plan.processors():
+    for processor in planned(params.plan):
         logits = processor(logits, params, history)
     return logits
 
@@ -232,7 +233,7 @@ def greedy_scores(logits: jax.Array, params: RowParams, history: History) -> jax
         raise ValueError(f"greedy_scores needs a greedy plan (temperature 0 in every row), got "
                          f"{params.plan}")
     logits = logits.astype(jnp.float32)
-    for processor in params.plan.processors()[:-1]:  # the last one is temperature
+    for processor in planned(params.plan)[:-1]:  # the last one is temperature
         logits = processor(logits, params, history)
     return logits
 
