@@ -1,8 +1,9 @@
 """Sampling costs what is enabled: the compiled decode step of a greedy plan is an argmax (no
 sort, no other reduction over the vocabulary, no branch), a top-p step sorts only in its
-fallback branch, the candidate-capped top-k and top-p keep exactly the full sort's tokens (the
-fallback included), and a plan's outputs equal those of ``Plan.ANY``, which traces every
-processor.
+fallback branch, a penalised step updates carried counts instead of recounting the history, the
+candidate-capped top-k and top-p keep exactly the full sort's tokens (the fallback included), a
+top-k row draws among its candidates from the same distribution, and a plan's outputs equal
+those of ``Plan.ANY``, which traces every processor.
 """
 
 import re
@@ -144,6 +145,23 @@ def test_a_top_p_step_sorts_only_in_its_fallback_branch(tiny):
     fallbacks = [_names(_BRANCHES.search(rest).group(1))[1] for *_, rest in hlo.ops("conditional")]
     assert sorts <= hlo.reachable(fallbacks, branches=True)
     assert len(hlo.ops("conditional")) == 1  # the fallback's; no branch per processor
+
+
+def test_a_penalised_step_updates_the_carried_counts_by_one_token_per_row(tiny):
+    """Every scatter into a ``[B, V]`` array writes B updates (the sampled tokens), not B x S
+    (the counts rebuilt from the history, as ``Plan.ANY`` does)."""
+    V = tiny.config.vocab_size
+    params = dl.SamplingParams(temperature=0.7, repetition_penalty=1.2, frequency_penalty=0.3)
+    for any_plan, updates in ((False, B), (True, B * MAX_LEN)):
+        graphdef, weights, state = initial_state(tiny, params, any_plan=any_plan)
+        hlo = Hlo(decode.DECODE_LOOP.step.lower(weights, state, graphdef=graphdef).compile()
+                  .as_text())
+        into_counts = set()
+        for *_, rest in hlo.ops("scatter"):
+            operand, indices = (hlo.shapes[n] for n in _names(rest.split(")")[0])[:2])
+            if re.match(rf"\w+\[{B},{V}\]", operand):
+                into_counts.add(int(re.match(r"\w+\[(\d+)", indices).group(1)))
+        assert into_counts == {updates}
 
 
 # --- Outputs equal those of the plan that traces every processor ----------------------------------
