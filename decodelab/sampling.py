@@ -39,8 +39,8 @@ from decodelab.processors import (CANDIDATES, PARAMETERS, PROCESSORS, History, P
                                   planned)
 
 __all__ = ["History", "Plan", "RowParams", "SamplingParams", "argmax", "batch_keys", "draw",
-           "greedy_scores", "planned", "process_logits", "processed_logprobs", "row_keys", "sample_tokens",
-           "seed_keys"]
+           "greedy_scores", "planned", "process_logits", "processed_logprobs", "row_keys",
+           "sample_tokens", "seed_keys"]
 
 _FLOAT32_MAX = np.finfo(np.float32).max
 

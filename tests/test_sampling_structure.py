@@ -22,7 +22,7 @@ B = 3
 MAX_LEN = 32
 
 
-# --- Reading compiled HLO text ---------------------------------------------------------------------
+# --- Reading compiled HLO text --------------------------------------------------------------------
 
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (\([^=]*?\)|\S+) ([\w\-]+)\((.*)$")
 _COMPUTATION = re.compile(r"^(?:ENTRY )?%([\w.\-]+) .*\{$")
@@ -92,7 +92,7 @@ class Hlo:
         return found
 
 
-# --- The compiled step ------------------------------------------------------------------------------
+# --- The compiled step ----------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -245,7 +245,7 @@ def test_a_nearly_flat_distribution_takes_the_fallback():
     np.testing.assert_array_equal(out, kept(params, logits, candidates=V))
 
 
-# --- Drawing among candidates ----------------------------------------------------------------------
+# --- Drawing among candidates ---------------------------------------------------------------------
 
 _draw = jax.jit(sampling.draw)
 _logprobs = jax.jit(sampling.processed_logprobs)
