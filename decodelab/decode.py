@@ -11,6 +11,10 @@ Conventions (every caller relies on them):
   input (sampling parameters, seeds, prompt lengths within a bucket) is an array value, so the
   programs compile once per (batch size, prompt bucket, ``max_new_tokens``, ``max_len``, number
   and width of stop sequences, output options).
+- What sampling runs is the static ``sampling.Plan`` of the parameters (in ``RowParams``): the
+  processors no row enables are not in the program, greedy is an argmax, and the counts the
+  penalties read are carried in the state and updated by each sampled token. A sweep over values
+  compiles once; a new set of enabled processors compiles once more.
 - The token at position p of row b is drawn with ``fold_in(request key b, p)``
   (``sampling.row_keys``; the request keys come from the seeds, see ``request``).
 - A row stops at the first of: an EOS id ("eos"), the end of a stop sequence ("stop"),
@@ -68,6 +72,9 @@ class DecodeState:
     top_logprobs: jax.Array  # [B, N, n] float32 (n = 0 unless requested)
     top_ids: jax.Array  # [B, N, n] int32
     entropy: jax.Array  # [B, N] float32 in nats, or [B, 0] unless requested
+    # Carried only when the plan has a penalty that reads them (else None: see `carried_counts`).
+    output_counts: jax.Array | None = None  # [B, V] int32, occurrences in the output
+    seen: jax.Array | None = None  # [B, V] bool, occurs in the prompt or the output
 
     @property
     def done(self) -> jax.Array:  # [B] bool
@@ -84,7 +91,19 @@ class DecodeState:
     @property
     def history(self) -> sampling.History:
         return sampling.History(tokens=self.tokens, prompt_lengths=self.prompt_lengths,
-                                lengths=self.lengths, eos_mask=self.eos_mask)
+                                lengths=self.lengths, eos_mask=self.eos_mask,
+                                output_counts=self.output_counts, seen=self.seen)
+
+
+def carried_counts(history: sampling.History, plan: sampling.Plan,
+                   vocab_size: int) -> dict[str, jax.Array | None]:
+    """The counts a loop under ``plan`` carries, from ``history``: output occurrences when
+    frequency or presence penalties are on, the seen tokens when the repetition penalty is;
+    None for the others (and for every field under ``Plan.ANY``)."""
+    output = plan.carries("frequency_penalty") or plan.carries("presence_penalty")
+    return dict(
+        output_counts=history.output_occurrences(vocab_size) if output else None,
+        seen=history.seen_tokens(vocab_size) if plan.carries("repetition_penalty") else None)
 
 
 def ends_with_stop(state: DecodeState, lengths: jax.Array) -> jax.Array:
@@ -104,29 +123,53 @@ def ends_with_stop(state: DecodeState, lengths: jax.Array) -> jax.Array:
 
 
 def _sample_and_record(state: DecodeState) -> DecodeState:
-    """Sample each running row's next token from ``state.logits`` and record it."""
+    """Sample each running row's next token from ``state.logits`` and record it.
+
+    What runs depends on ``state.params.plan``: a greedy plan is the argmax of the scores before
+    temperature (``sampling.greedy_scores``), whose processed distribution is that one token with
+    log-probability 0, so no softmax and no random numbers; otherwise the processed distribution
+    is formed and sampled."""
     B, S = state.tokens.shape
     N = state.max_new_tokens
     running = ~state.done
     logits = state.logits
-    logprobs = sampling.processed_logprobs(logits, state.params, state.history)  # [B, V]
-    bad_logits = jnp.any(jnp.isnan(logits) | (logits == jnp.inf), axis=-1)
-    no_token = ~jnp.any(logprobs > -jnp.inf, axis=-1)
-    # A greedy row's distribution is one token, so argmax draws it too; when every row is greedy
-    # this skips generating B x V random numbers per step.
-    token = jax.lax.cond(
-        jnp.all(state.params.temperature == 0.0),
-        lambda: sampling.argmax(logprobs),
-        lambda: sampling.sample_tokens(logprobs, sampling.row_keys(state.keys, state.lengths)),
-    )  # [B]
+    plan = state.params.plan
+    vocab = jnp.arange(logits.shape[-1], dtype=jnp.int32)[None, :]  # [1, V]
+    if plan.greedy:
+        scores = sampling.greedy_scores(logits, state.params, state.history)  # [B, V]
+        best = jnp.max(scores, axis=-1)  # [B]; NaN if the row holds NaN
+        token = sampling.argmax(scores)
+        if len(sampling.planned(plan)) == 1:  # temperature alone: the scores are the logits
+            bad_logits = jnp.isnan(best) | (best == jnp.inf)
+        else:  # a ban may have hidden a NaN
+            bad_logits = jnp.any(jnp.isnan(logits) | (logits == jnp.inf), axis=-1)
+        no_token = best == -jnp.inf
+        chosen = jnp.zeros((B,), jnp.float32)
+        distribution = lambda: jnp.where(vocab == token[:, None], 0.0, -jnp.inf)  # noqa: E731
+    else:
+        logprobs = sampling.processed_logprobs(logits, state.params, state.history)  # [B, V]
+        bad_logits = jnp.any(jnp.isnan(logits) | (logits == jnp.inf), axis=-1)
+        no_token = ~jnp.any(logprobs > -jnp.inf, axis=-1)
+        keys = sampling.row_keys(state.keys, state.lengths)
+        if plan.active is None:
+            # A greedy row's distribution is one token, so argmax draws it too; when every row is
+            # greedy this skips generating B x V random numbers per step.
+            token = jax.lax.cond(jnp.all(state.params.temperature == 0.0),
+                                 lambda: sampling.argmax(logprobs),
+                                 lambda: sampling.draw(logprobs, state.params, keys))  # [B]
+        else:
+            token = sampling.draw(logprobs, state.params, keys)  # [B]
+        chosen = jnp.take_along_axis(logprobs, token[:, None], axis=-1)[:, 0]
+        distribution = lambda: logprobs  # noqa: E731
     write = running & ~bad_logits & ~no_token
 
     rows = jnp.arange(B)
     slot = jnp.where(write, state.lengths, S)  # out of range: dropped
     out = jnp.where(write, state.num_generated, N)
     tokens = state.tokens.at[rows, slot].set(token, mode="drop")
-    chosen = jnp.take_along_axis(logprobs, token[:, None], axis=-1)[:, 0]
     record = dict(logprobs=state.logprobs.at[rows, out].set(chosen, mode="drop"))
+    if state.top_logprobs.shape[-1] or state.entropy.shape[-1]:
+        logprobs = distribution()  # [B, V], the processed distribution
     if state.top_logprobs.shape[-1]:
         top, ids = jax.lax.top_k(logprobs, state.top_logprobs.shape[-1])  # [B, n]
         record.update(top_logprobs=state.top_logprobs.at[rows, out].set(top, mode="drop"),
@@ -135,6 +178,12 @@ def _sample_and_record(state: DecodeState) -> DecodeState:
         p = jnp.exp(logprobs)
         entropy = -jnp.sum(jnp.where(p > 0, p * logprobs, 0.0), axis=-1)
         record.update(entropy=state.entropy.at[rows, out].set(entropy, mode="drop"))
+
+    counted = jnp.where(write, token, logits.shape[-1])  # out of range: dropped
+    if state.output_counts is not None:
+        record.update(output_counts=state.output_counts.at[rows, counted].add(1, mode="drop"))
+    if state.seen is not None:
+        record.update(seen=state.seen.at[rows, counted].set(True, mode="drop"))
 
     lengths = state.lengths + write.astype(jnp.int32)
     state = state.replace(tokens=tokens, **record)
@@ -195,7 +244,7 @@ def prefill(weights, block, prompt_lengths, keys, params, eos_mask, stop_ids, *,
         top_ids=jnp.full((B, N, top_n), PAD_TOKEN, jnp.int32),
         entropy=jnp.full((B, N if with_entropy else 0), jnp.nan, jnp.float32),
     )
-    return state
+    return state.replace(**carried_counts(state.history, params.plan, model.config.vocab_size))
 
 
 def _body(weights, state: DecodeState, *, graphdef) -> DecodeState:

@@ -7,8 +7,19 @@ Conventions (every processor relies on them):
   never removes every token: each truncation keeps at least the most probable one.
 - A processor reads its per-row setting from ``RowParams`` (``sampling``) under its
   ``Parameter``'s name. The parameter's neutral value makes the processor exactly the identity for
-  that row (rows are selected with ``where``), and a processor neutral for every row costs nothing
-  (``lax.cond`` skips it).
+  that row.
+- What a compiled program contains is decided on the host, from the values, by ``Plan``: a
+  processor neutral in every row is not in the program at all; one enabled in every row is applied
+  to every row; one enabled in some rows is applied and its rows selected with ``where``. When
+  every row is greedy (temperature 0) the truncations after temperature are left out (they keep
+  the one token greedy keeps). The plan is static: a sweep over the *values* of the enabled
+  processors runs one program, and a different *set* (a processor switched on or off in every row,
+  greedy against sampled) compiles one more. ``Plan.ANY`` traces every processor and skips one
+  that no row enables at run time (``lax.cond``): the serving engine's plan, whose rows change
+  parameters without recompiling.
+- Top-k and top-p look at the ``Plan.candidates`` largest logits (``lax.top_k``) and fall back to
+  sorting the whole vocabulary only when some row needs more (``lax.cond``); both give exactly
+  the kept set of the full sort.
 - Adding a processor is one class (its ``parameter`` and its ``apply``) plus one line in
   ``PROCESSORS``: ``SamplingParams`` and ``RowParams`` take their fields, defaults, validation and
   storage dtype from the registry.
@@ -39,96 +50,17 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import TYPE_CHECKING, Any, Callable, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import struct
+
+# Re-exported: what a processor reads.
+from decodelab.processor_inputs import CANDIDATES, History, Parameter, Plan  # noqa: F401
 
 if TYPE_CHECKING:
     from decodelab.sampling import RowParams  # derived from this module's registry
-
-# --- Parameters -----------------------------------------------------------------------------------
-
-_STORAGE = {"int32": np.iinfo(np.int32), "float32": np.finfo(np.float32)}
-
-
-@dataclasses.dataclass(frozen=True)
-class Parameter:
-    """A processor's per-row setting: what ``SamplingParams`` accepts and ``RowParams`` stores."""
-
-    name: str
-    dtype: str  # "int32" or "float32": how RowParams stores it
-    neutral: float  # the default; at this value the processor is the identity
-    allowed: Callable[[np.ndarray], np.ndarray]  # elementwise on a float64 array
-    rule: str  # what `allowed` admits, in words (for error messages)
-    help: str  # what the setting does (SamplingParams' documentation)
-    # Values >= the vocabulary size act as the neutral value and are stored as it (top-k).
-    vocab_sized: bool = False
-
-    @property
-    def is_int(self) -> bool:
-        return self.dtype == "int32"
-
-    def values(self, value: Any) -> np.ndarray:
-        """``value`` as a 0-d or 1-d float64 array, or a ValueError naming the parameter: the
-        right kind, allowed by ``rule``, and inside the range of the dtype it is stored in (an
-        int32 that would wrap, or a float that would overflow float32, is refused)."""
-        name, kind = self.name, ("an int" if self.is_int else "a number")
-        if isinstance(value, jax.core.Tracer):
-            raise ValueError(f"{name} must be a concrete value, got a traced array")
-        try:
-            array = np.asarray(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"{name} must be {kind} or one per row, got {value!r}") from None
-        if array.ndim > 1 or (array.ndim == 1 and array.size == 0):
-            raise ValueError(f"{name} must be a scalar or a 1-D sequence with one value per row, "
-                             f"got shape {array.shape}")
-        numeric = np.issubdtype(array.dtype, np.integer if self.is_int else np.number)
-        if array.dtype == bool or not numeric or np.iscomplexobj(array):
-            raise ValueError(f"{name} must be {kind} or one per row, got {value!r}")
-        values = array.astype(np.float64)
-        storage = _STORAGE[self.dtype]
-        checks = [(np.isfinite(values) & self.allowed(values), f"must be {self.rule}"),
-                  ((values >= float(storage.min)) & (values <= float(storage.max)),
-                   f"must be in the range of {self.dtype}, the dtype it is stored in "
-                   f"([{storage.min!s}, {storage.max!s}])")]
-        for ok, must in checks:
-            if not ok.all():
-                if array.ndim == 0:
-                    raise ValueError(f"{name} {must}, got {value!r}")
-                i = int(np.argmin(ok))
-                raise ValueError(f"{name}[{i}] {must}, got {array[i].item()!r}")
-        return values
-
-
-# --- What a processor may look at -----------------------------------------------------------------
-
-
-@struct.dataclass(kw_only=True)
-class History:
-    """The tokens of each row so far: prompt, then output. What penalties and bans look at."""
-
-    tokens: jax.Array  # [B, S] int32; slot j holds position j; slots at or past `lengths` ignored
-    prompt_lengths: jax.Array  # [B] int32
-    lengths: jax.Array  # [B] int32, prompt + output tokens
-    eos_mask: jax.Array  # [V] bool, the ids min_new_tokens suppresses
-
-    @property
-    def num_generated(self) -> jax.Array:  # [B]
-        return self.lengths - self.prompt_lengths
-
-    def counts(self, vocab_size: int, *, output_only: bool) -> jax.Array:
-        """``[B, V]`` int32: occurrences of each token in the output (or in prompt + output)."""
-        B, S = self.tokens.shape
-        slot = jnp.arange(S, dtype=jnp.int32)[None, :]  # [1, S]
-        start = self.prompt_lengths[:, None] if output_only else jnp.zeros((B, 1), jnp.int32)
-        valid = (slot >= start) & (slot < self.lengths[:, None])  # [B, S]
-        rows = jnp.broadcast_to(jnp.arange(B)[:, None], (B, S))
-        return jnp.zeros((B, vocab_size), jnp.int32).at[rows, self.tokens].add(
-            valid.astype(jnp.int32), mode="drop")
-
 
 # --- Processors -----------------------------------------------------------------------------------
 
@@ -179,7 +111,7 @@ class LogitsProcessor(abc.ABC):
 
     ``parameter`` is the per-row setting it owns (None for one that reads only ``logit_bias``).
     ``enabled`` says which rows it acts on (by default: those whose setting is not neutral); the
-    others pass through unchanged, and when no row is enabled the step is skipped at run time.
+    others pass through unchanged. ``params.plan`` says whether it is in the program at all.
     """
 
     parameter: ClassVar[Parameter | None] = None
@@ -187,21 +119,34 @@ class LogitsProcessor(abc.ABC):
     # logits alone.
     reads_history: ClassVar[bool] = False
 
+    @property
+    def name(self) -> str:
+        return self.parameter.name
+
     def enabled(self, params: RowParams) -> jax.Array:
         """``[B]`` bool."""
         return getattr(params, self.parameter.name) != self.parameter.neutral
+
+    def enabled_on_host(self, values: dict[str, np.ndarray]) -> np.ndarray:
+        """``[B]`` bool from the host arrays ``RowParams`` is built from (its fields by name)."""
+        return values[self.parameter.name] != self.parameter.neutral
 
     @abc.abstractmethod
     def apply(self, logits: jax.Array, params: RowParams, history: History) -> jax.Array:
         """The processed logits of every row (only enabled rows are kept)."""
 
     def __call__(self, logits: jax.Array, params: RowParams, history: History) -> jax.Array:
+        plan = params.plan
+        if plan.active is not None and self.name in plan.uniform:
+            return self.apply(logits, params, history)
         on = self.enabled(params)  # [B]
 
         def run(logits):
             return jnp.where(on[:, None], self.apply(logits, params, history), logits)
 
-        return jax.lax.cond(jnp.any(on), run, lambda logits: logits, logits)
+        if plan.active is None:
+            return jax.lax.cond(jnp.any(on), run, lambda logits: logits, logits)
+        return run(logits)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,7 +162,7 @@ class RepetitionPenalty(LogitsProcessor):
             "by it, negative ones multiplied."))
 
     def apply(self, logits, params, history):
-        seen = history.counts(logits.shape[-1], output_only=False) > 0
+        seen = history.seen_tokens(logits.shape[-1])
         penalty = params.repetition_penalty[:, None]
         penalised = jnp.where(logits > 0, logits / penalty, logits * penalty)
         return jnp.where(seen, penalised, logits)
@@ -234,7 +179,7 @@ class FrequencyPenalty(LogitsProcessor):
             "OpenAI penalty on output tokens: logit -= frequency_penalty * count."))
 
     def apply(self, logits, params, history):
-        counts = history.counts(logits.shape[-1], output_only=True)
+        counts = history.output_occurrences(logits.shape[-1])
         return logits - params.frequency_penalty[:, None] * counts.astype(jnp.float32)
 
 
@@ -249,7 +194,7 @@ class PresencePenalty(LogitsProcessor):
             "OpenAI penalty on output tokens: logit -= presence_penalty * (count > 0)."))
 
     def apply(self, logits, params, history):
-        present = history.counts(logits.shape[-1], output_only=True) > 0
+        present = history.output_occurrences(logits.shape[-1]) > 0
         return logits - params.presence_penalty[:, None] * present.astype(jnp.float32)
 
 
@@ -288,8 +233,15 @@ class NoRepeatNgram(LogitsProcessor):
 class LogitBias(LogitsProcessor):
     """Add the row's bias; banned tokens carry ``-inf``."""
 
+    @property
+    def name(self) -> str:
+        return "logit_bias"
+
     def enabled(self, params):
         return jnp.any(params.logit_bias != 0.0, axis=-1)
+
+    def enabled_on_host(self, values):
+        return np.any(values["logit_bias"] != 0.0, axis=-1)
 
     def apply(self, logits, params, history):
         return logits + params.logit_bias
@@ -361,8 +313,19 @@ class TopK(LogitsProcessor):
 
     def apply(self, logits, params, history):
         k = params.top_k[:, None]  # [B, 1]
-        descending = -jnp.sort(-logits, axis=-1)
-        kth = jnp.take_along_axis(descending, jnp.maximum(k - 1, 0), axis=-1)  # [B, 1]
+        C, V = params.plan.candidates, logits.shape[-1]
+
+        def kth(descending):  # [B, C or V] -> [B, 1]
+            return jnp.take_along_axis(descending, jnp.maximum(k - 1, 0), axis=-1)
+
+        def from_sort():
+            return kth(-jnp.sort(-logits, axis=-1))
+
+        if C >= V:
+            kth = from_sort()
+        else:  # the C largest hold the k-th largest of every row with k <= C
+            kth = jax.lax.cond(jnp.any(k > C), from_sort,
+                               lambda: kth(jax.lax.top_k(logits, C)[0]))
         above = logits > kth
         tied = logits == kth
         room = k - jnp.sum(above, axis=-1, keepdims=True)  # tied tokens that still fit, >= 1
@@ -380,7 +343,20 @@ class TopP(LogitsProcessor):
             "sampling): a token stays if the mass before it is < p."))
 
     def apply(self, logits, params, history):
-        return _keep_top_mass(logits, -logits, params.top_p)
+        C, V = params.plan.candidates, logits.shape[-1]
+        mass = params.top_p
+        if C >= V:
+            return _keep_top_mass(logits, -logits, mass)
+        # The C most probable tokens, with the probabilities softmax gives them over all V.
+        top = jax.lax.top_k(logits, C)[0]  # [B, C] descending
+        best = jnp.max(logits, axis=-1, keepdims=True)  # [B, 1]
+        total = jnp.sum(jnp.exp(logits - best), axis=-1, keepdims=True)  # [B, 1]
+        before = exclusive_cumsum(jnp.exp(top - best) / total)  # [B, C]
+        n_keep = jnp.sum(before < mass[:, None], axis=-1)  # [B], in [1, C]
+        cutoff = jnp.take_along_axis(top, (n_keep - 1)[:, None], axis=-1)  # [B, 1]
+        # A row that keeps all C candidates may need more: then sort the whole vocabulary.
+        return jax.lax.cond(jnp.any(n_keep >= C), lambda: _keep_top_mass(logits, -logits, mass),
+                            lambda: _remove(logits, logits >= cutoff))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -460,6 +436,11 @@ PROCESSORS: tuple[LogitsProcessor, ...] = (
     EpsilonCutoff(),
     EtaCutoff(),
 )
+
+def planned(plan: Plan) -> tuple[LogitsProcessor, ...]:
+    """The processors a program under ``plan`` contains, in pipeline order."""
+    return plan.select(PROCESSORS)
+
 
 # name -> Parameter, in pipeline order.
 PARAMETERS: dict[str, Parameter] = {p.parameter.name: p.parameter for p in PROCESSORS

@@ -6,9 +6,15 @@ Conventions (every caller relies on them):
   are the parameters of the registered processors (``processors.PROCESSORS``, which also fixes
   their order; see that module) plus ``logit_bias`` and ``banned_tokens``. It is validated when
   built; ``per_row(B, V)`` turns it into ``RowParams``, a pytree of ``[B]`` arrays (and a
-  ``[B, V]`` bias), so a sweep over values is a sweep over array contents and never recompiles.
+  ``[B, V]`` bias) plus a static ``Plan`` of the processors the values enable. A sweep over the
+  values of the enabled processors is a sweep over array contents and never recompiles; a
+  different set of enabled processors (one switched on or off in every row, or greedy against
+  sampled) is a different plan and compiles once more (see ``processors``).
 - ``processed_logprobs`` is the distribution that is sampled from, reported as the token's logprob,
   and used by speculative decoding's accept/reject test: one function, so the three never disagree.
+- ``draw`` samples a row with top-k in ``[1, Plan.candidates]`` among its candidates (Gumbel
+  noise over those, not the vocabulary): the same distribution, drawn from another stream than a
+  vocabulary-wide draw with the same key.
 - Randomness is per request. A request has a key: ``key(seed_r)`` for per-request seeds
   (``seed_keys``), and ``fold_in(key(seed), r)`` for row r of a batch under one int seed
   (``batch_keys``), so no (seed, row) pair shares a stream with another. The token at sequence
@@ -28,11 +34,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from decodelab.checks import is_int
-from decodelab.processors import PARAMETERS, PROCESSORS, History, argmax
+from decodelab.checks import check_size, is_int
+from decodelab.processors import (CANDIDATES, PARAMETERS, PROCESSORS, History, Plan, argmax,
+                                  planned)
 
-__all__ = ["History", "RowParams", "SamplingParams", "argmax", "batch_keys", "process_logits",
-           "processed_logprobs", "row_keys", "sample_tokens", "seed_keys"]
+__all__ = ["History", "Plan", "RowParams", "SamplingParams", "argmax", "batch_keys", "draw",
+           "greedy_scores", "planned", "process_logits", "processed_logprobs", "row_keys",
+           "sample_tokens", "seed_keys"]
 
 _FLOAT32_MAX = np.finfo(np.float32).max
 
@@ -126,9 +134,13 @@ class SamplingParams:
     def replace(self, **changes: Any) -> SamplingParams:
         return dataclasses.replace(self, **changes)
 
-    def per_row(self, batch_size: int, vocab_size: int) -> RowParams:
-        """The traced form: one value per row for each field, plus a ``[B, V]`` additive bias."""
+    def per_row(self, batch_size: int, vocab_size: int, *,
+                candidates: int = CANDIDATES) -> RowParams:
+        """The traced form: one value per row for each field, plus a ``[B, V]`` additive bias and
+        the ``Plan`` of the processors these values enable (top-k and top-p look at the
+        ``candidates`` largest logits before sorting the whole vocabulary)."""
         B, V = batch_size, vocab_size
+        check_size("candidates", candidates, 1)
         values = {}
         for name, parameter in PARAMETERS.items():
             array = parameter.values(getattr(self, name))
@@ -140,8 +152,11 @@ class SamplingParams:
                 array = np.where(array >= V, parameter.neutral, array)
             values[name] = array.astype(parameter.dtype)  # in NumPy: nothing is traced
         bias = self._bias(B, V)  # the last check
+        enabled = {p.name: p.enabled_on_host({**values, "logit_bias": bias}) for p in PROCESSORS}
+        plan = Plan.of(enabled, greedy=bool(np.all(values["temperature"] == 0.0)),
+                       candidates=candidates)
         return RowParams(**{name: jnp.asarray(a) for name, a in values.items()},
-                         logit_bias=jnp.asarray(bias))
+                         logit_bias=jnp.asarray(bias), plan=plan)
 
     def _bias(self, B: int, V: int) -> np.ndarray:
         bias = np.zeros((B, V), np.float32)  # [B, V]
@@ -184,19 +199,41 @@ def _row_fields(cls: type) -> type:
 class RowParams:
     """``SamplingParams`` as arrays, one value per row: the form the decode loop traces.
 
-    Fields: ``logit_bias`` and one per registered parameter:
+    Fields: ``logit_bias``, ``plan`` (static: which processors the program contains) and one
+    per registered parameter:
     """
 
-    logit_bias: jax.Array  # [B, V] float32, -inf for a banned token
+    logit_bias: jax.Array  # [B, V] float32, -inf for a banned token; read only if LogitBias is on
+    plan: Plan = struct.field(pytree_node=False, default=Plan.ANY)
+
+    def with_any_plan(self) -> RowParams:
+        """These values under ``Plan.ANY``: every processor traced, each skipped at run time
+        when no row enables it (for a state whose rows change parameters without recompiling)."""
+        return self.replace(plan=Plan.ANY)
 
 
 # --- The distribution and the draw ----------------------------------------------------------------
 
 
 def process_logits(logits: jax.Array, params: RowParams, history: History) -> jax.Array:
-    """``[B, V]`` model logits -> processed logits, through ``PROCESSORS`` in order."""
+    """``[B, V]`` model logits -> processed logits, through the processors of ``params.plan``
+    in pipeline order. A greedy plan stops at temperature: the truncations after it keep the one
+    token greedy keeps."""
     logits = logits.astype(jnp.float32)
-    for processor in PROCESSORS:
+    for processor in planned(params.plan):
+        logits = processor(logits, params, history)
+    return logits
+
+
+def greedy_scores(logits: jax.Array, params: RowParams, history: History) -> jax.Array:
+    """``[B, V]`` model logits -> the scores a greedy plan takes the argmax of: the logits through
+    the processors before temperature (penalties, bans, min-new-tokens). The processed
+    distribution is the argmax alone, with log-probability 0."""
+    if not params.plan.greedy:
+        raise ValueError(f"greedy_scores needs a greedy plan (temperature 0 in every row), got "
+                         f"{params.plan}")
+    logits = logits.astype(jnp.float32)
+    for processor in planned(params.plan)[:-1]:  # the last one is temperature
         logits = processor(logits, params, history)
     return logits
 
@@ -238,3 +275,29 @@ def row_keys(keys: jax.Array, positions: jax.Array) -> jax.Array:
 def sample_tokens(logprobs: jax.Array, keys: jax.Array) -> jax.Array:
     """``[B, V]`` log-probabilities and ``[B]`` keys -> ``[B]`` int32 draws, exactly from them."""
     return jax.vmap(jax.random.categorical)(keys, logprobs).astype(jnp.int32)
+
+
+def draw(logprobs: jax.Array, params: RowParams, keys: jax.Array) -> jax.Array:
+    """``[B, V]`` processed log-probabilities -> ``[B]`` int32 draws, exactly from them, drawing
+    among candidates where the kept set is known to be small.
+
+    A row with top-k in ``[1, C]`` (C = ``params.plan.candidates``) keeps at most k tokens, all
+    among its C most probable, so it draws among those C (Gumbel noise over C values, not V);
+    any other row draws over the whole vocabulary. The rule is per row, so a row's token depends
+    only on its own distribution and key; when every row draws among candidates the
+    vocabulary-wide draw is skipped."""
+    C, V = params.plan.candidates, logprobs.shape[-1]
+    plan = params.plan
+    if C >= V or not (plan.active is None or "top_k" in plan.active):
+        return sample_tokens(logprobs, keys)
+    narrow = (params.top_k >= 1) & (params.top_k <= C)  # [B]
+
+    def among_candidates():
+        top, ids = jax.lax.top_k(logprobs, C)  # [B, C]
+        pick = sample_tokens(top, keys)  # [B] in [0, C)
+        return jnp.take_along_axis(ids, pick[:, None], axis=-1)[:, 0].astype(jnp.int32)
+
+    def per_row():
+        return jnp.where(narrow, among_candidates(), sample_tokens(logprobs, keys))
+
+    return jax.lax.cond(jnp.all(narrow), among_candidates, per_row)

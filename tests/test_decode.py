@@ -297,22 +297,30 @@ def test_a_request_gives_the_same_tokens_at_every_position_of_a_batch(tiny, mixe
 
 
 
-def test_a_sweep_of_sampling_settings_and_seeds_compiles_the_decode_loop_once(tiny):
+def test_a_sweep_of_sampling_values_compiles_once_and_a_new_set_of_processors_once_more(tiny):
+    """The values of the enabled processors are array contents; which processors are enabled is
+    the static plan (``sampling.Plan``), so a new set compiles the programs once more."""
     rng = np.random.default_rng(0)
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]  # batch 2, bucket 16, 5 new tokens: not used elsewhere
     with experiment.count_traces() as counts:
         for i in range(20):
-            params = dl.SamplingParams(temperature=float(rng.uniform(0, 1.5)),
-                                       top_k=int(rng.integers(0, 50)),
+            params = dl.SamplingParams(temperature=float(rng.uniform(0.1, 1.5)),
+                                       top_k=int(rng.integers(1, 50)),
                                        top_p=[float(rng.uniform(0.1, 1.0)), 1.0],
-                                       min_p=float(rng.uniform(0, 0.2)),
-                                       repetition_penalty=float(rng.uniform(1.0, 1.5)))
+                                       min_p=float(rng.uniform(0.01, 0.2)),
+                                       repetition_penalty=float(rng.uniform(1.01, 1.5)))
             run(tiny, prompts, 5, params, seed=i, eos_ids=[int(rng.integers(0, 512))])
         assert counts["_decode_loop"] == 1 and counts["prefill"] == 1
-        run(tiny, [[1] * 9, [2] * 16], 5, GREEDY)  # new lengths, same bucket of 16
-        assert counts["_decode_loop"] == 1 and counts["prefill"] == 1
-        run(tiny, [[1] * 17, [2]], 5, GREEDY)  # bucket 32: the counter does see a compile
+        run(tiny, prompts, 5, params.replace(top_k=0))  # top-k off in every row: a new set
         assert counts["_decode_loop"] == 2 and counts["prefill"] == 2
+        run(tiny, prompts, 5, params.replace(top_k=7, top_p=[0.5, 1.0]))  # the first set again
+        assert counts["_decode_loop"] == 2 and counts["prefill"] == 2
+        run(tiny, prompts, 5, GREEDY)  # greedy: a new set
+        assert counts["_decode_loop"] == 3 and counts["prefill"] == 3
+        run(tiny, [[1] * 9, [2] * 16], 5, GREEDY)  # new lengths, same bucket of 16
+        assert counts["_decode_loop"] == 3 and counts["prefill"] == 3
+        run(tiny, [[1] * 17, [2]], 5, GREEDY)  # bucket 32: the counter does see a compile
+        assert counts["_decode_loop"] == 4 and counts["prefill"] == 4
 
 
 # --- Bad input ------------------------------------------------------------------------------------

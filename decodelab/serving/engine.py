@@ -11,6 +11,9 @@ Conventions (every caller relies on them):
   slots in one compiled ``lax.while_loop`` (a ``loop.CompiledLoop``); it stops early once no slot
   is running. Rows that have finished, and free slots, are carried without advancing, so
   ``step(n)`` gives the same tokens as ``n`` calls of ``step(1)``.
+- The state's sampling parameters run under ``sampling.Plan.ANY``: every processor is traced and
+  skipped at run time when no slot enables it, and the penalties count the tokens every step, so
+  a request with a new set of processors compiles nothing (``generate`` compiles per set).
 - Request ids are unique among the requests an engine holds: ``insert`` refuses an id that is
   decoding, and ``run`` refuses a list with a repeated id before anything runs.
 - The token at position p of a request is drawn with ``fold_in(key(seed), p)``, so a request's
@@ -121,7 +124,7 @@ def _empty_state(config, num_slots: int, max_len: int, max_stops: int, stop_widt
         cache=kvquant.init_cache(config, B, S, kv_cache),
         logits=jnp.zeros((B, V), jnp.float32),
         keys=sampling.seed_keys(np.zeros((B,), np.uint32)),
-        params=SamplingParams.greedy().per_row(B, V),
+        params=SamplingParams.greedy().per_row(B, V).with_any_plan(),
         eos_mask=jnp.asarray(eos_mask),
         stop_ids=jnp.full((B, max_stops, stop_width), -1, jnp.int32),
         budgets=jnp.zeros((B,), jnp.int32),
@@ -280,7 +283,8 @@ class SlotEngine:
             stops[0, m, self.max_stop_width - len(s):] = s
         row = decode.prefill(self._weights, block, np.asarray([P], np.int32),
                              sampling.seed_keys(np.asarray([request.seed], np.uint32)),
-                             request.params.per_row(1, self.vocab_size), self._eos_mask, stops,
+                             request.params.per_row(1, self.vocab_size).with_any_plan(),
+                             self._eos_mask, stops,
                              graphdef=self._graphdef, max_len=self.max_len,
                              max_new_tokens=self.max_len, top_n=0, with_entropy=False,
                              kv_cache=self.kv_cache)

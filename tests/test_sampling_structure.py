@@ -1,0 +1,284 @@
+"""Sampling costs what is enabled: the compiled decode step of a greedy plan is an argmax (no
+sort, no other reduction over the vocabulary, no branch), a top-p step sorts only in its
+fallback branch, a penalised step updates carried counts instead of recounting the history, the
+candidate-capped top-k and top-p keep exactly the full sort's tokens (the fallback included), a
+top-k row draws among its candidates from the same distribution, and a plan's outputs equal
+those of ``Plan.ANY``, which traces every processor.
+"""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.stats
+from flax import nnx
+
+import decodelab as dl
+from decodelab import decode, sampling
+
+B = 3
+MAX_LEN = 32
+
+
+# --- Reading compiled HLO text --------------------------------------------------------------------
+
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (\([^=]*?\)|\S+) ([\w\-]+)\((.*)$")
+_COMPUTATION = re.compile(r"^(?:ENTRY )?%([\w.\-]+) .*\{$")
+_CALLED = re.compile(r"(?:calls|to_apply|body|condition|called_computations)=(\{[^}]*\}|%[\w.\-]+)")
+_BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
+
+
+def _names(text: str) -> list[str]:
+    return re.findall(r"%([\w.\-]+)", text)
+
+
+class Hlo:
+    """The instructions of a compiled module's text, with the computation each sits in."""
+
+    def __init__(self, text: str):
+        self.shapes: dict[str, str] = {}
+        self.instructions: list[tuple[str, str, str, str]] = []  # computation, name, op, rest
+        self.entry = None
+        computation = None
+        for line in text.splitlines():
+            head = _COMPUTATION.match(line)
+            if head:
+                computation = head.group(1)
+                if line.startswith("ENTRY"):
+                    self.entry = computation
+                continue
+            m = _INSTRUCTION.match(line)
+            if m:
+                name, shape, op, rest = m.groups()
+                self.shapes[name] = shape
+                self.instructions.append((computation, name, op, rest))
+
+    def calls(self, *, branches: bool) -> dict[str, set[str]]:
+        """computation -> the computations its instructions call (with or without the branches
+        of conditionals)."""
+        edges: dict[str, set[str]] = {}
+        for computation, _, _, rest in self.instructions:
+            called = [n for m in _CALLED.finditer(rest) for n in _names(m.group(1))]
+            if branches:
+                called += [n for m in _BRANCHES.finditer(rest) for n in _names(m.group(1))]
+            edges.setdefault(computation, set()).update(called)
+        return edges
+
+    def reachable(self, roots, *, branches: bool) -> set[str]:
+        edges, seen, todo = self.calls(branches=branches), set(), list(roots)
+        while todo:
+            c = todo.pop()
+            if c not in seen:
+                seen.add(c)
+                todo.extend(edges.get(c, ()))
+        return seen
+
+    def ops(self, op: str) -> list[tuple[str, str, str, str]]:
+        return [i for i in self.instructions if i[2] == op]
+
+    def reductions_over(self, size: int) -> list[str]:
+        """The element types of the operands of the reductions (reduce or reduce-window, as a
+        backend may split a long reduction into both) that read an array with a dimension of
+        ``size``."""
+        found = []
+        for _, _, op, rest in self.instructions:
+            if op in ("reduce", "reduce-window"):
+                shape = self.shapes[re.match(r"%([\w.\-]+)", rest).group(1)]
+                dims = re.match(r"(\w+)\[([\d,]*)\]", shape)
+                if size in [int(d) for d in dims.group(2).split(",") if d]:
+                    found.append(dims.group(1))
+        return found
+
+
+# --- The compiled step ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_config):
+    return dl.Transformer(tiny_config, rngs=nnx.Rngs(0))
+
+
+def initial_state(model, params: dl.SamplingParams, *, top_n=0, with_entropy=False,
+                  any_plan=False):
+    V = model.config.vocab_size
+    row_params = params.per_row(B, V)
+    if any_plan:
+        row_params = row_params.with_any_plan()
+    block = np.zeros((B, 16), np.int32)
+    block[:, :4] = [[5, 17, 300, 2], [9, 9, 9, 9], [40, 41, 42, 43]]
+    graphdef, weights = nnx.split(model)
+    state = decode.prefill(weights, block, np.asarray([4, 1, 4], np.int32),
+                           sampling.batch_keys(0, B), row_params, np.zeros((V,), bool),
+                           np.zeros((0, 1), np.int32), graphdef=graphdef, max_len=MAX_LEN,
+                           max_new_tokens=8, top_n=top_n, with_entropy=with_entropy)
+    return graphdef, weights, state
+
+
+def step_hlo(model, params: dl.SamplingParams) -> Hlo:
+    graphdef, weights, state = initial_state(model, params)
+    return Hlo(decode.DECODE_LOOP.step.lower(weights, state, graphdef=graphdef).compile().as_text())
+
+
+def test_a_greedy_step_is_an_argmax_without_a_sort(tiny):
+    hlo = step_hlo(tiny, dl.SamplingParams.greedy())
+    assert hlo.ops("sort") == []
+    # The argmax: the max of the scores (f32) and the min of the ids holding it (s32); nothing
+    # else reads a [B, V] array to reduce it (the NaN check reuses the max).
+    assert sorted(hlo.reductions_over(tiny.config.vocab_size)) == ["f32", "s32"]
+
+
+def test_a_greedy_draw_has_no_branch_and_no_softmax(tiny):
+    _, _, state = initial_state(tiny, dl.SamplingParams.greedy())
+    hlo = Hlo(jax.jit(decode._sample_and_record).lower(state).compile().as_text())
+    assert hlo.ops("conditional") == []
+    assert hlo.ops("exponential") == [] and hlo.ops("log") == []
+
+
+def test_a_top_p_step_sorts_only_in_its_fallback_branch(tiny):
+    hlo = step_hlo(tiny, dl.SamplingParams(temperature=0.8, top_p=0.95))
+    sorts = {computation for computation, *_ in hlo.ops("sort")}
+    assert sorts  # the fallback is compiled in
+    assert not sorts & hlo.reachable([hlo.entry], branches=False)  # never outside a branch
+    # Branch 1 of lax.cond's conditional runs when the predicate holds: the fallback.
+    fallbacks = [_names(_BRANCHES.search(rest).group(1))[1] for *_, rest in hlo.ops("conditional")]
+    assert sorts <= hlo.reachable(fallbacks, branches=True)
+    assert len(hlo.ops("conditional")) == 1  # the fallback's; no branch per processor
+
+
+def test_a_penalised_step_updates_the_carried_counts_by_one_token_per_row(tiny):
+    """Every scatter into a ``[B, V]`` array writes B updates (the sampled tokens), not B x S
+    (the counts rebuilt from the history, as ``Plan.ANY`` does)."""
+    V = tiny.config.vocab_size
+    params = dl.SamplingParams(temperature=0.7, repetition_penalty=1.2, frequency_penalty=0.3)
+    for any_plan, updates in ((False, B), (True, B * MAX_LEN)):
+        graphdef, weights, state = initial_state(tiny, params, any_plan=any_plan)
+        hlo = Hlo(decode.DECODE_LOOP.step.lower(weights, state, graphdef=graphdef).compile()
+                  .as_text())
+        into_counts = set()
+        for *_, rest in hlo.ops("scatter"):
+            operand, indices = (hlo.shapes[n] for n in _names(rest.split(")")[0])[:2])
+            if re.match(rf"\w+\[{B},{V}\]", operand):
+                into_counts.add(int(re.match(r"\w+\[(\d+)", indices).group(1)))
+        assert into_counts == {updates}
+
+
+# --- Outputs equal those of the plan that traces every processor ----------------------------------
+
+
+@pytest.mark.parametrize("params", [
+    dl.SamplingParams.greedy(),
+    dl.SamplingParams(temperature=0.0, repetition_penalty=1.3, banned_tokens=[3, 4]),
+    dl.SamplingParams(temperature=[0.8, 0.0, 1.2], top_p=[0.9, 1.0, 0.5], top_k=[0, 5, 40],
+                      frequency_penalty=[0.5, 0.0, 0.3], presence_penalty=0.2),
+], ids=["greedy", "greedy-penalised", "mixed"])
+def test_a_plan_records_exactly_what_the_any_plan_records(tiny, params):
+    """Same tokens, log-probabilities, top log-probabilities and entropies, bit for bit: the
+    greedy fast path reports what the processed distribution gives, and the penalty counts the
+    plan's loop carries are those ``Plan.ANY`` counts from the tokens every step."""
+    outputs = []
+    for any_plan in (False, True):
+        graphdef, weights, state = initial_state(tiny, params, top_n=3, with_entropy=True,
+                                                 any_plan=any_plan)
+        assert (state.params.plan.active is None) == any_plan
+        penalised = "penalty" in " ".join(state.params.plan.active or ())
+        assert (state.seen is not None or state.output_counts is not None) == penalised
+        final = decode.DECODE_LOOP.run(weights, state, graphdef=graphdef)
+        outputs.append(jax.device_get((final.tokens, final.lengths, final.finish, final.logprobs,
+                                       final.top_logprobs, final.top_ids, final.entropy)))
+    for planned, traced_all in zip(*outputs):
+        np.testing.assert_array_equal(planned, traced_all)
+
+
+# --- Top-k and top-p through a capped candidate set -----------------------------------------------
+
+V = 512
+CAP = 16
+_process = jax.jit(sampling.process_logits)
+
+
+def empty_history(rows: int) -> sampling.History:
+    zeros = jnp.zeros((rows,), jnp.int32)
+    return sampling.History(tokens=jnp.zeros((rows, 1), jnp.int32), prompt_lengths=zeros,
+                            lengths=zeros, eos_mask=jnp.zeros((V,), bool))
+
+
+def kept(params: dl.SamplingParams, logits: np.ndarray, candidates: int) -> np.ndarray:
+    """``[B, V]`` bool: the tokens the processed logits keep."""
+    rows = logits.shape[0]
+    row_params = params.per_row(rows, V, candidates=candidates)
+    return np.asarray(_process(jnp.asarray(logits), row_params, empty_history(rows))) > -np.inf
+
+
+def random_logits(rows: int, seed: int) -> np.ndarray:
+    logits = 4.0 * np.random.default_rng(seed).standard_normal((rows, V)).astype(np.float32)
+    logits[:, 100:110] = logits[:, 7:8]  # ties with a token inside the candidates
+    return logits
+
+
+@pytest.mark.parametrize("params", [
+    dl.SamplingParams(top_p=[0.3, 0.6, 0.2, 1.0]),
+    dl.SamplingParams(top_k=[1, 5, CAP, 0]),
+    dl.SamplingParams(top_k=[3, 12, 8, 16], top_p=[0.5, 0.7, 0.9, 0.4]),
+    dl.SamplingParams(temperature=2.0, top_p=[0.99, 0.5, 0.95, 0.8]),  # 0.99: needs the fallback
+    dl.SamplingParams(top_k=[3, 100, 2, 0]),  # 100 > the cap: the fallback
+], ids=["top-p", "top-k", "both", "top-p-fallback", "top-k-fallback"])
+def test_capped_candidates_keep_exactly_what_the_full_sort_keeps(params):
+    logits = random_logits(4, seed=1)
+    reference = kept(params, logits, candidates=V)  # candidates >= V: the full sort
+    np.testing.assert_array_equal(kept(params, logits, candidates=CAP), reference)
+
+
+def test_a_nearly_flat_distribution_takes_the_fallback():
+    """Logits -i/1000 (token i): the first n tokens hold (1 - r^n) / (1 - r^512) of the mass,
+    r = e^-0.001, which reaches 0.5 at n = 223.58, so top_p 0.5 keeps tokens 0..223: 224, more
+    than the 16 candidates, so the row falls back to the full sort. The peaked row beside it
+    keeps its two tokens of logit 40 (mass 0.5 before the second)."""
+    logits = np.zeros((2, V), np.float32)
+    logits[0] = -np.arange(V, dtype=np.float32) / 1000
+    logits[1, [3, 9]] = 40.0
+    params = dl.SamplingParams(top_p=0.5)
+    out = kept(params, logits, candidates=CAP)
+    np.testing.assert_array_equal(np.flatnonzero(out[0]), np.arange(224))
+    np.testing.assert_array_equal(np.flatnonzero(out[1]), [3, 9])
+    np.testing.assert_array_equal(out, kept(params, logits, candidates=V))
+
+
+# --- Drawing among candidates ---------------------------------------------------------------------
+
+_draw = jax.jit(sampling.draw)
+_logprobs = jax.jit(sampling.processed_logprobs)
+
+
+def test_a_draw_among_candidates_is_exactly_the_top_k_distribution():
+    """Chi-square at significance 1e-3 over 4000 rows (each its own key): top-k 4 of logits
+    log(0.4, 0.3, 0.2, 0.1, then 0.01 spread over the rest) draws among the 16 candidates, with
+    probabilities 0.4 / 0.3 / 0.2 / 0.1 renormalised over the four kept (total 1.0 of 1.01)."""
+    rows = 4000
+    p = np.full(V, 0.01 / (V - 4))
+    p[[10, 20, 30, 40]] = [0.4, 0.3, 0.2, 0.1]
+    params = dl.SamplingParams(top_k=4)
+    logits = np.tile(np.log(p).astype(np.float32), (rows, 1))
+    history = empty_history(rows)
+    row_params = params.per_row(rows, V, candidates=CAP)
+    logprobs = _logprobs(jnp.asarray(logits), row_params, history)
+    tokens = np.asarray(_draw(logprobs, row_params, sampling.batch_keys(0, rows)))
+    counts = np.bincount(tokens, minlength=V)
+    assert counts.sum() == counts[[10, 20, 30, 40]].sum()
+    expected = np.array([0.4, 0.3, 0.2, 0.1]) * rows
+    assert scipy.stats.chisquare(counts[[10, 20, 30, 40]], expected).pvalue > 1e-3
+
+
+def test_the_draw_rule_is_per_row():
+    """A top-k row draws the same token whether its batch-mate also draws among candidates (the
+    vocabulary-wide draw skipped) or not (both draws, selected per row)."""
+    logits = random_logits(2, seed=3)
+    keys = sampling.batch_keys(5, 2)
+    history = empty_history(2)
+    tokens = []
+    for top_k in ([6, 9], [6, 0]):
+        row_params = dl.SamplingParams(top_k=top_k).per_row(2, V, candidates=CAP)
+        logprobs = _logprobs(jnp.asarray(logits), row_params, history)
+        tokens.append(np.asarray(_draw(logprobs, row_params, keys)))
+    assert tokens[0][0] == tokens[1][0]
