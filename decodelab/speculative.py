@@ -50,14 +50,16 @@ from flax import nnx, struct
 
 from decodelab import sampling
 from decodelab.cache import KVCache
-from decodelab.checks import check_bool, check_model, check_size, is_int, position_limit
+from decodelab.checks import (check_bool, check_memory, check_model, check_size, is_int,
+                              kv_cache_bytes, nbytes, position_limit)
 from decodelab.decode import ends_with_stop
 from decodelab.drafters import (ACCEPT_STREAM, TARGET_STREAM, Drafter, ModelDrafter, NgramDrafter,
                                 Proposal, draw, stream_keys)
 from decodelab.loop import CompiledLoop
 from decodelab.request import (BAD_LOGITS, EOS, LENGTH, NO_ALLOWED_TOKEN, PAD_TOKEN, RUNNING, STOP,
-                               GenerateOutput, bucket_length, check_request, finish_output,
-                               host_output, prompt_block, resolve_max_len)
+                               GenerateOutput, bucket_length, check_request, clamp_new_tokens,
+                               decode_buffers, finish_output, host_output, prompt_block,
+                               resolve_max_len)
 from decodelab.sampling import RowParams, SamplingParams
 
 __all__ = ["Drafter", "ModelDrafter", "NgramDrafter", "Proposal", "SpecState", "SpeculativeOutput",
@@ -323,6 +325,10 @@ class SpeculativeStats:
     distribution there was usable); the acceptance rate ``alpha`` is accepted / tested, the
     quantity the i.i.d. theory's alpha estimates. Counts include proposals accepted in the last
     round beyond what the budget, an EOS or a stop sequence let the row keep.
+
+    A rate with nothing tested (a row, or a draft position, where no proposal was tested; every
+    row when no row was) is NaN: 0 / 0, deliberately not 0 or 1, since no proposal was judged.
+    ``tested`` and ``tested_by_position`` say where.
     """
 
     gamma: int
@@ -331,6 +337,7 @@ class SpeculativeStats:
     tested_by_position: np.ndarray  # [B, gamma] int
     accepted_by_position: np.ndarray  # [B, gamma] int
     accepted_per_round: np.ndarray  # [B, N] int, per round of the row; -1 past its rounds
+    #   (padding, as the output's NaN logprobs past a row's length)
 
     @property
     def tested(self) -> np.ndarray:  # [B]
@@ -346,7 +353,7 @@ class SpeculativeStats:
             return self.accepted / self.tested
 
     @property
-    def overall_alpha(self) -> float:
+    def overall_alpha(self) -> float:  # NaN where no row tested a proposal
         tested = int(self.tested.sum())
         return float(self.accepted.sum() / tested) if tested else float("nan")
 
@@ -360,14 +367,16 @@ class SpeculativeStats:
         return float(self.generated.sum() / max(int(self.rounds.sum()), 1))
 
     @property
-    def acceptance_by_position(self) -> np.ndarray:  # [gamma] float, over all rows
+    def acceptance_by_position(self) -> np.ndarray:  # [gamma] float over all rows; NaN at a
+        # position no row tested
         with np.errstate(invalid="ignore", divide="ignore"):
             return self.accepted_by_position.sum(axis=0) / self.tested_by_position.sum(axis=0)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class SpeculativeOutput(GenerateOutput):
-    """``GenerateOutput``'s fields (logprobs etc. under the target's distribution) plus ``stats``."""
+    """``GenerateOutput``'s fields (logprobs etc. under the target's distribution; NaN past a
+    row's length, as there) plus ``stats``."""
 
     stats: SpeculativeStats
 
@@ -417,12 +426,18 @@ def speculative_generate(
       prompts, params, max_new_tokens, seed, eos_ids, stop_sequences, stop_strings,
       return_top_logprobs, return_entropy, python_loop, raise_on_error: as in ``generate``; the
         logprobs, top logprobs and entropy are those of the target's sampling distribution.
-      gamma: proposals per round (>= 1).
+      gamma: proposals per round (>= 1); capped at ``max_new_tokens`` (after its clamping), as
+        proposals past the budget could never be kept. The tokens are those of the uncapped
+        gamma; ``stats.gamma`` reports the gamma used.
       tokenizer, draft_tokenizer: the models' tokenizers; when both are given they must be the same
         (``tokenizer`` also serves ``stop_strings``).
       max_len: cache slots per row, for both models. Default: the prompt bucket plus
         ``max_new_tokens`` plus ``gamma``, capped by the smaller position table. Every prompt
-        needs room for one round: ``len(prompt) + gamma <= max_len``.
+        needs room for one round: ``len(prompt) + gamma <= max_len``. ``max_new_tokens`` is
+        clamped to ``max_len`` minus the shortest prompt, as in ``generate``.
+
+    Raises ValueError before anything is allocated when the caches and buffers need more than the
+    memory limit (``checks.check_memory``).
 
     Returns a ``SpeculativeOutput``: ``generate``'s fields plus ``stats`` (``SpeculativeStats``).
     """
@@ -462,8 +477,19 @@ def speculative_generate(
                                  f"(max_seq_len), got {max_len}")
     known = [x for x in limits if x is not None]
     longest = max(len(r) for r in rows)
+    gamma = min(gamma, N)
     S = resolve_max_len(max_len, rows, bucket_length(longest) + N + gamma,
                         min(known) if known else None)
+    N = clamp_new_tokens(N, rows, S)
+    gamma = min(gamma, N)
+    T = min(bucket_length(longest), S)
+    buffers = decode_buffers(target.config, len(rows), S, N, T, request.top_n,
+                             request.with_entropy)
+    buffers["verify history"] = nbytes((len(rows) * (gamma + 1), S), np.int32)
+    if not isinstance(draft, Drafter):
+        buffers["draft KV cache"] = kv_cache_bytes(draft.config, len(rows), S)
+    check_memory("speculative_generate", buffers, {"len(prompts)": len(rows), "gamma": gamma,
+                                                   "max_new_tokens": N, "max_len": S})
     for i, r in enumerate(rows):
         if len(r) + gamma > S:
             raise ValueError(f"gamma={gamma} is too large for the cache: prompts[{i}] has {len(r)} "
