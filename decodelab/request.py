@@ -35,8 +35,8 @@ import jax
 import numpy as np
 
 from decodelab import sampling
-from decodelab.checks import (INT32_MAX, check_bool, check_size, is_int, kv_cache_bytes,
-                              nbytes)
+from decodelab.checks import (INT32_MAX, check_bool, check_memory, check_size, is_int,
+                              kv_cache_bytes, nbytes, position_limit)
 from decodelab.sampling import SamplingParams
 
 # Finish codes of a row (DecodeState.finish, SpecState.finish, BeamState.pool_reasons).
@@ -358,6 +358,45 @@ def decode_buffers(cfg: Any, batch_size: int, max_len: int, max_new_tokens: int,
         "prefill logits": nbytes((B, T, V), np.float32),
         "logprobs": nbytes((B, N, 1 + 2 * top_n + int(with_entropy)), np.float32),
     }
+
+
+def speculative_sizes(request: BatchRequest, gamma: int, max_len: Any, target: Any,
+                      draft: Any) -> tuple[int, int, int]:
+    """``(max_len, max_new_tokens, gamma)`` of a ``speculative_generate`` call (``draft``: the
+    draft model, None for a model-free drafter): ``max_len`` within both position tables,
+    ``max_new_tokens`` clamped as in ``generate``, ``gamma`` capped at it (proposals past the
+    budget could never be kept), every prompt with room for one round, and the caches and
+    buffers within the memory limit."""
+    rows, N = request.rows, request.max_new_tokens
+    draft_limit = position_limit(draft) if draft is not None else None
+    if draft_limit is not None:
+        for i, r in enumerate(rows):
+            if len(r) >= draft_limit:
+                raise ValueError(f"prompts[{i}] has {len(r)} tokens but the draft's cache holds "
+                                 f"at most {draft_limit} (its position table, max_seq_len); a "
+                                 f"prompt must be shorter to leave room for output")
+        if max_len is not None and is_int(max_len) and max_len > draft_limit:
+            raise ValueError(f"max_len must be <= {draft_limit}, the draft's position table "
+                             f"(max_seq_len), got {max_len}")
+    known = [x for x in (position_limit(target), draft_limit) if x is not None]
+    T = bucket_length(max(len(r) for r in rows))
+    gamma = min(gamma, N)
+    S = resolve_max_len(max_len, rows, T + N + gamma, min(known) if known else None)
+    N = clamp_new_tokens(N, rows, S)
+    gamma = min(gamma, N)
+    buffers = decode_buffers(target.config, len(rows), S, N, min(T, S), request.top_n,
+                             request.with_entropy)
+    buffers["verify history"] = nbytes((len(rows) * (gamma + 1), S), np.int32)
+    if draft is not None:
+        buffers["draft KV cache"] = kv_cache_bytes(draft.config, len(rows), S)
+    check_memory("speculative_generate", buffers, {"len(prompts)": len(rows), "gamma": gamma,
+                                                   "max_new_tokens": N, "max_len": S})
+    for i, r in enumerate(rows):
+        if len(r) + gamma > S:
+            raise ValueError(f"gamma={gamma} is too large for the cache: prompts[{i}] has "
+                             f"{len(r)} tokens and one round needs len(prompt) + gamma = "
+                             f"{len(r) + gamma} slots, but max_len is {S}")
+    return S, N, gamma
 
 
 def prompt_block(rows: list[np.ndarray], max_len: int) -> tuple[np.ndarray, np.ndarray]:

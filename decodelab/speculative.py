@@ -50,16 +50,14 @@ from flax import nnx, struct
 
 from decodelab import sampling
 from decodelab.cache import KVCache
-from decodelab.checks import (check_bool, check_memory, check_model, check_size, is_int,
-                              kv_cache_bytes, nbytes, position_limit)
+from decodelab.checks import check_bool, check_model, check_size
 from decodelab.decode import ends_with_stop
 from decodelab.drafters import (ACCEPT_STREAM, TARGET_STREAM, Drafter, ModelDrafter, NgramDrafter,
                                 Proposal, draw, stream_keys)
 from decodelab.loop import CompiledLoop
 from decodelab.request import (BAD_LOGITS, EOS, LENGTH, NO_ALLOWED_TOKEN, PAD_TOKEN, RUNNING, STOP,
-                               GenerateOutput, bucket_length, check_request, clamp_new_tokens,
-                               decode_buffers, finish_output, host_output, prompt_block,
-                               resolve_max_len)
+                               GenerateOutput, check_request, finish_output, host_output,
+                               prompt_block, speculative_sizes)
 from decodelab.sampling import RowParams, SamplingParams
 
 __all__ = ["Drafter", "ModelDrafter", "NgramDrafter", "Proposal", "SpecState", "SpeculativeOutput",
@@ -460,41 +458,9 @@ def speculative_generate(
         target.config.vocab_size, prompts, params, max_new_tokens, seed, eos_ids=eos_ids,
         stop_sequences=stop_sequences, stop_strings=stop_strings, tokenizer=tokenizer,
         return_top_logprobs=return_top_logprobs, return_entropy=return_entropy)
-    rows, N = request.rows, request.max_new_tokens
-    limits = [position_limit(target)]
-    if not isinstance(draft, Drafter):
-        draft_limit = position_limit(draft)
-        limits.append(draft_limit)
-        if draft_limit is not None:
-            for i, r in enumerate(rows):
-                if len(r) >= draft_limit:
-                    raise ValueError(f"prompts[{i}] has {len(r)} tokens but the draft's cache "
-                                     f"holds at most {draft_limit} (its position table, "
-                                     "max_seq_len); a prompt must be shorter to leave room for "
-                                     "output")
-            if max_len is not None and is_int(max_len) and max_len > draft_limit:
-                raise ValueError(f"max_len must be <= {draft_limit}, the draft's position table "
-                                 f"(max_seq_len), got {max_len}")
-    known = [x for x in limits if x is not None]
-    longest = max(len(r) for r in rows)
-    gamma = min(gamma, N)
-    S = resolve_max_len(max_len, rows, bucket_length(longest) + N + gamma,
-                        min(known) if known else None)
-    N = clamp_new_tokens(N, rows, S)
-    gamma = min(gamma, N)
-    T = min(bucket_length(longest), S)
-    buffers = decode_buffers(target.config, len(rows), S, N, T, request.top_n,
-                             request.with_entropy)
-    buffers["verify history"] = nbytes((len(rows) * (gamma + 1), S), np.int32)
-    if not isinstance(draft, Drafter):
-        buffers["draft KV cache"] = kv_cache_bytes(draft.config, len(rows), S)
-    check_memory("speculative_generate", buffers, {"len(prompts)": len(rows), "gamma": gamma,
-                                                   "max_new_tokens": N, "max_len": S})
-    for i, r in enumerate(rows):
-        if len(r) + gamma > S:
-            raise ValueError(f"gamma={gamma} is too large for the cache: prompts[{i}] has {len(r)} "
-                             f"tokens and one round needs len(prompt) + gamma = "
-                             f"{len(r) + gamma} slots, but max_len is {S}")
+    rows = request.rows
+    S, N, gamma = speculative_sizes(request, gamma, max_len, target,
+                                    None if isinstance(draft, Drafter) else draft)
     block, lengths = prompt_block(rows, S)
     row_params = params.per_row(len(rows), target.config.vocab_size)
 
