@@ -23,6 +23,7 @@ from decodelab.checkpoint import load_checkpoint, save_checkpoint
 from decodelab.train import TrainConfig  # the loop itself: decodelab.train.train
 
 # Sampling and decoding
+from decodelab.checks import set_memory_limit
 from decodelab.request import GenerateOutput
 from decodelab.decode import generate
 from decodelab.sampling import SamplingParams
@@ -58,6 +59,7 @@ __all__ = [
     "NgramDrafter",
     "SpeculativeOutput",
     "speculative_generate",
+    "set_memory_limit",
     # Scale
     "make_mesh",
     "shard",

@@ -44,10 +44,12 @@ import numpy as np
 from flax import nnx, struct
 
 from decodelab.cache import KVCache
-from decodelab.checks import check_bool, check_model, check_size, is_int, position_limit
+from decodelab.checks import (check_bool, check_memory, check_model, check_size, is_int,
+                              kv_cache_bytes, nbytes, position_limit)
 from decodelab.loop import CompiledLoop
 from decodelab.request import (EOS, FINISH_REASONS, LENGTH, NO_HYPOTHESIS, PAD_TOKEN, bucket_length,
-                               check_eos, check_prompts, prompt_block, resolve_max_len)
+                               check_eos, check_prompts, clamp_new_tokens, prompt_block,
+                               resolve_max_len)
 
 
 @struct.dataclass(kw_only=True)
@@ -307,12 +309,19 @@ def _beam_prefill(weights, block, prompt_lengths, budgets, eos_mask, alpha, min_
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class BeamSearchOutput:
-    """The n-best hypotheses of each prompt, best first (``R`` = ``num_return``)."""
+    """The n-best hypotheses of each prompt, best first (``R`` = ``num_return``, ``N`` =
+    ``min(max_new_tokens, max_len - shortest prompt)``).
+
+    Padding is never NaN: token ids are ``PAD_TOKEN`` past a hypothesis's length, and an empty
+    slot (finish reason "none") has length 0 and score and log-probability -inf. A NaN in the
+    model's logits raises instead of reaching the output."""
 
     tokens: np.ndarray  # [B, R, N] int32, the output only; PAD_TOKEN past lengths
     lengths: np.ndarray  # [B, R] int32, output tokens, a finishing EOS included
-    scores: np.ndarray  # [B, R] float32, logprobs / lp(lengths): what the ranking sorts by
-    logprobs: np.ndarray  # [B, R] float32, the model's log-probability of the output
+    scores: np.ndarray  # [B, R] float32, logprobs / lp(lengths): what the ranking sorts by;
+    #   -inf for an empty slot
+    logprobs: np.ndarray  # [B, R] float32, the model's log-probability of the output; -inf for
+    #   an empty slot
     finish_reason: list[list[str]]  # "eos" | "length" ("none": fewer hypotheses than R exist)
 
     def token_lists(self) -> list[list[list[int]]]:
@@ -358,6 +367,13 @@ def _check_alpha(length_penalty: Any) -> float:
     return float(length_penalty)
 
 
+def _buffers(cfg: Any, B: int, W: int, S: int, N: int) -> dict[str, int]:
+    """Bytes of the largest buffers of a ``BeamState`` (``checks.check_memory``)."""
+    return {"KV cache": kv_cache_bytes(cfg, B * W, S),
+            "running and finished tokens": 2 * nbytes((B, W, N), np.int32),
+            "extensions": nbytes((B, W, cfg.vocab_size), np.float32)}
+
+
 def beam_search(
     model: nnx.Module,
     prompts: Sequence[Sequence[int]],
@@ -377,7 +393,8 @@ def beam_search(
       model: a ``Transformer`` (or any module with its call signature and a ``config``).
       prompts: one list of token ids per prompt, of any lengths.
       width: beams per prompt, in ``[1, vocab_size]``; 1 is greedy decoding.
-      max_new_tokens: the output budget per hypothesis.
+      max_new_tokens: the output budget per hypothesis; clamped to ``max_len`` minus the shortest
+        prompt (no hypothesis can be longer), which sets the output's column count.
       length_penalty: GNMT's alpha >= 0; hypotheses are ranked by log-probability over
         ``((5 + length) / 6) ** alpha`` (0: by log-probability; larger favours longer outputs).
       num_return: hypotheses returned per prompt, in ``[1, width]``; default ``width``.
@@ -387,6 +404,9 @@ def beam_search(
       max_len: cache slots per row (prompt + output). Default: the prompt bucket plus
         ``max_new_tokens``, at most the model's position table if it has one.
       python_loop: run the steps from Python (same step function, same hypotheses).
+
+    Raises ValueError before anything is allocated when the cache and buffers need more than the
+    memory limit (``checks.check_memory``).
     """
     check_model("model", model)
     V = model.config.vocab_size
@@ -404,6 +424,9 @@ def beam_search(
     check_bool("python_loop", python_loop)
     longest = max(len(r) for r in rows)
     S = resolve_max_len(max_len, rows, bucket_length(longest) + N, position_limit(model))
+    N = clamp_new_tokens(N, rows, S)
+    check_memory("beam_search", _buffers(model.config, len(rows), W, S, N),
+                 {"len(prompts)": len(rows), "width": W, "max_new_tokens": N, "max_len": S})
 
     block, lengths = prompt_block(rows, S)
     budgets = np.minimum(N, S - lengths).astype(np.int32)

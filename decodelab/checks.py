@@ -4,12 +4,23 @@ Each check raises ``ValueError`` with a message that names the argument, its val
 allowed, and returns the value in the form the caller stores. Sizes that end up in int32 arrays
 (token budgets, cache lengths, beam widths, ...) are checked against the int32 range with
 ``check_size``, so a typo such as ``2**31`` is refused instead of wrapping negative.
+
+Sizes are also bounded by memory: before a decoder allocates its cache and buffers it lists their
+bytes and ``check_memory`` refuses the call when the total exceeds the memory limit (by default
+the device's memory: an accelerator's ``memory_stats()["bytes_limit"]``, or on CPU the machine's
+physical memory; ``set_memory_limit`` changes it). The listed buffers are a lower bound of what
+the call needs, so a refused call could never have run; a typo such as ``max_len=10**9`` answers
+at once instead of swapping the machine to a halt.
 """
 
 from __future__ import annotations
 
+import functools
+import math
+import os
 from typing import Any
 
+import jax
 import numpy as np
 from flax import nnx
 
@@ -51,3 +62,71 @@ def check_model(name: str, model: Any) -> None:
 def position_limit(model: nnx.Module) -> int | None:
     """The model's position-table size (positions it can encode), or None if it has no table."""
     return getattr(getattr(model, "positions", None), "max_positions", None)
+
+
+# --- Memory ---------------------------------------------------------------------------------------
+
+_memory_limit: int | None = None  # set by set_memory_limit; None: the device's memory
+
+
+@functools.cache
+def device_memory() -> tuple[int, str]:
+    """Bytes of memory of the default device and where the number comes from: an accelerator's
+    ``memory_stats()["bytes_limit"]``, or (CPU, where jax reports none) the physical memory."""
+    device = jax.devices()[0]
+    stats = device.memory_stats() or {}
+    if "bytes_limit" in stats:
+        return int(stats["bytes_limit"]), f"the memory of {device.device_kind}"
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "this machine's memory"
+
+
+def set_memory_limit(nbytes: int | None) -> int | None:
+    """Set the most bytes one decoder call's cache and buffers may take; None restores the default
+    (the device's memory). Returns the previous setting."""
+    global _memory_limit
+    if nbytes is not None:
+        nbytes = check_int("nbytes", nbytes, 1)
+    previous, _memory_limit = _memory_limit, nbytes
+    return previous
+
+
+def memory_limit() -> tuple[int, str]:
+    """The memory limit in bytes, and where it comes from."""
+    if _memory_limit is not None:
+        return _memory_limit, "set by set_memory_limit"
+    return device_memory()
+
+
+def nbytes(shape: tuple[int, ...], dtype: Any) -> int:
+    """Bytes of an array of ``shape`` and ``dtype`` (Python ints: no overflow)."""
+    return math.prod(int(n) for n in shape) * jax.numpy.dtype(dtype).itemsize
+
+
+def kv_cache_bytes(cfg: Any, batch_size: int, max_len: int) -> int:
+    """Bytes of a float ``KVCache`` of ``cfg``: keys and values, ``[L, B, K, S, H]`` each (a
+    quantized cache takes less, so the estimate is an upper bound)."""
+    return 2 * nbytes((cfg.n_layers, batch_size, max_len, cfg.n_kv_heads, cfg.head_dim),
+                      cfg.dtype)
+
+
+def format_bytes(n: int) -> str:
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def check_memory(call: str, buffers: dict[str, int], sizes: dict[str, int]) -> int:
+    """Refuse ``call`` before it allocates when its ``buffers`` (name -> bytes) exceed the memory
+    limit; ``sizes`` (argument -> value) are the arguments that set them, named in the message.
+    Returns the total bytes."""
+    total = sum(buffers.values())
+    limit, source = memory_limit()
+    if total > limit:
+        parts = ", ".join(f"{name} {format_bytes(n)}" for name, n in buffers.items())
+        args = ", ".join(f"{name}={value}" for name, value in sizes.items())
+        raise ValueError(f"{call} with {args} needs {format_bytes(total)} ({parts}), more than "
+                         f"the memory limit of {format_bytes(limit)} ({source}); lower "
+                         f"{' or '.join(sizes)}, or raise the limit with "
+                         f"decodelab.set_memory_limit")
+    return total

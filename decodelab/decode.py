@@ -42,11 +42,12 @@ from flax import nnx, struct
 
 from decodelab import kvquant, sampling
 from decodelab.cache import KVCache
-from decodelab.checks import check_bool, check_model, position_limit
+from decodelab.checks import check_bool, check_memory, check_model, position_limit
 from decodelab.loop import CompiledLoop
 from decodelab.request import (BAD_LOGITS, EOS, LENGTH, NO_ALLOWED_TOKEN, PAD_TOKEN, RUNNING, STOP,
-                               GenerateOutput, bucket_length, check_request, finish_output,
-                               host_output, prompt_block, resolve_max_len)
+                               GenerateOutput, bucket_length, check_request, clamp_new_tokens,
+                               decode_buffers, finish_output, host_output, prompt_block,
+                               resolve_max_len)
 from decodelab.sampling import RowParams, SamplingParams
 
 # --- The loop -------------------------------------------------------------------------------------
@@ -282,7 +283,8 @@ def generate(
       model: a ``Transformer`` (or any module with its call signature and a ``config``).
       prompts: one list of token ids per request, of any lengths.
       params: ``SamplingParams``; each field a scalar or one value per prompt.
-      max_new_tokens: the output budget per row.
+      max_new_tokens: the output budget per row; clamped to ``max_len`` minus the shortest
+        prompt (no row can generate more), which sets the output's column count.
       seed: one int per prompt (its output then depends only on its own prompt, parameters and
         seed), or one int s: row r draws from ``fold_in(key(s), r)``.
       eos_ids: ids that end a row (finish reason "eos"); ``min_new_tokens`` suppresses them.
@@ -299,6 +301,9 @@ def generate(
         allowed token; with False such rows just finish with reason "error".
       kv_cache: None (a float cache) or "int8" / "int4": keys and values stored quantized
         (``kvquant.QuantizedKVCache``).
+
+    Raises ValueError before anything is allocated when the cache and buffers need more than the
+    memory limit (``checks.check_memory``).
     """
     check_model("model", model)
     kvquant.check_kind("kv_cache", kv_cache)
@@ -311,6 +316,11 @@ def generate(
     rows, N = request.rows, request.max_new_tokens
     longest = max(len(r) for r in rows)
     S = resolve_max_len(max_len, rows, bucket_length(longest) + N, position_limit(model))
+    N = clamp_new_tokens(N, rows, S)
+    buffers = decode_buffers(model.config, len(rows), S, N, min(bucket_length(longest), S),
+                             request.top_n, return_entropy)
+    check_memory("generate", buffers, {"len(prompts)": len(rows), "max_new_tokens": N,
+                                       "max_len": S})
     block, lengths = prompt_block(rows, S)
     row_params = params.per_row(len(rows), model.config.vocab_size)
     graphdef, weights = nnx.split(model)

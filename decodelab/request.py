@@ -14,8 +14,13 @@ on them):
 - Finish codes are one table (``FINISH_REASONS``) for every decoder and the engine. A row is
   ``RUNNING`` until it stops; both error codes are reported as finish reason "error";
   ``NO_HYPOTHESIS`` marks an empty slot of a beam's n-best list.
-- Outputs are host arrays padded to ``max_new_tokens`` columns: ``PAD_TOKEN`` past a row's length,
-  NaN in the float fields there.
+- Sizes are bounded by what the model and the cache can use: ``max_new_tokens`` is clamped to
+  the room ``max_len`` leaves after the shortest prompt (no row can generate more), and before
+  anything is allocated the bytes of the cache and buffers are checked against the memory limit
+  (``checks.check_memory``; ``decode_buffers`` lists them).
+- Outputs are host arrays padded to ``N`` columns, ``N`` = ``max_new_tokens`` clamped as above:
+  ``PAD_TOKEN`` past a row's length, NaN in the float fields there (padding, not a numerical
+  failure: ``GenerateOutput.valid`` is the mask of real entries).
 - Prompts are padded to a power-of-two block (``bucket_length``) for one prefill, so a new prompt
   length within a bucket does not recompile.
 """
@@ -30,7 +35,8 @@ import jax
 import numpy as np
 
 from decodelab import sampling
-from decodelab.checks import INT32_MAX, check_bool, check_size, is_int
+from decodelab.checks import (INT32_MAX, check_bool, check_memory, check_size, is_int,
+                              kv_cache_bytes, nbytes, position_limit)
 from decodelab.sampling import SamplingParams
 
 # Finish codes of a row (DecodeState.finish, SpecState.finish, BeamState.pool_reasons).
@@ -51,18 +57,31 @@ def bucket_length(n: int, minimum: int = 16) -> int:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class GenerateOutput:
-    """Per-row results of ``generate``; arrays are padded to ``max_new_tokens`` columns.
+    """Per-row results of ``generate``; arrays are padded to ``N`` columns, ``N`` =
+    ``min(max_new_tokens, max_len - shortest prompt)`` (no row can generate more).
 
-    Past a row's length the token ids are ``PAD_TOKEN`` and the float fields NaN: padding, not a
-    numerical failure."""
+    Past a row's length (where ``valid`` is False) the token ids are ``PAD_TOKEN``, the top ids
+    ``PAD_TOKEN`` and the float fields NaN: deliberate padding, not a numerical failure. Within a
+    row's length they are never NaN (a row whose logits hold NaN stops with finish reason "error"
+    before anything is recorded)."""
 
     tokens: np.ndarray  # [B, N] int32, the output only; PAD_TOKEN past lengths[b]
     lengths: np.ndarray  # [B] int32, output tokens per row
     finish_reason: list[str]  # per row: "eos" | "stop" | "length" | "error"
-    logprobs: np.ndarray  # [B, N] float32, of each token under the distribution it was drawn from
-    top_logprobs: np.ndarray | None  # [B, N, n] float32, that distribution's n largest, descending
-    top_ids: np.ndarray | None  # [B, N, n] int32, their ids (arbitrary where the logprob is -inf)
-    entropy: np.ndarray | None  # [B, N] float32, that distribution's entropy in nats
+    logprobs: np.ndarray  # [B, N] float32, of each token under the distribution it was drawn
+    #   from; NaN past lengths[b] (padding)
+    top_logprobs: np.ndarray | None  # [B, N, n] float32, that distribution's n largest,
+    #   descending; NaN past lengths[b] (padding)
+    top_ids: np.ndarray | None  # [B, N, n] int32, their ids (arbitrary where the logprob is
+    #   -inf); PAD_TOKEN past lengths[b]
+    entropy: np.ndarray | None  # [B, N] float32, that distribution's entropy in nats; NaN past
+    #   lengths[b] (padding)
+
+    @property
+    def valid(self) -> np.ndarray:
+        """``[B, N]`` bool: True where a column holds an output token of its row, False where the
+        fields are padding (PAD_TOKEN, NaN)."""
+        return np.arange(self.tokens.shape[1])[None, :] < self.lengths[:, None]
 
     def token_lists(self) -> list[list[int]]:
         return [row[:n].tolist() for row, n in zip(self.tokens, self.lengths)]
@@ -318,6 +337,66 @@ def resolve_max_len(max_len: Any, rows: list[np.ndarray], default: int,
             raise ValueError(f"prompts[{i}] has {len(r)} tokens but {source} is {S}; a prompt "
                              f"must be shorter than max_len to leave room for output")
     return S
+
+
+def clamp_new_tokens(max_new_tokens: int, rows: list[np.ndarray], max_len: int) -> int:
+    """The output columns a call needs: ``max_new_tokens``, at most the room ``max_len`` leaves
+    after the shortest prompt. A row stops at ``max_len`` anyway, so clamping changes no output
+    and keeps a huge budget from sizing buffers nothing can fill."""
+    return min(max_new_tokens, max_len - min(len(r) for r in rows))
+
+
+def decode_buffers(cfg: Any, batch_size: int, max_len: int, max_new_tokens: int,
+                   prompt_len: int, top_n: int = 0, with_entropy: bool = False) -> dict[str, int]:
+    """Bytes of the largest buffers of a ``decode.DecodeState`` (also the serving engine's) of
+    ``B`` rows, ``S`` cache slots and ``N`` output columns, and of the prefill's logits of a
+    ``prompt_len`` block, for ``checks.check_memory``."""
+    B, S, N, T, V = batch_size, max_len, max_new_tokens, prompt_len, cfg.vocab_size
+    return {
+        "KV cache": kv_cache_bytes(cfg, B, S),
+        "token buffer": nbytes((B, S), np.int32),
+        "prefill logits": nbytes((B, T, V), np.float32),
+        "logprobs": nbytes((B, N, 1 + 2 * top_n + int(with_entropy)), np.float32),
+    }
+
+
+def speculative_sizes(request: BatchRequest, gamma: int, max_len: Any, target: Any,
+                      draft: Any) -> tuple[int, int, int]:
+    """``(max_len, max_new_tokens, gamma)`` of a ``speculative_generate`` call (``draft``: the
+    draft model, None for a model-free drafter): ``max_len`` within both position tables,
+    ``max_new_tokens`` clamped as in ``generate``, ``gamma`` capped at it (proposals past the
+    budget could never be kept), every prompt with room for one round, and the caches and
+    buffers within the memory limit."""
+    rows, N = request.rows, request.max_new_tokens
+    draft_limit = position_limit(draft) if draft is not None else None
+    if draft_limit is not None:
+        for i, r in enumerate(rows):
+            if len(r) >= draft_limit:
+                raise ValueError(f"prompts[{i}] has {len(r)} tokens but the draft's cache holds "
+                                 f"at most {draft_limit} (its position table, max_seq_len); a "
+                                 f"prompt must be shorter to leave room for output")
+        if max_len is not None and is_int(max_len) and max_len > draft_limit:
+            raise ValueError(f"max_len must be <= {draft_limit}, the draft's position table "
+                             f"(max_seq_len), got {max_len}")
+    known = [x for x in (position_limit(target), draft_limit) if x is not None]
+    T = bucket_length(max(len(r) for r in rows))
+    gamma = min(gamma, N)
+    S = resolve_max_len(max_len, rows, T + N + gamma, min(known) if known else None)
+    N = clamp_new_tokens(N, rows, S)
+    gamma = min(gamma, N)
+    buffers = decode_buffers(target.config, len(rows), S, N, min(T, S), request.top_n,
+                             request.with_entropy)
+    buffers["verify history"] = nbytes((len(rows) * (gamma + 1), S), np.int32)
+    if draft is not None:
+        buffers["draft KV cache"] = kv_cache_bytes(draft.config, len(rows), S)
+    check_memory("speculative_generate", buffers, {"len(prompts)": len(rows), "gamma": gamma,
+                                                   "max_new_tokens": N, "max_len": S})
+    for i, r in enumerate(rows):
+        if len(r) + gamma > S:
+            raise ValueError(f"gamma={gamma} is too large for the cache: prompts[{i}] has "
+                             f"{len(r)} tokens and one round needs len(prompt) + gamma = "
+                             f"{len(r) + gamma} slots, but max_len is {S}")
+    return S, N, gamma
 
 
 def prompt_block(rows: list[np.ndarray], max_len: int) -> tuple[np.ndarray, np.ndarray]:

@@ -50,14 +50,14 @@ from flax import nnx, struct
 
 from decodelab import kvquant, sampling
 from decodelab.cache import KVCache
-from decodelab.checks import check_bool, check_model, check_size, is_int, position_limit
+from decodelab.checks import check_bool, check_model, check_size
 from decodelab.decode import ends_with_stop
 from decodelab.drafters import (ACCEPT_STREAM, TARGET_STREAM, Drafter, ModelDrafter, NgramDrafter,
                                 Proposal, draw, stream_keys)
 from decodelab.loop import CompiledLoop
 from decodelab.request import (BAD_LOGITS, EOS, LENGTH, NO_ALLOWED_TOKEN, PAD_TOKEN, RUNNING, STOP,
-                               GenerateOutput, bucket_length, check_request, finish_output,
-                               host_output, prompt_block, resolve_max_len)
+                               GenerateOutput, check_request, finish_output, host_output,
+                               prompt_block, speculative_sizes)
 from decodelab.sampling import RowParams, SamplingParams
 
 __all__ = ["Drafter", "ModelDrafter", "NgramDrafter", "Proposal", "SpecState", "SpeculativeOutput",
@@ -323,6 +323,10 @@ class SpeculativeStats:
     distribution there was usable); the acceptance rate ``alpha`` is accepted / tested, the
     quantity the i.i.d. theory's alpha estimates. Counts include proposals accepted in the last
     round beyond what the budget, an EOS or a stop sequence let the row keep.
+
+    A rate with nothing tested (a row, or a draft position, where no proposal was tested; every
+    row when no row was) is NaN: 0 / 0, deliberately not 0 or 1, since no proposal was judged.
+    ``tested`` and ``tested_by_position`` say where.
     """
 
     gamma: int
@@ -331,6 +335,7 @@ class SpeculativeStats:
     tested_by_position: np.ndarray  # [B, gamma] int
     accepted_by_position: np.ndarray  # [B, gamma] int
     accepted_per_round: np.ndarray  # [B, N] int, per round of the row; -1 past its rounds
+    #   (padding, as the output's NaN logprobs past a row's length)
 
     @property
     def tested(self) -> np.ndarray:  # [B]
@@ -346,7 +351,7 @@ class SpeculativeStats:
             return self.accepted / self.tested
 
     @property
-    def overall_alpha(self) -> float:
+    def overall_alpha(self) -> float:  # NaN where no row tested a proposal
         tested = int(self.tested.sum())
         return float(self.accepted.sum() / tested) if tested else float("nan")
 
@@ -360,14 +365,16 @@ class SpeculativeStats:
         return float(self.generated.sum() / max(int(self.rounds.sum()), 1))
 
     @property
-    def acceptance_by_position(self) -> np.ndarray:  # [gamma] float, over all rows
+    def acceptance_by_position(self) -> np.ndarray:  # [gamma] float over all rows; NaN at a
+        # position no row tested
         with np.errstate(invalid="ignore", divide="ignore"):
             return self.accepted_by_position.sum(axis=0) / self.tested_by_position.sum(axis=0)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class SpeculativeOutput(GenerateOutput):
-    """``GenerateOutput``'s fields (logprobs etc. under the target's distribution) plus ``stats``."""
+    """``GenerateOutput``'s fields (logprobs etc. under the target's distribution; NaN past a
+    row's length, as there) plus ``stats``."""
 
     stats: SpeculativeStats
 
@@ -418,13 +425,19 @@ def speculative_generate(
       prompts, params, max_new_tokens, seed, eos_ids, stop_sequences, stop_strings,
       return_top_logprobs, return_entropy, python_loop, raise_on_error: as in ``generate``; the
         logprobs, top logprobs and entropy are those of the target's sampling distribution.
-      gamma: proposals per round (>= 1).
+      gamma: proposals per round (>= 1); capped at ``max_new_tokens`` (after its clamping), as
+        proposals past the budget could never be kept. The tokens are those of the uncapped
+        gamma; ``stats.gamma`` reports the gamma used.
       kv_cache: as in ``generate``, for the target's cache and a draft model's.
       tokenizer, draft_tokenizer: the models' tokenizers; when both are given they must be the same
         (``tokenizer`` also serves ``stop_strings``).
       max_len: cache slots per row, for both models. Default: the prompt bucket plus
         ``max_new_tokens`` plus ``gamma``, capped by the smaller position table. Every prompt
-        needs room for one round: ``len(prompt) + gamma <= max_len``.
+        needs room for one round: ``len(prompt) + gamma <= max_len``. ``max_new_tokens`` is
+        clamped to ``max_len`` minus the shortest prompt, as in ``generate``.
+
+    Raises ValueError before anything is allocated when the caches and buffers need more than the
+    memory limit (``checks.check_memory``).
 
     Returns a ``SpeculativeOutput``: ``generate``'s fields plus ``stats`` (``SpeculativeStats``).
     """
@@ -448,30 +461,9 @@ def speculative_generate(
         target.config.vocab_size, prompts, params, max_new_tokens, seed, eos_ids=eos_ids,
         stop_sequences=stop_sequences, stop_strings=stop_strings, tokenizer=tokenizer,
         return_top_logprobs=return_top_logprobs, return_entropy=return_entropy)
-    rows, N = request.rows, request.max_new_tokens
-    limits = [position_limit(target)]
-    if not isinstance(draft, Drafter):
-        draft_limit = position_limit(draft)
-        limits.append(draft_limit)
-        if draft_limit is not None:
-            for i, r in enumerate(rows):
-                if len(r) >= draft_limit:
-                    raise ValueError(f"prompts[{i}] has {len(r)} tokens but the draft's cache "
-                                     f"holds at most {draft_limit} (its position table, "
-                                     "max_seq_len); a prompt must be shorter to leave room for "
-                                     "output")
-            if max_len is not None and is_int(max_len) and max_len > draft_limit:
-                raise ValueError(f"max_len must be <= {draft_limit}, the draft's position table "
-                                 f"(max_seq_len), got {max_len}")
-    known = [x for x in limits if x is not None]
-    longest = max(len(r) for r in rows)
-    S = resolve_max_len(max_len, rows, bucket_length(longest) + N + gamma,
-                        min(known) if known else None)
-    for i, r in enumerate(rows):
-        if len(r) + gamma > S:
-            raise ValueError(f"gamma={gamma} is too large for the cache: prompts[{i}] has {len(r)} "
-                             f"tokens and one round needs len(prompt) + gamma = "
-                             f"{len(r) + gamma} slots, but max_len is {S}")
+    rows = request.rows
+    S, N, gamma = speculative_sizes(request, gamma, max_len, target,
+                                    None if isinstance(draft, Drafter) else draft)
     block, lengths = prompt_block(rows, S)
     row_params = params.per_row(len(rows), target.config.vocab_size)
 

@@ -1,7 +1,9 @@
 """The request layer: how seeds become random streams, where stop strings cut, and the int32 bound
 on every size argument of the decoders and the serving engine."""
 
+import dataclasses
 import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -178,3 +180,207 @@ def test_every_decoder_reports_finish_reasons_from_the_one_table(uniform):
     assert out.finish_reason == spec.finish_reason == [done[0].finish_reason] == ["length"]
     assert beams.finish_reason == [["length", "length"]]
     assert request.FINISH_REASONS[request.LENGTH] == "length"
+
+
+# --- Sizes fit the model, the cache and memory ----------------------------------------------------
+
+GIB = 2**30
+
+
+@pytest.fixture
+def one_gib_limit():
+    """A 1 GiB memory limit, so the refusals below do not depend on this machine's memory."""
+    previous = dl.set_memory_limit(GIB)
+    yield
+    dl.set_memory_limit(previous)
+
+
+def allocation_forbidden(monkeypatch):
+    """Make every decoder's first allocation fail the test at once, so a size check that regresses
+    fails fast instead of allocating gigabytes."""
+    from decodelab import beam, decode, speculative
+    from decodelab.serving import engine
+
+    def allocates(*args, **kwargs):
+        raise AssertionError("allocated before the memory check refused the call")
+
+    for module, name in ((decode, "prefill"), (beam, "_beam_prefill"),
+                         (speculative, "prefill"), (engine, "_empty_state")):
+        monkeypatch.setattr(module, name, allocates)
+
+
+def test_the_default_memory_limit_is_the_device_memory():
+    from decodelab import checks
+
+    limit, source = checks.memory_limit()
+    if jax.devices()[0].platform == "cpu":
+        assert (limit, source) == (os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"),
+                                   "this machine's memory")
+    else:
+        assert limit == jax.devices()[0].memory_stats()["bytes_limit"]
+
+
+def test_set_memory_limit_returns_the_previous_setting_and_none_restores_the_default():
+    from decodelab import checks
+
+    assert dl.set_memory_limit(GIB) is None
+    assert checks.memory_limit() == (GIB, "set by set_memory_limit")
+    assert dl.set_memory_limit(None) == GIB
+    assert checks.memory_limit() == checks.device_memory()
+    with pytest.raises(ValueError, match=r"^nbytes must be an int >= 1, got 0$"):
+        dl.set_memory_limit(0)
+
+
+def test_a_cache_past_the_memory_limit_is_refused_stating_its_size(uniform, one_gib_limit,
+                                                                   monkeypatch):
+    """Uniform's cache holds 2 x 4 bytes per slot: max_len 10**9 is 8e9 bytes of cache, 4e9 of
+    token buffer, a [1, 16, 512] float32 prefill block and 4 logprobs."""
+    allocation_forbidden(monkeypatch)
+    with pytest.raises(ValueError) as error:
+        dl.generate(uniform, [[1]], GREEDY, 4, max_len=10**9)
+    assert str(error.value) == (
+        "generate with len(prompts)=1, max_new_tokens=4, max_len=1000000000 needs 11.2 GiB "
+        "(KV cache 7.5 GiB, token buffer 3.7 GiB, prefill logits 32.0 KiB, logprobs 16 B), more "
+        "than the memory limit of 1.0 GiB (set by set_memory_limit); lower len(prompts) or "
+        "max_new_tokens or max_len, or raise the limit with decodelab.set_memory_limit")
+
+
+HUGE_CALLS = {
+    "generate max_new_tokens": (lambda m: dl.generate(m, [[1]], GREEDY, 10**9), "generate"),
+    "generate max_len": (lambda m: dl.generate(m, [[1]], GREEDY, 2, max_len=10**9), "generate"),
+    "beam max_new_tokens": (lambda m: dl.beam_search(m, [[1]], 2, 10**9), "beam_search"),
+    "beam width": (lambda m: dl.beam_search(m, [[1]] * 1000, V, 8, max_len=10**4),
+                   "beam_search"),
+    "beam max_len": (lambda m: dl.beam_search(m, [[1]], 2, 2, max_len=10**9), "beam_search"),
+    "speculative max_new_tokens": (
+        lambda m: dl.speculative_generate(m, dl.NgramDrafter(), [[1]], GREEDY, 4, 10**9),
+        "speculative_generate"),
+    "speculative max_len": (
+        lambda m: dl.speculative_generate(m, dl.NgramDrafter(), [[1]], GREEDY, 4, 4,
+                                          max_len=10**9), "speculative_generate"),
+    "engine num_slots": (lambda m: SlotEngine(m, 10**8, 8), "SlotEngine"),
+    "engine max_len": (lambda m: SlotEngine(m, 1, 10**9), "SlotEngine"),
+}
+
+
+@pytest.mark.parametrize("case", HUGE_CALLS)
+def test_every_decoder_refuses_a_size_past_the_memory_limit_before_allocating(
+        uniform, one_gib_limit, monkeypatch, case):
+    allocation_forbidden(monkeypatch)
+    call, name = HUGE_CALLS[case]
+    with pytest.raises(ValueError, match=rf"^{name} with .* needs [\d.]+ [GT]iB \(KV cache "):
+        call(uniform)
+
+
+@pytest.fixture(scope="module")
+def learned16():
+    """A learned-position model whose position table stops every row at 16 tokens."""
+    cfg = dl.ModelConfig(vocab_size=V, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=256,
+                         max_seq_len=16, position="learned")
+    return dl.Transformer(cfg, rngs=nnx.Rngs(0))
+
+
+def sizes_at_most(monkeypatch, module, name, limit):
+    """Wrap ``module.name`` so that a static size argument past ``limit`` fails the test before
+    anything is allocated."""
+    real = getattr(module, name)
+
+    def checked(*args, **kwargs):
+        for size in ("max_new_tokens", "gamma", "max_len"):
+            assert kwargs.get(size, 0) <= limit, (size, kwargs[size])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, checked)
+
+
+def test_max_new_tokens_is_clamped_to_the_position_table(learned16, monkeypatch):
+    """The rows of a 16-position model stop at 16 tokens: a 3-token prompt has 13 columns of
+    output whatever the budget, the tokens of a budget of 13."""
+    from decodelab import decode
+
+    sizes_at_most(monkeypatch, decode, "prefill", 16)
+    huge = dl.generate(learned16, [[1, 2, 3]], GREEDY, 10**9)
+    exact = dl.generate(learned16, [[1, 2, 3]], GREEDY, 13)
+    assert huge.tokens.shape == (1, 13)
+    assert huge.lengths.tolist() == [13] and huge.finish_reason == ["length"]
+    assert huge.tokens.tolist() == exact.tokens.tolist()
+
+
+def test_max_new_tokens_is_clamped_to_the_room_after_the_shortest_prompt(uniform, monkeypatch):
+    from decodelab import decode
+
+    sizes_at_most(monkeypatch, decode, "prefill", 8)
+    out = dl.generate(uniform, [[1, 2, 3], [1]], GREEDY, 10**9, max_len=8)
+    assert out.tokens.shape == (2, 7)
+    assert out.lengths.tolist() == [5, 7]
+    assert out.token_lists() == [[0] * 5, [0] * 7]
+
+
+def test_beam_max_new_tokens_is_clamped_to_the_room_after_the_shortest_prompt(uniform,
+                                                                              monkeypatch):
+    from decodelab import beam
+
+    sizes_at_most(monkeypatch, beam, "_beam_prefill", 8)
+    out = dl.beam_search(uniform, [[1, 2, 3], [1]], 2, 10**9, max_len=8)
+    assert out.tokens.shape == (2, 2, 7)
+    assert out.lengths.tolist() == [[5, 5], [7, 7]]
+
+
+def test_speculative_gamma_is_capped_at_max_new_tokens(uniform, monkeypatch):
+    """gamma = 10**6 with 4 new tokens drafts 4 per round; the output is greedy's (token 0)."""
+    from decodelab import speculative
+
+    sizes_at_most(monkeypatch, speculative, "initial_state", 24)
+    sizes_at_most(monkeypatch, speculative, "prefill", 24)
+    out = dl.speculative_generate(uniform, dl.NgramDrafter(), [[1, 2, 3]], GREEDY, 10**6, 4)
+    assert out.stats.gamma == 4 and out.stats.tested_by_position.shape == (1, 4)
+    assert out.token_lists() == [[0, 0, 0, 0]]
+
+
+# --- Deliberate NaN -------------------------------------------------------------------------------
+
+
+def assert_nan_exactly_at_padding(out):
+    """NaN in every float field exactly where ``valid`` is False; PAD_TOKEN in the ids there."""
+    padding = ~out.valid
+    assert np.array_equal(out.tokens == request.PAD_TOKEN, padding)
+    assert np.array_equal(np.isnan(out.logprobs), padding)
+    assert np.array_equal(np.isnan(out.entropy), padding)
+    assert np.array_equal(np.isnan(out.top_logprobs), np.repeat(padding[..., None], 2, axis=-1))
+    assert np.array_equal(out.top_ids == request.PAD_TOKEN,
+                          np.repeat(padding[..., None], 2, axis=-1))
+
+
+def test_generate_logprobs_are_nan_exactly_past_each_rows_length(uniform):
+    """Rows stopped at max_len 8 after prompts of 3, 1 and 6 tokens: 5, 7 and 2 outputs."""
+    out = dl.generate(uniform, [[1, 2, 3], [1], [1] * 6], dl.SamplingParams(), 10**9, max_len=8,
+                      return_top_logprobs=2, return_entropy=True)
+    assert out.valid.tolist() == [[True] * 5 + [False] * 2, [True] * 7,
+                                  [True] * 2 + [False] * 5]
+    assert_nan_exactly_at_padding(out)
+    np.testing.assert_allclose(out.logprobs[out.valid], -math.log(V), rtol=1e-5)
+    np.testing.assert_allclose(out.entropy[out.valid], math.log(V), rtol=1e-5)
+
+
+def test_speculative_logprobs_are_nan_exactly_past_each_rows_length(uniform):
+    out = dl.speculative_generate(uniform, dl.NgramDrafter(), [[1, 2, 3], [1]],
+                                  dl.SamplingParams(), 2, 10**9, max_len=8,
+                                  return_top_logprobs=2, return_entropy=True)
+    assert out.lengths.tolist() == [5, 7]
+    assert_nan_exactly_at_padding(out)
+
+
+def test_an_acceptance_rate_is_nan_exactly_where_nothing_was_tested():
+    from decodelab.speculative import SpeculativeStats
+
+    stats = SpeculativeStats(gamma=2, rounds=np.array([2, 1]), generated=np.array([3, 1]),
+                             tested_by_position=np.array([[2, 0], [0, 0]]),
+                             accepted_by_position=np.array([[1, 0], [0, 0]]),
+                             accepted_per_round=np.array([[1, 0, -1], [0, -1, -1]]))
+    assert np.array_equal(np.isnan(stats.alpha), stats.tested == 0)
+    assert stats.alpha[0] == 0.5
+    assert np.array_equal(np.isnan(stats.acceptance_by_position), [False, True])
+    assert stats.overall_alpha == 0.5
+    nothing = dataclasses.replace(stats, tested_by_position=np.zeros((2, 2), int),
+                                  accepted_by_position=np.zeros((2, 2), int))
+    assert math.isnan(nothing.overall_alpha) and np.isnan(nothing.alpha).all()

@@ -371,8 +371,8 @@ def learned_draft(tiny_config):
 @pytest.mark.parametrize("case, kwargs, message", [
     ("gamma 0", dict(gamma=0), r"gamma must be an int >= 1, got 0"),
     ("gamma 2.0", dict(gamma=2.0), r"gamma must be an int >= 1, got 2.0"),
-    ("gamma too large", dict(gamma=5, max_len=20, prompts=[[1] * 16]),
-     r"gamma=5 is too large for the cache: prompts\[0\] has 16 tokens and one round needs "
+    ("gamma too large", dict(gamma=5, max_len=20, prompts=[[1] * 17, [1]]),
+     r"gamma=4 is too large for the cache: prompts\[0\] has 17 tokens and one round needs "
      r"len\(prompt\) \+ gamma = 21 slots, but max_len is 20"),
     ("vocabularies", dict(draft="other vocab"),
      r"draft must have the target's vocabulary: draft vocab_size 256, target vocab_size 512"),

@@ -37,10 +37,11 @@ import numpy as np
 from flax import nnx
 
 from decodelab import decode, kvquant, sampling
-from decodelab.checks import check_model, check_size, is_int, position_limit
+from decodelab.checks import check_memory, check_model, check_size, is_int, nbytes, position_limit
 from decodelab.decode import DecodeState
 from decodelab.loop import CompiledLoop
-from decodelab.request import FINISH_REASONS, LENGTH, RUNNING, bucket_length, check_eos, check_seed
+from decodelab.request import (FINISH_REASONS, LENGTH, RUNNING, bucket_length, check_eos,
+                               check_seed, decode_buffers)
 from decodelab.sampling import SamplingParams
 
 # Fields of DecodeState with a leading slot axis (the cache's k and v have it second).
@@ -186,6 +187,9 @@ class SlotEngine:
       eos_ids: ids that end any request (finish reason "eos"): the model's, shared by all slots.
       max_stop_sequences, max_stop_width: room for each request's own stop sequences.
       kv_cache: None (a float cache) or "int8" / "int4" (``kvquant.QuantizedKVCache``).
+
+    Raises ValueError before anything is allocated when the ``num_slots x max_len`` cache and
+    buffers need more than the memory limit (``checks.check_memory``).
     """
 
     def __init__(self, model: nnx.Module, num_slots: int, max_len: int | None = None, *,
@@ -208,6 +212,11 @@ class SlotEngine:
         self.max_stop_width = check_size("max_stop_width", max_stop_width, 1)
         self.vocab_size = model.config.vocab_size
         self._eos_mask = check_eos(eos_ids, self.vocab_size)
+        # The shared state holds max_len output columns per slot; a prefill is one row.
+        buffers = decode_buffers(model.config, self.num_slots, self.max_len, self.max_len, 0)
+        buffers["prefill logits"] = nbytes((1, self.max_len, self.vocab_size), np.float32)
+        check_memory("SlotEngine", buffers, {"num_slots": self.num_slots,
+                                             "max_len": self.max_len})
         self._graphdef, self._weights = nnx.split(model)
         self._state = _empty_state(model.config, self.num_slots, self.max_len,
                                    self.max_stop_sequences, self.max_stop_width, self._eos_mask,
