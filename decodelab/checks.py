@@ -71,9 +71,11 @@ _memory_limit: int | None = None  # set by set_memory_limit; None: the device's 
 
 @functools.cache
 def device_memory() -> tuple[int, str]:
-    """Bytes of memory of the default device and where the number comes from: an accelerator's
-    ``memory_stats()["bytes_limit"]``, or (CPU, where jax reports none) the physical memory."""
-    device = jax.devices()[0]
+    """Bytes of memory of this process's first device and where the number comes from: an
+    accelerator's ``memory_stats()["bytes_limit"]``, or (CPU, where jax reports none) the physical
+    memory. Only a process's own devices report their memory (with several processes,
+    ``jax.devices()[0]`` may be another host's)."""
+    device = jax.local_devices()[0]
     stats = device.memory_stats() or {}
     if "bytes_limit" in stats:
         return int(stats["bytes_limit"]), f"the memory of {device.device_kind}"
