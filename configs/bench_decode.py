@@ -10,6 +10,9 @@ transformers `generate` (on the same weights), all in the same run. The weights 
     python -m experiments.bench_decode --config=configs/bench_decode.py:smollm2-135m \
         --workdir=runs/bench_decode
 
+On a pretrained preset batch 1 is also timed against llama.cpp (`llama-cpp-python`, the
+`llamacpp` extra) on the same GGUF file, as stored and converted by llama.cpp to float32.
+
 Two more sweeps write their own rows (`study`) into the same workdir:
 
     python -m experiments.bench_decode --config=configs/bench_decode.py:max_len \
@@ -83,7 +86,8 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
         enabled=study == "breakdown",
         # Timed runs of each ablation level after a warm-up run.
         repeats=3,
-    ))    # Timed runs of each measurement after one warm-up run; medians are reported.
+    ))
+    # Timed runs of each measurement after one warm-up run; medians are reported.
     config.repeats = 5
     config.roofline = config_dict.ConfigDict(dict(
         # Size of the float32 array the bandwidth probe sums (MiB; far beyond the CPU caches).
@@ -107,6 +111,13 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
         # the max_len and breakdown sweeps skip it).
         enabled=study == "speed",
         # Timed runs after a short warm-up call.
+        repeats=3,
+    ))
+    config.llama = config_dict.ConfigDict(dict(
+        # Time llama.cpp on a pretrained preset's GGUF file at batch 1, as stored and converted
+        # to float32 by llama.cpp (needs the `llamacpp` extra; n/a without it).
+        enabled=study == "speed" and preset in PRETRAINED_MODELS,
+        # Timed runs after a warm-up call.
         repeats=3,
     ))
     return config

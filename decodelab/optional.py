@@ -35,7 +35,7 @@ OPTIONAL = {
     "safetensors": Extra("real", "safetensors", "reading a Hugging Face checkpoint (load_hf)"),
     "torch": Extra("peer", "torch", "the PyTorch peer of the decode benchmark"),
     "transformers": Extra("peer", "transformers", "the transformers peer of the decode benchmark"),
-    "llama_cpp": Extra("peer", "llama-cpp-python", "the llama.cpp peer of the decode benchmark"),
+    "llama_cpp": Extra("llamacpp", "llama-cpp-python", "the llama.cpp peer of the decode benchmark"),
     "qwix": Extra("quant", "qwix", "quantizing weights with qwix rules (quantize)"),
 }
 

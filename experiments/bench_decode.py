@@ -36,6 +36,16 @@ run; every call blocks until its results are on the host. What each number is:
   ``max_new_tokens = min_new_tokens = new_tokens``.
   ``speed_vs_hf = tokens_per_s / hf_tokens_per_s``. Without torch and transformers (the ``peer``
   extra) these are n/a.
+- ``llama_*`` and ``llama_f32_*`` (a pretrained preset at batch 1, ``config.llama``): the same
+  ``generate_s`` / ``tokens_per_s`` / ``prefill_ms`` / ``step_ms`` for llama.cpp
+  (``llama-cpp-python``, the ``llamacpp`` extra) decoding the prompt's one row greedily with the
+  same threads, from the GGUF file as stored (``llama``) and from llama.cpp's own float32
+  conversion of it (``llama_f32``); ``*_weight_bytes`` the file's tensor bytes,
+  ``*_bytes_per_token`` those plus its float16 KV cache at the middle step, ``*_roofline_ratio``
+  its roofline step (its bytes over the measured bandwidth) over its step.
+  ``speed_vs_llama[_f32] = tokens_per_s / llama[_f32]_tokens_per_s``; ``step_bytes`` is
+  decodelab's own bytes per step (float32 weights and cache at the middle step). n/a without the
+  extra.
 - ``sampled_*``: the same figures for sampled decoding (``config.sampled``: temperature and top-p
   in every row); ``sampled_vs_greedy = sampled_step_ms / step_ms``.
 - ``breakdown_<mode>_<level>_step_ms`` (``config.breakdown.enabled``; mode ``greedy`` or
@@ -53,10 +63,12 @@ run; every call blocks until its results are on the host. What each number is:
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import os
 import pathlib
 import statistics
+import tempfile
 import time
 
 import jax
@@ -140,11 +152,11 @@ def _no_model(self, tokens, *, cache=None, num_valid=None):
 
 
 def _no_processors(logits, params, history):
-    """No sampling processors: the logits are the log-probabilities."""
+    """No sampling processors: the logits are the scores (greedy) or log-probabilities."""
     return logits
 
 
-def _draw_argmax(logprobs, keys):
+def _draw_argmax(logprobs, params, keys):
     """No random draw: the most probable token."""
     return sampling.argmax(logprobs)
 
@@ -159,8 +171,9 @@ ABLATIONS = (
     ("no_model", "the rest of the model (MLP, projections, norms, embeddings, cache write)",
      ((Transformer, "__call__", _no_model),)),
     ("no_sampling", "the sampling processors and the random draw",
-     ((sampling, "processed_logprobs", _no_processors), (sampling, "sample_tokens",
-                                                         _draw_argmax))),
+     ((sampling, "greedy_scores", _no_processors), (sampling, "processed_logprobs",
+                                                    _no_processors),
+      (sampling, "draw", _draw_argmax))),
 )
 # Each part's cost: the step time of one level minus the next (the last level's is the loop).
 PARTS = {"attention": ("full", "no_attention"), "mlp_projections": ("no_attention", "no_model"),
@@ -339,6 +352,101 @@ def time_hf_generate(model: Transformer, prompts: np.ndarray, new_tokens: int,
             "hf_version": f"transformers {transformers.__version__}, torch {torch.__version__}"}
 
 
+# --- llama.cpp ----------------------------------------------------------------------------------
+
+
+def gguf_tensor_bytes(path: pathlib.Path) -> int:
+    """Bytes of every tensor stored in the GGUF file at ``path`` (as stored: quantized blocks at
+    their block size), what llama.cpp reads of its weights per decode step."""
+    reader = optional.require("gguf").GGUFReader(str(path))
+    return int(sum(int(t.n_bytes) for t in reader.tensors))
+
+
+def llama_cpp_float32(source: pathlib.Path, destination: pathlib.Path) -> pathlib.Path:
+    """llama.cpp's own conversion of the GGUF file ``source`` to float32 weights
+    (``llama_model_quantize`` with ``LLAMA_FTYPE_ALL_F32``, requantizing allowed): the same
+    values decodelab computes when it dequantizes the file, stored as llama.cpp reads them."""
+    llama_cpp = optional.require("llama_cpp")
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = llama_cpp.LLAMA_FTYPE_ALL_F32
+    params.allow_requantize = True
+    params.nthread = threads()
+    status = llama_cpp.llama_model_quantize(str(source).encode(), str(destination).encode(),
+                                            ctypes.byref(params))
+    if status != 0 or not destination.is_file():
+        raise RuntimeError(f"llama.cpp could not convert {source} to float32 (status {status})")
+    return destination
+
+
+def time_llama_cpp(path: pathlib.Path, prompt: np.ndarray, new_tokens: int, repeats: int) -> dict:
+    """llama.cpp (through ``llama-cpp-python``) decoding one row greedily from the GGUF file at
+    ``path`` with ``threads()`` threads: the median seconds of ``new_tokens`` tokens after
+    ``prompt`` (``[P]`` ids; prefill included, as in ``generate_s``) and of the first token alone
+    (its prefill), each after a warm-up call; EOS is ignored (the tokens are taken as they come).
+    Every call starts from an empty KV cache."""
+    llama_cpp = optional.require("llama_cpp")
+    P = len(prompt)
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=P + new_tokens, n_batch=P,
+                          n_threads=threads(), n_threads_batch=threads(), verbose=False)
+    ids = [int(t) for t in prompt]
+
+    def run(n: int) -> list[int]:
+        llm.reset()  # no prefix of the previous call is reused
+        out = []
+        for token in llm.generate(ids, temp=0.0, top_k=1, repeat_penalty=1.0, reset=True):
+            out.append(int(token))
+            if len(out) == n:
+                return out
+        raise RuntimeError(f"llama.cpp stopped after {len(out)} of {n} tokens")
+
+    def timed(n: int) -> float:
+        run(n)  # warm-up
+        seconds = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            run(n)
+            seconds.append(time.perf_counter() - start)
+        return statistics.median(seconds)
+
+    whole, prefill = timed(new_tokens), timed(1)
+    return {"generate_s": whole, "tokens_per_s": new_tokens / whole, "prefill_ms": 1e3 * prefill,
+            "step_ms": 1e3 * max(whole - prefill, 0.0) / (new_tokens - 1),
+            "weight_bytes": gguf_tensor_bytes(path), "version": llama_cpp.__version__}
+
+
+def llama_cpp_peer(config, cfg: ModelConfig, prompts: np.ndarray, bandwidth: float,
+                   flops_per_s: float, ctx) -> dict:
+    """The llama.cpp rows of a pretrained preset at batch 1: its GGUF file as stored and
+    llama.cpp's float32 conversion of it, each with the bytes it reads per token (weights as
+    stored plus its float16 KV cache at the middle step) and its own roofline; ``{}`` when
+    llama-cpp-python (the ``llamacpp`` extra) is not installed."""
+    try:
+        optional.require("llama_cpp")
+    except optional.MissingExtra:
+        return {}
+    B, P = prompts.shape
+    N = config.new_tokens
+    source = presets.pretrained_path(config.model.pretrained)
+    kv_per_position = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * 2  # K and V, float16
+    out = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        files = {"llama": source,
+                 "llama_f32": llama_cpp_float32(source, pathlib.Path(scratch) / "f32.gguf")}
+        for name, path in files.items():
+            ctx.status(f"llama.cpp ({name})")
+            timed = time_llama_cpp(path, prompts[0], N, config.llama.repeats)
+            # Step i (0-based) reads the weights and the cache of P + i + 1 positions.
+            roof = sum(max((timed["weight_bytes"] + kv_per_position * (P + i + 1)) / bandwidth,
+                           roofline.step_cost(cfg, 1, P + i + 1).flops / flops_per_s)
+                       for i in range(N - 1)) / (N - 1)
+            out.update({f"{name}_{key}": value for key, value in timed.items()})
+            out[f"{name}_bytes_per_token"] = timed["weight_bytes"] + kv_per_position * (P + N // 2)
+            out[f"{name}_roofline_step_ms"] = 1e3 * roof
+            out[f"{name}_roofline_ratio"] = (1e3 * roof / timed["step_ms"] if timed["step_ms"] > 0
+                                            else None)
+    return out
+
+
 # --- one point ----------------------------------------------------------------------------------
 
 
@@ -401,6 +509,9 @@ def benchmark(config, ctx) -> dict:
         ctx.status("transformers")
         hf = time_hf_generate(model, prompts, N, config.peer.repeats)
     hf_tokens_per_s = hf.get("hf_tokens_per_s")
+    llama = {}
+    if config.llama.enabled and presets.is_pretrained(config.model) and B == 1:
+        llama = llama_cpp_peer(config, cfg, prompts, bandwidth, flops_per_s, ctx)
     return {
         "preset": config.preset, "study": config.study, "batch_size": B, "max_len": S,
         "params": cfg.num_params(), "threads": threads(),
@@ -422,6 +533,13 @@ def benchmark(config, ctx) -> dict:
         "speed_vs_hf": _ratio(ours["tokens_per_s"], hf_tokens_per_s),
         "hf_version": hf.get("hf_version", "not run" if not config.peer.enabled
                              else "not installed (pip install -e .[peer])"),
+        "step_bytes": middle.bytes,
+        **llama,
+        "speed_vs_llama": _ratio(ours["tokens_per_s"], llama.get("llama_tokens_per_s")),
+        "speed_vs_llama_f32": _ratio(ours["tokens_per_s"], llama.get("llama_f32_tokens_per_s")),
+        "llama_version": llama.get("llama_version", "not run" if not (
+            config.llama.enabled and presets.is_pretrained(config.model) and B == 1)
+            else "not installed (pip install -e .[llamacpp])"),
     }
 
 
@@ -493,6 +611,42 @@ def _breakdown_table(metrics: list[dict]) -> results.Table:
                 cells.append(f"{ms:.3g} ({_percent(ms / full if full > 0 else None)})")
             body.append([m["preset"], m["batch_size"], mode, full, *cells])
     return results.Table(columns, body)
+
+
+def _llama_table(metrics: list[dict]) -> results.Table | None:
+    """decodelab beside llama.cpp on the same GGUF file (batch 1 rows that ran the peer): bytes
+    each reads per token, speed, and the fraction of each side's own roofline."""
+    rows = [m for m in metrics if m.get("llama_tokens_per_s") is not None]
+    if not rows:
+        return None
+    columns = ["preset", "implementation", "weights", "MB read per token", "tok/s", "step ms",
+               "roofline step ms", "step / own roofline", "decodelab tok/s / this"]
+    body = []
+    for m in rows:
+        body.append([m["preset"], "decodelab", "float32 (dequantized by decodelab)",
+                     m["step_bytes"] / 1e6, m["tokens_per_s"], m["step_ms"],
+                     m["roofline_step_ms"], m["roofline_ratio"], 1.0])
+        for key, label in (("llama_f32", "float32 (converted by llama.cpp)"),
+                           ("llama", "as stored in the file")):
+            body.append([m["preset"], f"llama.cpp {m['llama_version']}", label,
+                         m[f"{key}_bytes_per_token"] / 1e6, m[f"{key}_tokens_per_s"],
+                         m[f"{key}_step_ms"], m[f"{key}_roofline_step_ms"],
+                         m[f"{key}_roofline_ratio"],
+                         _ratio(m["tokens_per_s"], m[f"{key}_tokens_per_s"])])
+    return results.Table(columns, body)
+
+
+def _llama_target(metrics: list[dict]) -> str:
+    rows = [m for m in metrics if m.get("speed_vs_llama_f32") is not None]
+    if not rows:
+        return ("- **Pretrained batch 1 at >= 0.9x llama.cpp on the same float32 weights: not "
+                "measured** (llama-cpp-python is not installed: `pip install -e .[llamacpp]`).")
+    short = [m for m in rows if m["speed_vs_llama_f32"] < 0.9]
+    return (f"- **Pretrained batch 1 at >= 0.9x llama.cpp on the same float32 weights: "
+            f"{_verdict(short)}** ("
+            + ", ".join(f"{m['preset']} {m['speed_vs_llama_f32']:.2f}x; against llama.cpp on "
+                        f"the file's own weights {m['speed_vs_llama']:.2f}x" for m in rows)
+            + ").")
 
 
 PART_LABELS = {"attention": "attention", "mlp_projections": "MLP and projections",
@@ -590,8 +744,7 @@ def _findings(metrics: list[dict], new_tokens: int, max_len_rows: list[dict],
     """The issue's targets, each met or not, read from the rows, and where the time goes."""
     lines = [line for line in [_roofline_target(metrics)] if line]
     lines += _peer_targets(metrics)
-    lines.append("- **SmolLM2 batch 1 at >= 0.9x llama.cpp on the same float32 weights: not "
-                 "measured** (the llama.cpp peer is not part of this benchmark).")
+    lines.append(_llama_target(metrics))
     lines.append(_max_len_target(max_len_rows))
     lines.append(_sampled_target(metrics))
     with_nocache = [m for m in metrics if m["cache_speedup"] is not None]
@@ -703,6 +856,16 @@ def report(rows, out_dir) -> list[pathlib.Path]:
                              logx=True, logy=True, title="output tokens/s vs batch size")
     page.image(plot, "output tokens/s against batch size, one line per preset and implementation")
     written = [out_dir / "decode_speed.csv", out_dir / "decode_speed_latency.csv", plot]
+    llama = _llama_table(metrics)
+    if llama is not None:
+        page.table(llama, out_dir / "decode_speed_llama_cpp.csv", number_format="{:.3g}",
+                   caption="**llama.cpp on the same GGUF file** (batch 1, the same prompt ids, "
+                           "greedy, the same threads; `llama-cpp-python`, the `llamacpp` extra). "
+                           "MB read per token: the weights as each side stores them plus its KV "
+                           "cache at the middle step (decodelab float32, llama.cpp float16); "
+                           "roofline step: those bytes over the measured bandwidth (or the "
+                           "FLOPs over the matmul rate, if larger).")
+        written.append(out_dir / "decode_speed_llama_cpp.csv")
     if max_len_rows:
         page.table(_max_len_table(max_len_rows), out_dir / "decode_speed_max_len.csv",
                    number_format="{:.3g}",

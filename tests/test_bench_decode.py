@@ -104,6 +104,10 @@ def test_every_figure_is_present_and_finite_and_the_peer_is_na_when_disabled(met
     assert (metrics["hf_tokens_per_s"], metrics["speed_vs_hf"], metrics["hf_step_ms"]) == (
         None, None, None)
     assert metrics["hf_version"] == "not run"
+    # llama.cpp runs only on a pretrained preset's GGUF file.
+    assert (metrics["llama_version"], metrics["speed_vs_llama_f32"]) == ("not run", None)
+    assert metrics["step_bytes"] == roofline.step_cost(
+        presets.build_model_config(presets.model_section("tiny"), 4096), 2, 32 + 8 // 2).bytes
 
 
 def test_speeds_and_ratios_follow_from_the_times(metrics):
@@ -141,7 +145,7 @@ def test_a_breakdown_applies_the_ablations_cumulatively_and_its_parts_sum_to_the
         present = {"attention": bench_decode.attention.blocked_attention
                    is not bench_decode._no_attention,
                    "model": bench_decode.Transformer.__call__ is not bench_decode._no_model,
-                   "sampling": bench_decode.sampling.sample_tokens
+                   "sampling": bench_decode.sampling.draw
                    is not bench_decode._draw_argmax}
         return {"step_ms": 1.0 + 2.0 * (present["attention"] and present["model"])
                 + 4.0 * present["model"] + 8.0 * present["sampling"]}
@@ -193,6 +197,31 @@ def test_the_report_adds_the_max_len_and_breakdown_tables_from_their_rows(rows, 
     assert ("Step time at max_len 400 within 15% of max_len 40 (tiny, batch 2, the same live "
             "tokens): met** (2.2 ms against 2 ms, 1.10x)") in page
     assert "the largest part per row: tiny batch 2: MLP and projections (50% of 4 ms)" in page
+
+
+def test_the_report_sets_llama_cpp_beside_decodelab_with_each_sides_bytes_and_roofline(
+        rows, tmp_path):
+    base = rows[0]
+    llama = {"step_bytes": 8e6, "tokens_per_s": 40.0, "step_ms": 20.0, "roofline_step_ms": 10.0,
+             "roofline_ratio": 0.5, "llama_version": "0.3.36", "speed_vs_llama": 0.4,
+             "speed_vs_llama_f32": 0.8}
+    for key, (mb, tok_s, step, roof) in {"llama": (2.0, 100.0, 8.0, 2.0),
+                                         "llama_f32": (8.0, 50.0, 16.0, 8.0)}.items():
+        llama.update({f"{key}_bytes_per_token": mb * 1e6, f"{key}_tokens_per_s": tok_s,
+                      f"{key}_step_ms": step, f"{key}_roofline_step_ms": roof,
+                      f"{key}_roofline_ratio": roof / step})
+    row = {**base, "metrics": {**base["metrics"], **llama}}
+    written = bench_decode.report([row], tmp_path)
+    assert tmp_path / "decode_speed_llama_cpp.csv" in written
+    page = (tmp_path / "decode_speed.md").read_text()
+    assert "| tiny | decodelab | float32 (dequantized by decodelab) | 8 | 40 | 20 | 10 | 0.5 | 1 |" \
+        in page
+    assert ("| tiny | llama.cpp 0.3.36 | float32 (converted by llama.cpp) | 8 | 50 | 16 | 8 | 0.5 "
+            "| 0.8 |") in page
+    assert "| tiny | llama.cpp 0.3.36 | as stored in the file | 2 | 100 | 8 | 2 | 0.25 | 0.4 |" \
+        in page
+    assert ("llama.cpp on the same float32 weights: not met** (tiny 0.80x; against llama.cpp on "
+            "the file's own weights 0.40x)") in page
 
 
 def test_the_report_writes_the_page_tables_and_plot(rows, tmp_path):

@@ -50,7 +50,7 @@ def hide(monkeypatch):
     ("safetensors", "real", "safetensors"),
     ("torch", "peer", "torch"),
     ("transformers", "peer", "transformers"),
-    ("llama_cpp", "peer", "llama-cpp-python"),
+    ("llama_cpp", "llamacpp", "llama-cpp-python"),
     ("qwix", "quant", "qwix"),
 ])
 def test_every_missing_optional_package_names_its_extra(hide, module, extra, distribution):
