@@ -38,11 +38,11 @@ from flax import struct
 
 from decodelab.checks import check_size, is_int
 from decodelab.processors import (CANDIDATES, PARAMETERS, PROCESSORS, History, Plan, argmax,
-                                  planned)
+                                  planned, union)
 
 __all__ = ["History", "Plan", "RowParams", "SamplingParams", "argmax", "batch_keys", "draw",
            "greedy_scores", "planned", "process_logits", "processed_logprobs", "row_keys",
-           "sample_tokens", "seed_keys"]
+           "sample_tokens", "seed_keys", "union"]
 
 _FLOAT32_MAX = np.finfo(np.float32).max
 
@@ -208,10 +208,12 @@ class RowParams:
     logit_bias: jax.Array  # [B, V] float32, -inf for a banned token; read only if LogitBias is on
     plan: Plan = struct.field(pytree_node=False, default=Plan.ANY)
 
-    def with_any_plan(self) -> RowParams:
-        """These values under ``Plan.ANY``: every processor traced, each skipped at run time
-        when no row enables it (for a state whose rows change parameters without recompiling)."""
-        return self.replace(plan=Plan.ANY)
+    def with_plan(self, plan: Plan) -> RowParams:
+        """These values under ``plan``, which must serve them (``Plan.covers``): a wider plan for
+        a state whose rows change parameters (``processors.union``), or ``Plan.ANY``."""
+        if not plan.covers(self.plan):
+            raise ValueError(f"plan must cover the plan of these values, {self.plan}, got {plan}")
+        return self.replace(plan=plan)
 
 
 # --- The distribution and the draw ----------------------------------------------------------------

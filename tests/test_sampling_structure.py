@@ -3,8 +3,9 @@ sort, no other reduction over the vocabulary, no branch), a top-p step sorts onl
 fallback branch, a penalised step updates carried counts instead of recounting the history, the
 candidate-capped top-k and top-p keep exactly the full sort's tokens (the fallback included), a
 row whose kept set fits in the candidates (top-k, or a top-p nucleus) draws among them from the
-same distribution and only a row that does not fit draws over the vocabulary, and a plan's
-outputs equal those of ``Plan.ANY``, which traces every processor.
+same distribution and only a row that does not fit draws over the vocabulary, a plan's outputs
+equal those of ``Plan.ANY``, which traces every processor, and a serving engine's step contains
+only what its requests enable.
 """
 
 import re
@@ -18,6 +19,8 @@ from flax import nnx
 
 import decodelab as dl
 from decodelab import decode, sampling
+from decodelab.serving import Request, SlotEngine
+from decodelab.serving import engine as engine_module
 
 B = 3
 MAX_LEN = 32
@@ -106,7 +109,7 @@ def initial_state(model, params: dl.SamplingParams, *, top_n=0, with_entropy=Fal
     V = model.config.vocab_size
     row_params = params.per_row(B, V)
     if any_plan:
-        row_params = row_params.with_any_plan()
+        row_params = row_params.with_plan(sampling.Plan.ANY)
     block = np.zeros((B, 16), np.int32)
     block[:, :4] = [[5, 17, 300, 2], [9, 9, 9, 9], [40, 41, 42, 43]]
     graphdef, weights = nnx.split(model)
@@ -192,6 +195,36 @@ def test_a_penalised_step_updates_the_carried_counts_by_one_token_per_row(tiny):
             if re.match(rf"\w+\[{B},{V}\]", operand):
                 into_counts.add(int(re.match(r"\w+\[(\d+)", indices).group(1)))
         assert into_counts == {updates}
+
+
+def engine_step_hlo(model, engine) -> Hlo:
+    """The compiled text of one round of the engine's step over its current state."""
+    graphdef, weights = nnx.split(model)
+    operands = (weights, jnp.asarray(1, jnp.int32))
+    carry = (jnp.zeros((), jnp.int32), engine.state)
+    return Hlo(engine_module._ADVANCE.step.lower(operands, carry, graphdef=graphdef).compile()
+               .as_text())
+
+
+def test_an_engine_serving_greedy_requests_steps_with_an_argmax(tiny):
+    """The engine's plan is what its requests enable: greedy requests give a step with no sort,
+    no top-k and no reduction over the vocabulary but the argmax's two, as ``generate``'s greedy
+    step. An engine that serves top-p has the candidates' top-k in its step."""
+    V = tiny.config.vocab_size
+    engine = SlotEngine(tiny, 2, MAX_LEN)
+    engine.insert(Request(id=0, prompt=[5, 17, 300], max_new_tokens=4))
+    engine.insert(Request(id=1, prompt=[9], max_new_tokens=4, seed=3))
+    assert engine.plan.greedy
+    hlo = engine_step_hlo(tiny, engine)
+    assert hlo.ops("sort") == [] and top_ks(hlo) == []
+    assert sorted(hlo.reductions_over(V)) == ["f32", "s32"]
+    sampled = SlotEngine(tiny, 2, MAX_LEN, serves=[dl.SamplingParams(temperature=0.8, top_p=0.95)])
+    assert top_ks(engine_step_hlo(tiny, sampled))
+
+
+def top_ks(hlo: Hlo) -> list[str]:
+    return [name for _, name, op, rest in hlo.instructions
+            if op == "custom-call" and 'custom_call_target="TopK"' in rest]
 
 
 # --- Outputs equal those of the plan that traces every processor ----------------------------------
