@@ -152,14 +152,15 @@ def _sample_and_record(state: DecodeState) -> DecodeState:
         bad_logits = jnp.any(jnp.isnan(logits) | (logits == jnp.inf), axis=-1)
         no_token = ~jnp.any(logprobs > -jnp.inf, axis=-1)
         keys = sampling.row_keys(state.keys, state.lengths)
+        # A finished row's token is discarded: it never forces the vocabulary-wide draw.
+        sample = lambda: sampling.draw(logprobs, state.params, keys, skip=state.done)  # noqa: E731
         if plan.active is None:
             # A greedy row's distribution is one token, so argmax draws it too; when every row is
             # greedy this skips generating B x V random numbers per step.
             token = jax.lax.cond(jnp.all(state.params.temperature == 0.0),
-                                 lambda: sampling.argmax(logprobs),
-                                 lambda: sampling.draw(logprobs, state.params, keys))  # [B]
+                                 lambda: sampling.argmax(logprobs), sample)  # [B]
         else:
-            token = sampling.draw(logprobs, state.params, keys)  # [B]
+            token = sample()  # [B]
         chosen = jnp.take_along_axis(logprobs, token[:, None], axis=-1)[:, 0]
         distribution = lambda: logprobs  # noqa: E731
     write = running & ~bad_logits & ~no_token

@@ -141,6 +141,16 @@ class Plan:
                    uniform=tuple(name for name, on in enabled.items() if on.all()),
                    greedy=greedy, candidates=candidates)
 
+    def covers(self, other: Plan) -> bool:
+        """Whether a program under this plan serves rows that ``other`` serves: it contains every
+        processor ``other`` does, and is not greedy unless ``other`` is (a sampled plan draws a
+        greedy row's one token; a greedy plan cannot draw)."""
+        if self.candidates != other.candidates or (self.greedy and not other.greedy):
+            return False
+        if self.active is None:
+            return True
+        return other.active is not None and set(other.active) <= set(self.active)
+
     def carries(self, name: str) -> bool:
         """Whether a decode loop under this plan carries the counts processor ``name`` reads
         (``Plan.ANY`` carries none: its rows change parameters, so it counts every step)."""

@@ -14,9 +14,10 @@ Conventions (every processor relies on them):
   every row is greedy (temperature 0) the truncations after temperature are left out (they keep
   the one token greedy keeps). The plan is static: a sweep over the *values* of the enabled
   processors runs one program, and a different *set* (a processor switched on or off in every row,
-  greedy against sampled) compiles one more. ``Plan.ANY`` traces every processor and skips one
-  that no row enables at run time (``lax.cond``): the serving engine's plan, whose rows change
-  parameters without recompiling.
+  greedy against sampled) compiles one more. A state whose rows change parameters (the serving
+  engine) runs under the ``union`` of the plans its rows may hold: every processor any of them
+  enables, each applied with the per-row ``where``. ``Plan.ANY`` traces every processor and skips
+  one that no row enables at run time (``lax.cond``).
 - Top-k and top-p look at the ``Plan.candidates`` largest logits (``lax.top_k``) and fall back to
   sorting the whole vocabulary only when some row needs more (``lax.cond``); both give exactly
   the kept set of the full sort.
@@ -50,6 +51,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar
 
 import jax
@@ -437,9 +439,27 @@ PROCESSORS: tuple[LogitsProcessor, ...] = (
     EtaCutoff(),
 )
 
+
 def planned(plan: Plan) -> tuple[LogitsProcessor, ...]:
     """The processors a program under ``plan`` contains, in pipeline order."""
     return plan.select(PROCESSORS)
+
+
+def union(plans: Sequence[Plan]) -> Plan:
+    """The plan of a state whose rows may hold what any of ``plans`` serves: every processor one
+    of them contains, in pipeline order, none applied without the per-row ``where`` (a row may
+    enable it or not), greedy only if all are. ``union(plans).covers(p)`` for each ``p``."""
+    if not plans:
+        raise ValueError("plans must hold at least one Plan, got none")
+    candidates = {plan.candidates for plan in plans}
+    if len(candidates) > 1:
+        raise ValueError(f"plans must share one candidate cap, got {sorted(candidates)}")
+    greedy = all(plan.greedy for plan in plans)
+    if any(plan.active is None for plan in plans):
+        return dataclasses.replace(Plan.ANY, greedy=greedy, candidates=candidates.pop())
+    names = {name for plan in plans for name in plan.active}
+    return Plan(active=tuple(p.name for p in PROCESSORS if p.name in names), greedy=greedy,
+                candidates=candidates.pop())
 
 
 # name -> Parameter, in pipeline order.

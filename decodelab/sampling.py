@@ -12,9 +12,10 @@ Conventions (every caller relies on them):
   sampled) is a different plan and compiles once more (see ``processors``).
 - ``processed_logprobs`` is the distribution that is sampled from, reported as the token's logprob,
   and used by speculative decoding's accept/reject test: one function, so the three never disagree.
-- ``draw`` samples a row with top-k in ``[1, Plan.candidates]`` among its candidates (Gumbel
-  noise over those, not the vocabulary): the same distribution, drawn from another stream than a
-  vocabulary-wide draw with the same key.
+- ``draw`` samples a row whose kept set is known to fit in ``Plan.candidates`` tokens (greedy,
+  top-k in ``[1, C]``, or a top-p nucleus that fits) among its C most probable tokens: Gumbel noise
+  over C values, not the vocabulary. The same distribution, drawn from another stream than a
+  vocabulary-wide draw with the same key (for a greedy row, the same token).
 - Randomness is per request. A request has a key: ``key(seed_r)`` for per-request seeds
   (``seed_keys``), and ``fold_in(key(seed), r)`` for row r of a batch under one int seed
   (``batch_keys``), so no (seed, row) pair shares a stream with another. The token at sequence
@@ -25,6 +26,7 @@ Conventions (every caller relies on them):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -36,11 +38,11 @@ from flax import struct
 
 from decodelab.checks import check_size, is_int
 from decodelab.processors import (CANDIDATES, PARAMETERS, PROCESSORS, History, Plan, argmax,
-                                  planned)
+                                  planned, union)
 
 __all__ = ["History", "Plan", "RowParams", "SamplingParams", "argmax", "batch_keys", "draw",
            "greedy_scores", "planned", "process_logits", "processed_logprobs", "row_keys",
-           "sample_tokens", "seed_keys"]
+           "sample_tokens", "seed_keys", "union"]
 
 _FLOAT32_MAX = np.finfo(np.float32).max
 
@@ -206,10 +208,12 @@ class RowParams:
     logit_bias: jax.Array  # [B, V] float32, -inf for a banned token; read only if LogitBias is on
     plan: Plan = struct.field(pytree_node=False, default=Plan.ANY)
 
-    def with_any_plan(self) -> RowParams:
-        """These values under ``Plan.ANY``: every processor traced, each skipped at run time
-        when no row enables it (for a state whose rows change parameters without recompiling)."""
-        return self.replace(plan=Plan.ANY)
+    def with_plan(self, plan: Plan) -> RowParams:
+        """These values under ``plan``, which must serve them (``Plan.covers``): a wider plan for
+        a state whose rows change parameters (``processors.union``), or ``Plan.ANY``."""
+        if not plan.covers(self.plan):
+            raise ValueError(f"plan must cover the plan of these values, {self.plan}, got {plan}")
+        return self.replace(plan=plan)
 
 
 # --- The distribution and the draw ----------------------------------------------------------------
@@ -277,27 +281,42 @@ def sample_tokens(logprobs: jax.Array, keys: jax.Array) -> jax.Array:
     return jax.vmap(jax.random.categorical)(keys, logprobs).astype(jnp.int32)
 
 
-def draw(logprobs: jax.Array, params: RowParams, keys: jax.Array) -> jax.Array:
+def draw(logprobs: jax.Array, params: RowParams, keys: jax.Array, *,
+         skip: jax.Array | None = None) -> jax.Array:
     """``[B, V]`` processed log-probabilities -> ``[B]`` int32 draws, exactly from them, drawing
-    among candidates where the kept set is known to be small.
+    among candidates where the kept set is known to fit.
 
-    A row with top-k in ``[1, C]`` (C = ``params.plan.candidates``) keeps at most k tokens, all
-    among its C most probable, so it draws among those C (Gumbel noise over C values, not V);
-    any other row draws over the whole vocabulary. The rule is per row, so a row's token depends
-    only on its own distribution and key; when every row draws among candidates the
-    vocabulary-wide draw is skipped."""
-    C, V = params.plan.candidates, logprobs.shape[-1]
+    A row keeps at most C = ``params.plan.candidates`` tokens when it is greedy (one token),
+    has top-k in ``[1, C]``, or has top-p and at most C tokens left (its nucleus fits; otherwise
+    top-p fell back to the full sort). Such a row holds all its probability in its C largest
+    log-probabilities, so it draws among those (``lax.top_k``, Gumbel noise over C values, not
+    V); any other row draws over the whole vocabulary. The rule reads only the row's own
+    parameters and distribution, never the plan or its batch-mates, so a request draws the same
+    token in any batch and under any plan that serves it. The vocabulary-wide draw runs only
+    when some row needs it, the candidates' only when some row fits. Rows in ``skip`` ([B] bool,
+    finished rows whose token is discarded) count as fitting."""
     plan = params.plan
-    if C >= V or not (plan.active is None or "top_k" in plan.active):
+    C, V = plan.candidates, logprobs.shape[-1]
+    rules = {"temperature": lambda: params.temperature == 0.0,
+             "top_k": lambda: (params.top_k >= 1) & (params.top_k <= C),
+             "top_p": lambda: (params.top_p < 1.0)
+             & (jnp.sum(logprobs > -jnp.inf, axis=-1) <= C)}
+    fitting = [rule() for name, rule in rules.items()
+               if plan.active is None or name in plan.active]
+    if C >= V or not fitting:
         return sample_tokens(logprobs, keys)
-    narrow = (params.top_k >= 1) & (params.top_k <= C)  # [B]
+    fits = functools.reduce(jnp.logical_or, fitting if skip is None else [*fitting, skip])  # [B]
 
     def among_candidates():
         top, ids = jax.lax.top_k(logprobs, C)  # [B, C]
         pick = sample_tokens(top, keys)  # [B] in [0, C)
         return jnp.take_along_axis(ids, pick[:, None], axis=-1)[:, 0].astype(jnp.int32)
 
-    def per_row():
-        return jnp.where(narrow, among_candidates(), sample_tokens(logprobs, keys))
+    def over_vocabulary():
+        return sample_tokens(logprobs, keys)
 
-    return jax.lax.cond(jnp.all(narrow), among_candidates, per_row)
+    def per_row():
+        return jnp.where(fits, among_candidates(), over_vocabulary())
+
+    branch = jnp.any(fits).astype(jnp.int32) + jnp.all(fits).astype(jnp.int32)  # none/some/all
+    return jax.lax.switch(branch, (over_vocabulary, per_row, among_candidates))

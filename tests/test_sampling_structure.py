@@ -2,8 +2,10 @@
 sort, no other reduction over the vocabulary, no branch), a top-p step sorts only in its
 fallback branch, a penalised step updates carried counts instead of recounting the history, the
 candidate-capped top-k and top-p keep exactly the full sort's tokens (the fallback included), a
-top-k row draws among its candidates from the same distribution, and a plan's outputs equal
-those of ``Plan.ANY``, which traces every processor.
+row whose kept set fits in the candidates (top-k, or a top-p nucleus) draws among them from the
+same distribution and only a row that does not fit draws over the vocabulary, a plan's outputs
+equal those of ``Plan.ANY``, which traces every processor, and a serving engine's step contains
+only what its requests enable.
 """
 
 import re
@@ -17,6 +19,8 @@ from flax import nnx
 
 import decodelab as dl
 from decodelab import decode, sampling
+from decodelab.serving import Request, SlotEngine
+from decodelab.serving import engine as engine_module
 
 B = 3
 MAX_LEN = 32
@@ -105,7 +109,7 @@ def initial_state(model, params: dl.SamplingParams, *, top_n=0, with_entropy=Fal
     V = model.config.vocab_size
     row_params = params.per_row(B, V)
     if any_plan:
-        row_params = row_params.with_any_plan()
+        row_params = row_params.with_plan(sampling.Plan.ANY)
     block = np.zeros((B, 16), np.int32)
     block[:, :4] = [[5, 17, 300, 2], [9, 9, 9, 9], [40, 41, 42, 43]]
     graphdef, weights = nnx.split(model)
@@ -144,7 +148,36 @@ def test_a_top_p_step_sorts_only_in_its_fallback_branch(tiny):
     # Branch 1 of lax.cond's conditional runs when the predicate holds: the fallback.
     fallbacks = [_names(_BRANCHES.search(rest).group(1))[1] for *_, rest in hlo.ops("conditional")]
     assert sorts <= hlo.reachable(fallbacks, branches=True)
-    assert len(hlo.ops("conditional")) == 1  # the fallback's; no branch per processor
+    # The fallback's and the draw's (vocabulary, per row, candidates); no branch per processor.
+    assert sorted(len(branches(rest)) for *_, rest in hlo.ops("conditional")) == [2, 3]
+
+
+def branches(rest: str) -> list[str]:
+    """The branch computations of a conditional, in index order."""
+    return _names(_BRANCHES.search(rest).group(1))
+
+
+def random_bits(hlo: Hlo, computations: set[str], shape: tuple[int, int]) -> bool:
+    """Whether one of ``computations`` makes a uint32 array of ``shape`` (random bits)."""
+    pattern = re.compile(rf"u32\[{shape[0]},{shape[1]}\]")
+    return any(c in computations and pattern.match(hlo.shapes[name])
+               for c, name, *_ in hlo.instructions)
+
+
+def test_a_top_p_step_draws_over_the_vocabulary_only_when_a_row_does_not_fit(tiny):
+    """The draw's conditional: branch 0 (no row fits in the candidates) and branch 1 (some do)
+    make B x V random bits; branch 2 (every row fits: its nucleus within the candidates) makes
+    B x C and no B x V; nothing outside the branches makes either."""
+    V, C = tiny.config.vocab_size, sampling.Plan(active=()).candidates
+    assert C < V
+    hlo = step_hlo(tiny, dl.SamplingParams(temperature=0.8, top_p=0.95))
+    (draw,) = [branches(rest) for *_, rest in hlo.ops("conditional") if len(branches(rest)) == 3]
+    vocabulary, per_row, candidates = (hlo.reachable([b], branches=True) for b in draw)
+    assert random_bits(hlo, vocabulary, (B, V)) and not random_bits(hlo, vocabulary, (B, C))
+    assert random_bits(hlo, per_row, (B, V)) and random_bits(hlo, per_row, (B, C))
+    assert random_bits(hlo, candidates, (B, C)) and not random_bits(hlo, candidates, (B, V))
+    outside = hlo.reachable([hlo.entry], branches=False)
+    assert not random_bits(hlo, outside, (B, V)) and not random_bits(hlo, outside, (B, C))
 
 
 def test_a_penalised_step_updates_the_carried_counts_by_one_token_per_row(tiny):
@@ -162,6 +195,36 @@ def test_a_penalised_step_updates_the_carried_counts_by_one_token_per_row(tiny):
             if re.match(rf"\w+\[{B},{V}\]", operand):
                 into_counts.add(int(re.match(r"\w+\[(\d+)", indices).group(1)))
         assert into_counts == {updates}
+
+
+def engine_step_hlo(model, engine) -> Hlo:
+    """The compiled text of one round of the engine's step over its current state."""
+    graphdef, weights = nnx.split(model)
+    operands = (weights, jnp.asarray(1, jnp.int32))
+    carry = (jnp.zeros((), jnp.int32), engine.state)
+    return Hlo(engine_module._ADVANCE.step.lower(operands, carry, graphdef=graphdef).compile()
+               .as_text())
+
+
+def test_an_engine_serving_greedy_requests_steps_with_an_argmax(tiny):
+    """The engine's plan is what its requests enable: greedy requests give a step with no sort,
+    no top-k and no reduction over the vocabulary but the argmax's two, as ``generate``'s greedy
+    step. An engine that serves top-p has the candidates' top-k in its step."""
+    V = tiny.config.vocab_size
+    engine = SlotEngine(tiny, 2, MAX_LEN)
+    engine.insert(Request(id=0, prompt=[5, 17, 300], max_new_tokens=4))
+    engine.insert(Request(id=1, prompt=[9], max_new_tokens=4, seed=3))
+    assert engine.plan.greedy
+    hlo = engine_step_hlo(tiny, engine)
+    assert hlo.ops("sort") == [] and top_ks(hlo) == []
+    assert sorted(hlo.reductions_over(V)) == ["f32", "s32"]
+    sampled = SlotEngine(tiny, 2, MAX_LEN, serves=[dl.SamplingParams(temperature=0.8, top_p=0.95)])
+    assert top_ks(engine_step_hlo(tiny, sampled))
+
+
+def top_ks(hlo: Hlo) -> list[str]:
+    return [name for _, name, op, rest in hlo.instructions
+            if op == "custom-call" and 'custom_call_target="TopK"' in rest]
 
 
 # --- Outputs equal those of the plan that traces every processor ----------------------------------
@@ -270,6 +333,51 @@ def test_a_draw_among_candidates_is_exactly_the_top_k_distribution():
     assert scipy.stats.chisquare(counts[[10, 20, 30, 40]], expected).pvalue > 1e-3
 
 
+_sample = jax.jit(sampling.sample_tokens)
+
+
+def draws(params: dl.SamplingParams, logits: np.ndarray, seed: int):
+    """``draw``'s tokens for each row (row r keyed by ``fold_in(key(seed), r)``) and the tokens
+    the vocabulary-wide draw (``sample_tokens``) gives with the same keys."""
+    rows = logits.shape[0]
+    row_params = params.per_row(rows, V, candidates=CAP)
+    logprobs = _logprobs(jnp.asarray(logits), row_params, empty_history(rows))
+    keys = sampling.batch_keys(seed, rows)
+    return np.asarray(_draw(logprobs, row_params, keys)), np.asarray(_sample(logprobs, keys))
+
+
+def test_a_top_p_draw_among_candidates_is_exactly_the_nucleus_distribution():
+    """Chi-square at significance 1e-3 over 4000 rows: top-p 0.8 of the logits above keeps
+    tokens 10, 20 and 30 (mass before them 0, 0.4 / 1.01, 0.7 / 1.01 < 0.8; before token 40
+    0.9 / 1.01 >= 0.8), with probabilities 0.4 / 0.3 / 0.2 renormalised over 0.9. Three tokens
+    fit in the 16 candidates, so the rows draw among those: another stream than the
+    vocabulary-wide draw with the same keys (many rows differ), the same distribution."""
+    rows = 4000
+    p = np.full(V, 0.01 / (V - 4))
+    p[[10, 20, 30, 40]] = [0.4, 0.3, 0.2, 0.1]
+    logits = np.tile(np.log(p).astype(np.float32), (rows, 1))
+    tokens, over_vocabulary = draws(dl.SamplingParams(top_p=0.8), logits, seed=0)
+    counts = np.bincount(tokens, minlength=V)
+    assert counts.sum() == counts[[10, 20, 30]].sum()
+    expected = np.array([0.4, 0.3, 0.2]) / 0.9 * rows
+    assert scipy.stats.chisquare(counts[[10, 20, 30]], expected).pvalue > 1e-3
+    assert np.mean(tokens != over_vocabulary) > 0.3
+
+
+def test_a_top_p_row_whose_nucleus_does_not_fit_draws_over_the_vocabulary():
+    """The nearly flat row above keeps 224 tokens under top-p 0.5, more than the 16 candidates:
+    its draw is the vocabulary-wide draw, token for token, so exact (chi-square at significance
+    1e-3 over the 224 kept tokens, 2000 rows)."""
+    rows = 2000
+    logits = np.tile(-np.arange(V, dtype=np.float32) / 1000, (rows, 1))
+    tokens, over_vocabulary = draws(dl.SamplingParams(top_p=0.5), logits, seed=1)
+    np.testing.assert_array_equal(tokens, over_vocabulary)
+    counts = np.bincount(tokens, minlength=V)
+    assert counts[224:].sum() == 0
+    q = np.exp(logits[0, :224].astype(np.float64))
+    assert scipy.stats.chisquare(counts[:224], q / q.sum() * rows).pvalue > 1e-3
+
+
 def test_the_draw_rule_is_per_row():
     """A top-k row draws the same token whether its batch-mate also draws among candidates (the
     vocabulary-wide draw skipped) or not (both draws, selected per row)."""
@@ -282,3 +390,16 @@ def test_the_draw_rule_is_per_row():
         logprobs = _logprobs(jnp.asarray(logits), row_params, history)
         tokens.append(np.asarray(_draw(logprobs, row_params, keys)))
     assert tokens[0][0] == tokens[1][0]
+
+
+def test_the_top_p_draw_rule_is_per_row():
+    """Under top-p 0.5 a peaked row keeps 2 tokens (it fits in the candidates) and the nearly
+    flat row 224 (it does not). Each row draws the same token beside the other (both draws run,
+    selected per row) as beside a copy of itself (only its own kind of draw runs)."""
+    peaked, flat = random_logits(1, seed=4)[0], -np.arange(V, dtype=np.float32) / 1000
+    params = dl.SamplingParams(top_p=0.5)
+    assert kept(params, peaked[None], CAP).sum() == 2
+    mixed, _ = draws(params, np.stack([peaked, flat]), seed=6)
+    fitting, _ = draws(params, np.stack([peaked, peaked]), seed=6)
+    not_fitting, _ = draws(params, np.stack([flat, flat]), seed=6)
+    assert mixed[0] == fitting[0] and mixed[1] == not_fitting[1]

@@ -1,6 +1,7 @@
 """SlotEngine: every request's tokens equal ``generate`` on that request alone, whatever its slot,
-batch-mates or steps per call; a reused slot holds nothing of its previous request; requests that
-cannot fit are refused."""
+batch-mates, steps per call or the processors the engine's plan held when it arrived; a reused
+slot holds nothing of its previous request; requests that cannot fit, or that enable processors
+an engine was built not to serve, are refused; the plan compiles once per new set."""
 
 import collections
 
@@ -11,6 +12,7 @@ from flax import nnx
 
 import decodelab as dl
 from decodelab.serving import Request, SlotEngine
+from decodelab import compiles
 from decodelab.serving import engine as engine_module
 
 S = 64  # slot capacity = the tiny model's position table
@@ -158,6 +160,13 @@ def test_insert_and_run_refuse_an_id_that_is_already_decoding(tiny):
     (dict(num_slots=2), "max_len must be given for a model without a position table"),
     (dict(num_slots=2, max_len=1), "max_len must be an int >= 2, got 1"),
     (dict(num_slots=2, max_len=S, eos_ids=[600]), "eos_ids must be token ids in"),
+    (dict(num_slots=2, max_len=S, serves=GREEDY), "serves must be a non-empty list of "
+                                                   "SamplingParams"),
+    (dict(num_slots=2, max_len=S, serves=[]), "serves must be a non-empty list"),
+    (dict(num_slots=2, max_len=S, serves=[GREEDY, "greedy"]),
+     "serves\\[1\\] must be a SamplingParams, got 'greedy'"),
+    (dict(num_slots=2, max_len=S, serves=[dl.SamplingParams(top_k=[1, 2])]),
+     "serves\\[0\\] must be one request's parameters: top_k has 2 values but the batch has 1"),
 ])
 def test_bad_engine_arguments(tiny, kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -190,16 +199,17 @@ def test_bad_request_fields(kwargs, match):
 
 
 def test_new_requests_reuse_the_compiled_programs(tiny):
-    """Prompt lengths within a bucket, parameters, seeds, budgets and stop sequences are array
-    values: serving more requests compiles none of the engine's programs again (eager helper ops
-    such as the gather of finished rows are not counted)."""
+    """Prompt lengths within a bucket, parameter values, seeds, budgets and stop sequences are
+    array values: serving more requests of the processors an engine serves compiles none of its
+    programs again (eager helper ops such as the gather of finished rows are not counted)."""
+    serves = [GREEDY, dl.SamplingParams(temperature=0.5, top_k=5)]
     counts = collections.Counter()
 
     def listen(event, duration, **kwargs):
         if event == "/jax/core/compile/jaxpr_trace_duration":
             counts[kwargs.get("fun_name")] += 1
 
-    SlotEngine(tiny, 2, S).run(make_requests(2), n=3)  # warm: every program once
+    SlotEngine(tiny, 2, S, serves=serves).run(make_requests(2), n=3)  # warm: every program once
     jax.monitoring.register_event_duration_secs_listener(listen)
     try:
         rng = np.random.default_rng(5)
@@ -209,8 +219,84 @@ def test_new_requests_reuse_the_compiled_programs(tiny):
                                                      top_k=int(rng.integers(0, 50))),
                             seed=i, stop_sequences=[[int(rng.integers(0, 512))]] * (i % 2))
                     for i in range(6)]
-        SlotEngine(tiny, 2, S).run(requests, n=int(rng.integers(1, 5)))
+        SlotEngine(tiny, 2, S, serves=serves).run(requests, n=int(rng.integers(1, 5)))
     finally:
         jax.monitoring.unregister_event_duration_listener(listen)
     programs = ("prefill", "_advance_loop", "_write_row", "_free_rows")
     assert all(counts[name] == 0 for name in programs), counts
+
+
+def test_a_new_set_of_processors_compiles_once_and_the_plan_only_grows(tiny):
+    """By default the plan is what the admitted requests enable: greedy requests run the greedy
+    plan; the first top-k request compiles each program once more (the plan grows to
+    temperature + top-k, sampled); later requests within that set, greedy ones included,
+    compile nothing, and neither does another engine reaching the same set in another order.
+    (5 slots of 40: no other test compiles these programs.)"""
+    def request(i, params):
+        return Request(id=i, prompt=[1 + i, 2, 3], max_new_tokens=3, params=params, seed=i)
+
+    programs = ("prefill", "_advance_loop", "_write_row", "_free_rows", "_replan")
+    top_k = dl.SamplingParams(temperature=0.7, top_k=9)
+    with compiles.count_traces() as counts:
+        engine = SlotEngine(tiny, 5, 40)
+        engine.run([request(0, GREEDY), request(1, GREEDY)])
+        assert engine.plan == dl.sampling.Plan(active=("temperature",), greedy=True)
+        first = {name: counts[name] for name in programs}
+        assert first == dict(prefill=1, _advance_loop=1, _write_row=1, _free_rows=1, _replan=0)
+        engine.run([request(2, top_k)])
+        assert engine.plan == dl.sampling.Plan(active=("temperature", "top_k"))
+        grown = {name: counts[name] for name in programs}
+        assert grown == dict(prefill=2, _advance_loop=2, _write_row=2, _free_rows=2, _replan=1)
+        engine.run([request(3, top_k.replace(top_k=3)), request(4, GREEDY),
+                    request(5, dl.SamplingParams(temperature=1.3))])
+        other = SlotEngine(tiny, 5, 40)
+        other.run([request(6, top_k), request(7, GREEDY)])
+        assert other.plan == engine.plan
+        assert {name: counts[name] for name in programs} == grown
+
+
+def test_a_plan_that_grows_while_requests_decode_keeps_their_tokens(tiny):
+    """A greedy request with a presence penalty decodes 3 tokens under a greedy plan (output
+    counts carried); a sampled request with a repetition penalty and min-p joins, so the plan
+    grows and the seen tokens are counted from the first row's tokens. Both give the tokens
+    ``generate`` gives each alone."""
+    first = Request(id="greedy", prompt=[5, 17, 5, 300], max_new_tokens=12,
+                    params=dl.SamplingParams(temperature=0.0, presence_penalty=0.8), seed=3)
+    second = Request(id="sampled", prompt=[9, 9, 40], max_new_tokens=9, seed=4,
+                     params=dl.SamplingParams(temperature=0.9, repetition_penalty=1.3,
+                                              min_p=0.05))
+    engine = SlotEngine(tiny, 2, S)
+    engine.insert(first)
+    assert engine.step(3).generated == {"greedy": 3}
+    assert engine.plan.greedy and engine.state.seen is None
+    engine.insert(second)
+    assert engine.plan == dl.sampling.Plan(
+        active=("repetition_penalty", "presence_penalty", "temperature", "min_p"))
+    done = engine.run([])
+    for request in (first, second):
+        ref = alone(tiny, request)
+        assert done[request.id].tokens == ref.token_lists()[0]
+        np.testing.assert_allclose(done[request.id].logprobs, ref.logprobs[0, :ref.lengths[0]],
+                                   rtol=0, atol=1e-5)
+
+
+def test_an_engine_built_to_serve_a_set_refuses_a_request_outside_it(tiny):
+    engine = SlotEngine(tiny, 2, S, serves=[GREEDY, dl.SamplingParams(temperature=0.8,
+                                                                       top_p=0.9)])
+    assert engine.plan == dl.sampling.Plan(active=("temperature", "top_p"))
+    assert engine.check(Request(id=0, prompt=[1], max_new_tokens=2, params=SAMPLED)) == (
+        f"params enable ['top_k'], which the engine does not serve (its plan is fixed by "
+        f"serves: {engine.plan})")
+    assert engine.check(Request(id=1, prompt=[1], max_new_tokens=2,
+                                params=dl.SamplingParams(top_p=0.5))) is None
+    greedy_only = SlotEngine(tiny, 2, S, serves=[GREEDY])
+    assert greedy_only.check(Request(id=2, prompt=[1], max_new_tokens=2,
+                                     params=dl.SamplingParams(temperature=0.5))) == (
+        f"params are sampled, which the engine does not serve (its plan is fixed by serves: "
+        f"{greedy_only.plan})")
+    with pytest.raises(ValueError, match="cannot be served: params enable"):
+        engine.insert(Request(id=0, prompt=[1], max_new_tokens=2, params=SAMPLED))
+    top_k_only = SlotEngine(tiny, 1, S, serves=[dl.SamplingParams(top_k=5)])
+    assert top_k_only.plan == dl.sampling.Plan(active=("top_k",))
+    assert top_k_only.check(Request(id=3, prompt=[1], max_new_tokens=2)).startswith(
+        "params enable ['temperature'], which the engine does not serve")

@@ -11,9 +11,14 @@ Conventions (every caller relies on them):
   slots in one compiled ``lax.while_loop`` (a ``loop.CompiledLoop``); it stops early once no slot
   is running. Rows that have finished, and free slots, are carried without advancing, so
   ``step(n)`` gives the same tokens as ``n`` calls of ``step(1)``.
-- The state's sampling parameters run under ``sampling.Plan.ANY``: every processor is traced and
-  skipped at run time when no slot enables it, and the penalties count the tokens every step, so
-  a request with a new set of processors compiles nothing (``generate`` compiles per set).
+- The step contains the processors the engine serves and no other (``sampling.Plan``): the
+  ``sampling.union`` of the plans of the requests it admits, each processor applied to the slots
+  that enable it. An engine built with ``serves`` fixes that set (and refuses a request outside
+  it); by default the set grows with the requests admitted, so an engine that has served only
+  greedy requests runs an argmax. A request that adds to the set compiles the engine's programs
+  once more (once per new set, never more: the set only grows), the rows already decoding are
+  carried over unchanged; values within the set compile nothing. Penalty counts are carried in
+  the state when the set holds a penalty, as in ``generate``.
 - Request ids are unique among the requests an engine holds: ``insert`` refuses an id that is
   decoding, and ``run`` refuses a list with a repeated id before anything runs.
 - The token at position p of a request is drawn with ``fold_in(key(seed), p)``, so a request's
@@ -46,7 +51,8 @@ from decodelab.sampling import SamplingParams
 
 # Fields of DecodeState with a leading slot axis (the cache's k and v have it second).
 ROW_FIELDS = ("tokens", "prompt_lengths", "lengths", "finish", "logits", "keys", "params",
-              "stop_ids", "budgets", "logprobs", "top_logprobs", "top_ids", "entropy")
+              "stop_ids", "budgets", "logprobs", "top_logprobs", "top_ids", "entropy",
+              "output_counts", "seen")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -114,9 +120,12 @@ class StepResult:
 
 
 def _empty_state(config, num_slots: int, max_len: int, max_stops: int, stop_width: int,
-                 eos_mask: np.ndarray, kv_cache: str | None = None) -> DecodeState:
+                 eos_mask: np.ndarray, plan: sampling.Plan,
+                 kv_cache: str | None = None) -> DecodeState:
     B, S, V = num_slots, max_len, config.vocab_size
-    return DecodeState(
+    # A free slot's parameters: any the plan serves (a free slot never advances).
+    free = SamplingParams.greedy() if plan.greedy else SamplingParams()
+    state = DecodeState(
         step=jnp.zeros((), jnp.int32),
         tokens=jnp.zeros((B, S), jnp.int32),
         prompt_lengths=jnp.zeros((B,), jnp.int32),
@@ -125,7 +134,7 @@ def _empty_state(config, num_slots: int, max_len: int, max_stops: int, stop_widt
         cache=kvquant.init_cache(config, B, S, kv_cache),
         logits=jnp.zeros((B, V), jnp.float32),
         keys=sampling.seed_keys(np.zeros((B,), np.uint32)),
-        params=SamplingParams.greedy().per_row(B, V).with_any_plan(),
+        params=free.per_row(B, V).with_plan(plan),
         eos_mask=jnp.asarray(eos_mask),
         stop_ids=jnp.full((B, max_stops, stop_width), -1, jnp.int32),
         budgets=jnp.zeros((B,), jnp.int32),
@@ -134,6 +143,16 @@ def _empty_state(config, num_slots: int, max_len: int, max_stops: int, stop_widt
         top_ids=jnp.zeros((B, S, 0), jnp.int32),
         entropy=jnp.zeros((B, 0), jnp.float32),
     )
+    return state.replace(**decode.carried_counts(state.history, plan, V))
+
+
+@functools.partial(jax.jit, static_argnames=("plan",), donate_argnames=("state",))
+def _replan(state: DecodeState, *, plan: sampling.Plan) -> DecodeState:
+    """The same rows under ``plan`` (which covers the state's plan), with the counts its
+    penalties read taken from the rows' tokens."""
+    vocab_size = state.logits.shape[-1]
+    return state.replace(params=state.params.with_plan(plan),
+                         **decode.carried_counts(state.history, plan, vocab_size))
 
 
 @functools.partial(jax.jit, donate_argnames=("state",))
@@ -176,6 +195,25 @@ def _advance_running(operands, carry: tuple[jax.Array, DecodeState]) -> jax.Arra
 _ADVANCE = CompiledLoop("_advance", _advance_body, _advance_running, static_argnames=("graphdef",))
 
 
+def _plans_of(name: str, serves: Sequence[SamplingParams] | None,
+              vocab_size: int) -> list[sampling.Plan]:
+    """The plans of the parameters an engine serves (``SlotEngine``'s ``serves``)."""
+    if serves is None:  # grown from greedy by the requests admitted
+        return [SamplingParams.greedy().per_row(1, vocab_size).plan]
+    if isinstance(serves, SamplingParams) or not isinstance(serves, Sequence) or not serves:
+        raise ValueError(f"{name} must be a non-empty list of SamplingParams (one per kind of "
+                         f"request), got {serves!r}")
+    plans = []
+    for i, params in enumerate(serves):
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"{name}[{i}] must be a SamplingParams, got {params!r}")
+        try:
+            plans.append(params.per_row(1, vocab_size).plan)
+        except ValueError as error:
+            raise ValueError(f"{name}[{i}] must be one request's parameters: {error}") from None
+    return plans
+
+
 class SlotEngine:
     """``num_slots`` requests decoding together, each in its own row of one static-shape state.
 
@@ -187,6 +225,10 @@ class SlotEngine:
       eos_ids: ids that end any request (finish reason "eos"): the model's, shared by all slots.
       max_stop_sequences, max_stop_width: room for each request's own stop sequences.
       kv_cache: None (a float cache) or "int8" / "int4" (``kvquant.QuantizedKVCache``).
+      serves: the sampling parameters the engine serves (one ``SamplingParams`` per kind of
+        request): its step contains the processors any of them enables and no other, and it
+        refuses a request that enables another. Default: decide from the requests admitted,
+        starting from greedy and compiling once more for each new set of processors.
 
     Raises ValueError before anything is allocated when the ``num_slots x max_len`` cache and
     buffers need more than the memory limit (``checks.check_memory``).
@@ -194,7 +236,8 @@ class SlotEngine:
 
     def __init__(self, model: nnx.Module, num_slots: int, max_len: int | None = None, *,
                  eos_ids: int | Sequence[int] = (), max_stop_sequences: int = 4,
-                 max_stop_width: int = 8, kv_cache: str | None = None):
+                 max_stop_width: int = 8, kv_cache: str | None = None,
+                 serves: Sequence[SamplingParams] | None = None):
         check_model("model", model)
         self.num_slots = check_size("num_slots", num_slots, 1)
         kvquant.check_kind("kv_cache", kv_cache)
@@ -212,6 +255,8 @@ class SlotEngine:
         self.max_stop_width = check_size("max_stop_width", max_stop_width, 1)
         self.vocab_size = model.config.vocab_size
         self._eos_mask = check_eos(eos_ids, self.vocab_size)
+        self._fixed_plan = serves is not None
+        self._plan = sampling.union(_plans_of("serves", serves, self.vocab_size))
         # The shared state holds max_len output columns per slot; a prefill is one row.
         buffers = decode_buffers(model.config, self.num_slots, self.max_len, self.max_len, 0)
         buffers["prefill logits"] = nbytes((1, self.max_len, self.vocab_size), np.float32)
@@ -220,8 +265,14 @@ class SlotEngine:
         self._graphdef, self._weights = nnx.split(model)
         self._state = _empty_state(model.config, self.num_slots, self.max_len,
                                    self.max_stop_sequences, self.max_stop_width, self._eos_mask,
-                                   kv_cache)
+                                   self._plan, kv_cache)
         self._slots: list[Request | None] = [None] * self.num_slots
+
+    @property
+    def plan(self) -> sampling.Plan:
+        """The processors the engine's step contains (grows with the requests admitted unless
+        the engine was built with ``serves``)."""
+        return self._plan
 
     # --- Slots ------------------------------------------------------------------------------
 
@@ -258,9 +309,14 @@ class SlotEngine:
                 return (f"stop sequence {list(s)} must have <= max_stop_width="
                         f"{self.max_stop_width} ids in [0, {self.vocab_size})")
         try:
-            request.params.per_row(1, self.vocab_size)
+            plan = request.params.per_row(1, self.vocab_size).plan
         except ValueError as error:
             return f"params: {error}"
+        if self._fixed_plan and not self._plan.covers(plan):
+            extra = [name for name in plan.active if name not in (self._plan.active or ())]
+            what = f"enable {extra}" if extra else "are sampled"
+            return (f"params {what}, which the engine does not serve (its plan is fixed by "
+                    f"serves: {self._plan})")
         return None
 
     def insert(self, request: Request, slot: int | None = None) -> int:
@@ -283,6 +339,10 @@ class SlotEngine:
             slot = free[0]
         elif not is_int(slot) or slot not in free:
             raise ValueError(f"slot must be a free slot, one of {free}, got {slot!r}")
+        params = request.params.per_row(1, self.vocab_size)
+        if not self._plan.covers(params.plan):  # a new set of processors: compiles once more
+            self._plan = sampling.union([self._plan, params.plan])
+            self._state = _replan(self._state, plan=self._plan)
         P = len(request.prompt)
         T = min(bucket_length(P), self.max_len)
         block = np.zeros((1, T), np.int32)
@@ -292,7 +352,7 @@ class SlotEngine:
             stops[0, m, self.max_stop_width - len(s):] = s
         row = decode.prefill(self._weights, block, np.asarray([P], np.int32),
                              sampling.seed_keys(np.asarray([request.seed], np.uint32)),
-                             request.params.per_row(1, self.vocab_size).with_any_plan(),
+                             params.with_plan(self._plan),
                              self._eos_mask, stops,
                              graphdef=self._graphdef, max_len=self.max_len,
                              max_new_tokens=self.max_len, top_n=0, with_entropy=False,
