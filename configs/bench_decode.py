@@ -119,6 +119,10 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
         enabled=study == "speed" and preset in PRETRAINED_MODELS,
         # Timed runs after a warm-up call.
         repeats=3,
+        # llama.cpp's extra weight buffer types (repacked and AMX kernels). Off: its plain
+        # AVX2 / AVX-512 kernels, which run on every x86 machine (its AMX kernels stop with an
+        # illegal instruction where the kernel grants no AMX state, as in some virtual machines).
+        extra_buffers=False,
     ))
     return config
 

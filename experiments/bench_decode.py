@@ -156,7 +156,7 @@ def _no_processors(logits, params, history):
     return logits
 
 
-def _draw_argmax(logprobs, params, keys):
+def _draw_argmax(logprobs, params, keys, *, skip=None):
     """No random draw: the most probable token."""
     return sampling.argmax(logprobs)
 
@@ -378,16 +378,41 @@ def llama_cpp_float32(source: pathlib.Path, destination: pathlib.Path) -> pathli
     return destination
 
 
-def time_llama_cpp(path: pathlib.Path, prompt: np.ndarray, new_tokens: int, repeats: int) -> dict:
+@contextlib.contextmanager
+def _llama_model_params(**fields):
+    """Models loaded inside get llama.cpp's default model parameters with ``fields`` changed
+    (``llama_cpp.Llama`` takes no argument for some of them)."""
+    bindings = optional.require("llama_cpp.llama_cpp")
+    default = bindings.llama_model_default_params
+
+    def changed():
+        params = default()
+        for name, value in fields.items():
+            setattr(params, name, value)
+        return params
+
+    bindings.llama_model_default_params = changed
+    try:
+        yield
+    finally:
+        bindings.llama_model_default_params = default
+
+
+def time_llama_cpp(path: pathlib.Path, prompt: np.ndarray, new_tokens: int, repeats: int,
+                   extra_buffers: bool = False) -> dict:
     """llama.cpp (through ``llama-cpp-python``) decoding one row greedily from the GGUF file at
     ``path`` with ``threads()`` threads: the median seconds of ``new_tokens`` tokens after
     ``prompt`` (``[P]`` ids; prefill included, as in ``generate_s``) and of the first token alone
     (its prefill), each after a warm-up call; EOS is ignored (the tokens are taken as they come).
-    Every call starts from an empty KV cache."""
+    Every call starts from an empty KV cache. ``extra_buffers``: llama.cpp's extra weight
+    buffer types (repacked and AMX kernels); off, it runs its plain CPU kernels (AVX2 /
+    AVX-512), which run on every x86 machine: its AMX kernels stop with an illegal instruction
+    where the kernel does not grant a process AMX state (some virtual machines)."""
     llama_cpp = optional.require("llama_cpp")
     P = len(prompt)
-    llm = llama_cpp.Llama(model_path=str(path), n_ctx=P + new_tokens, n_batch=P,
-                          n_threads=threads(), n_threads_batch=threads(), verbose=False)
+    with _llama_model_params(use_extra_bufts=extra_buffers):
+        llm = llama_cpp.Llama(model_path=str(path), n_ctx=P + new_tokens, n_batch=P,
+                              n_threads=threads(), n_threads_batch=threads(), verbose=False)
     ids = [int(t) for t in prompt]
 
     def run(n: int) -> list[int]:
@@ -434,7 +459,8 @@ def llama_cpp_peer(config, cfg: ModelConfig, prompts: np.ndarray, bandwidth: flo
                  "llama_f32": llama_cpp_float32(source, pathlib.Path(scratch) / "f32.gguf")}
         for name, path in files.items():
             ctx.status(f"llama.cpp ({name})")
-            timed = time_llama_cpp(path, prompts[0], N, config.llama.repeats)
+            timed = time_llama_cpp(path, prompts[0], N, config.llama.repeats,
+                                   config.llama.extra_buffers)
             # Step i (0-based) reads the weights and the cache of P + i + 1 positions.
             roof = sum(max((timed["weight_bytes"] + kv_per_position * (P + i + 1)) / bandwidth,
                            roofline.step_cost(cfg, 1, P + i + 1).flops / flops_per_s)
@@ -860,7 +886,10 @@ def report(rows, out_dir) -> list[pathlib.Path]:
     if llama is not None:
         page.table(llama, out_dir / "decode_speed_llama_cpp.csv", number_format="{:.3g}",
                    caption="**llama.cpp on the same GGUF file** (batch 1, the same prompt ids, "
-                           "greedy, the same threads; `llama-cpp-python`, the `llamacpp` extra). "
+                           "greedy, the same threads; `llama-cpp-python`, the `llamacpp` extra; "
+                           "llama.cpp's extra weight buffers (repacked and AMX kernels) "
+                           + ("on" if config.get("llama", {}).get("extra_buffers") else "off: "
+                              "its plain AVX2 / AVX-512 kernels") + "). "
                            "MB read per token: the weights as each side stores them plus its KV "
                            "cache at the middle step (decodelab float32, llama.cpp float16); "
                            "roofline step: those bytes over the measured bandwidth (or the "
