@@ -27,8 +27,10 @@ Conventions (every caller relies on them):
   PartitionSpec from it. Every cache variant (float, quantized with its scales, beam search's
   slot table) is constrained leaf by leaf: arrays of that rank by ``cache_spec``, per-row arrays
   over ``data``.
-- Several processes (hosts) form one mesh after ``initialize`` (``jax.distributed``); experiment
-  programs call ``define_flags()`` at import and ``initialize_from_flags()`` first in ``main``.
+- Several processes (hosts) form one mesh after ``initialize`` (``jax.distributed``). The
+  experiment runner (``decodelab.experiment.define_flags`` and ``run_from_flags``) gives every
+  sweep program the flags of ``define_flags`` and calls ``initialize_from_flags`` before the
+  sweep; a program with its own ``main`` (``experiments/train.py``) calls both itself.
 """
 
 from __future__ import annotations
