@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from decodelab import sharding
 from decodelab.quantize import describe as describe_quantization, restructure
 from decodelab.config import ModelConfig
 from decodelab.convert.tokenizer import PretrainedTokenizer
@@ -117,17 +118,29 @@ def abstract_model(cfg: ModelConfig, quantization: dict | None = None) -> Transf
 
 
 def restore(manager, step: int, cfg: ModelConfig, opt_state_like=None,
-            quantization: dict | None = None):
+            quantization: dict | None = None, mesh=None):
     """Restore ``(model, opt_state or None)`` of ``step``; ``opt_state_like`` gives the optimizer
-    state's structure (e.g. ``jax.eval_shape(tx.init, params)``)."""
+    state's structure (e.g. ``jax.eval_shape(tx.init, params)``). Without ``mesh`` both are read
+    onto one device, whatever mesh they were saved from; with ``mesh`` they are read straight
+    onto it, laid out by ``sharding.PARAM_RULES`` (each device reads only its shards;
+    in a run over several processes, every process calls this), and the model remembers it."""
     graphdef, abstract_params = nnx.split(abstract_model(cfg, quantization))
-    items = {"params": ocp.args.StandardRestore(
-        jax.tree.map(ocp.utils.to_shape_dtype_struct, nnx.to_pure_dict(abstract_params)))}
+    if mesh is None:
+        # On this process's first device, whatever mesh the checkpoint was saved from (Orbax
+        # would otherwise restore the saved layout, or refuse a different set of devices).
+        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        place = lambda tree: jax.tree.map(  # noqa: E731
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), tree)
+    else:
+        place = lambda tree: sharding.abstract_on_mesh(tree, mesh)  # noqa: E731
+    items = {"params": ocp.args.StandardRestore(place(nnx.to_pure_dict(abstract_params)))}
     if opt_state_like is not None:
-        items["opt_state"] = ocp.args.StandardRestore(opt_state_like)
+        items["opt_state"] = ocp.args.StandardRestore(place(opt_state_like))
     restored = manager.restore(step, args=ocp.args.Composite(**items))
     nnx.replace_by_pure_dict(abstract_params, restored["params"])
     model = nnx.merge(graphdef, abstract_params)
+    if mesh is not None:
+        model.mesh = mesh
     return model, (restored["opt_state"] if opt_state_like is not None else None)
 
 

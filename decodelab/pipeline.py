@@ -18,6 +18,12 @@ distilled from a teacher, the objective, which names the teacher's key). A finis
 instead of retrained, an interrupted one continues from its last checkpoint (exactly: see train.py),
 and processes sharing a workdir (sweep shards) take a lock per entry, so each is built once.
 
+A run over several processes (``jax.distributed``, e.g. multi-host training) is one user of the
+cache: its processes share the workdir (a filesystem every host sees), process 0 takes each
+entry's lock on behalf of all of them and alone writes the tokenizer, ``spec.json`` and
+``history.json``, and every process takes part in the Orbax checkpointing (whose saves and
+restores are collective).
+
 The keys do not cover the code: after changing the model or the training code, use a new workdir.
 """
 
@@ -36,7 +42,9 @@ import tempfile
 from collections.abc import Mapping
 from typing import Any
 
+import jax
 from flax import nnx
+from jax.experimental import multihost_utils
 from ml_collections import config_dict
 
 from decodelab import checkpoint, data, distill, presets, train
@@ -104,6 +112,34 @@ def _lock(path: pathlib.Path):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+@contextlib.contextmanager
+def _entry_lock(path: pathlib.Path):
+    """Hold the lock ``path`` of one cache entry for this run. In a run over several processes,
+    process 0 holds it for all of them and the others wait at a barrier until it does: each
+    process locking on its own would deadlock, the holder entering Orbax's collectives while the
+    others wait for the lock."""
+    if jax.process_count() == 1:
+        with _lock(path):
+            yield
+        return
+    name = f"decodelab.pipeline {path.name}"
+    if jax.process_index() == 0:
+        with _lock(path):
+            multihost_utils.sync_global_devices(f"{name} locked")
+            yield
+            multihost_utils.sync_global_devices(f"{name} done")
+    else:
+        multihost_utils.sync_global_devices(f"{name} locked")
+        yield
+        multihost_utils.sync_global_devices(f"{name} done")
+
+
+def _written_by_process_0(name: str) -> None:
+    """Wait (in a run over several processes) until process 0 has written what ``name`` says."""
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices(f"decodelab.pipeline {name} written")
+
+
 def _write_atomic(path: pathlib.Path, payload: bytes) -> None:
     fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -149,14 +185,15 @@ def trained_tokenizer(tokenizer_cfg: Any, workdir: str | os.PathLike) -> Tokeniz
                          "model's tokenizer: tokenizer_for)")
     directory = _check_workdir(workdir) / "tokenizers" / tokenizer_key(args)
     path = directory / "tokenizer.model"
-    with _lock(directory.with_suffix(".lock")):
-        if path.exists():
-            return Tokenizer.load(path)
-        with tempfile.TemporaryDirectory() as tmp:
-            tokenizer = Tokenizer.train(data.write_split_files("train", tmp), **args)
-        directory.mkdir(parents=True, exist_ok=True)
-        _write_atomic(path, tokenizer.serialized_model())
-    return tokenizer
+    with _entry_lock(directory.with_suffix(".lock")):
+        tokenizer = None
+        if jax.process_index() == 0 and not path.exists():
+            with tempfile.TemporaryDirectory() as tmp:
+                tokenizer = Tokenizer.train(data.write_split_files("train", tmp), **args)
+            directory.mkdir(parents=True, exist_ok=True)
+            _write_atomic(path, tokenizer.serialized_model())
+        _written_by_process_0(f"tokenizer {directory.name}")
+        return Tokenizer.load(path) if tokenizer is None else tokenizer
 
 
 @dataclasses.dataclass
@@ -237,11 +274,15 @@ def _load_or_run(directory: pathlib.Path, spec: dict[str, Any],
                  mesh: Any = None) -> TrainedModel:
     """Load the finished model in ``directory``, or continue or start its training run."""
     checkpoints = directory / "checkpoints"
-    with _lock(directory.with_suffix(".lock")):
-        directory.mkdir(parents=True, exist_ok=True)
-        _write_atomic(directory / "spec.json", json.dumps(spec, indent=2).encode("utf-8"))
+    primary = jax.process_index() == 0
+    with _entry_lock(directory.with_suffix(".lock")):
         history_path = directory / "history.json"
+        # Every process reads the history before process 0 writes anything (the Orbax calls
+        # below synchronise the processes).
         history = json.loads(history_path.read_text()) if history_path.exists() else []
+        if primary:
+            directory.mkdir(parents=True, exist_ok=True)
+            _write_atomic(directory / "spec.json", json.dumps(spec, indent=2).encode("utf-8"))
         manager = checkpoint.open_manager(checkpoints)
         try:
             latest = manager.latest_step()
@@ -250,7 +291,7 @@ def _load_or_run(directory: pathlib.Path, spec: dict[str, Any],
                                  f"(step {latest} of {train_cfg.steps}); pass resume=True "
                                  "(--resume) to reuse or continue it")
             if latest == train_cfg.steps:
-                model, _ = checkpoint.restore(manager, latest, model_cfg)
+                model, _ = checkpoint.restore(manager, latest, model_cfg, mesh=mesh)
                 bad = checkpoint.nonfinite_arrays(nnx.to_pure_dict(nnx.state(model)))
                 if bad:
                     raise ValueError(f"the cached model in {str(checkpoints)!r} has NaN or "
@@ -264,7 +305,8 @@ def _load_or_run(directory: pathlib.Path, spec: dict[str, Any],
                              resume=latest is not None, progress=progress, objective=objective,
                              mesh=mesh)
         history += result.history
-        _write_atomic(history_path, json_dumps(history).encode("utf-8"))
+        if primary:
+            _write_atomic(history_path, json_dumps(history).encode("utf-8"))
     return TrainedModel(result.model, tokenizer, directory, result.step, result.resumed_from,
                         history)
 

@@ -27,8 +27,10 @@ Conventions (every caller relies on them):
   PartitionSpec from it. Every cache variant (float, quantized with its scales, beam search's
   slot table) is constrained leaf by leaf: arrays of that rank by ``cache_spec``, per-row arrays
   over ``data``.
-- Several processes (hosts) form one mesh after ``initialize`` (``jax.distributed``); experiment
-  programs call ``define_flags()`` at import and ``initialize_from_flags()`` first in ``main``.
+- Several processes (hosts) form one mesh after ``initialize`` (``jax.distributed``). The
+  experiment runner (``decodelab.experiment.define_flags`` and ``run_from_flags``) gives every
+  sweep program the flags of ``define_flags`` and calls ``initialize_from_flags`` before the
+  sweep; a program with its own ``main`` (``experiments/train.py``) calls both itself.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import jax
 import numpy as np
 from absl import flags
 from flax import nnx
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from decodelab.config import ModelConfig
@@ -141,8 +144,17 @@ def param_spec(name: str, shape: Sequence[int], mesh: Mesh,
 def shard_tree(tree: Any, mesh: Mesh,
                rules: Sequence[tuple[str, tuple[str | None, ...]]] = PARAM_RULES) -> Any:
     """``tree`` (parameters, or an optimizer state holding copies of their paths) with each array
-    placed on ``mesh`` by ``rules``."""
+    placed on ``mesh`` by ``rules``. In a run over several processes every process calls it with
+    the same values, and ``mesh`` may be this process's devices only (``make_mesh(...,
+    devices=jax.local_devices())``: each process then holds its own copy)."""
     mesh = _check_mesh(mesh)
+    if jax.process_count() > 1:
+        # Arrays spread over several processes' devices (a model trained on a mesh spanning the
+        # hosts): a full copy on every process first, gathered through the processes'
+        # collectives (so every process calls this).
+        tree = jax.tree.map(lambda x: multihost_utils.process_allgather(x, tiled=True)
+                            if isinstance(x, jax.Array) and not x.is_fully_addressable else x,
+                            tree)
 
     def place(path, leaf):
         sharding = NamedSharding(mesh, param_spec(path_name(path), np.shape(leaf), mesh, rules))
@@ -152,6 +164,16 @@ def shard_tree(tree: Any, mesh: Mesh,
         return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
     return jax.tree_util.tree_map_with_path(place, tree)
+
+
+def abstract_on_mesh(tree: Any, mesh: Mesh,
+                     rules: Sequence[tuple[str, tuple[str | None, ...]]] = PARAM_RULES) -> Any:
+    """``tree``'s arrays (or shapes) as ``jax.ShapeDtypeStruct``s placed on ``mesh`` by
+    ``rules``: the target of an Orbax restore that reads each device's shards straight onto it."""
+    mesh = _check_mesh(mesh)
+    return jax.tree_util.tree_map_with_path(
+        lambda path, x: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=NamedSharding(
+            mesh, param_spec(path_name(path), np.shape(x), mesh, rules))), tree)
 
 
 def shard(model: nnx.Module, mesh: Mesh,
@@ -281,8 +303,6 @@ def load_sharded(path, mesh: Mesh, *, step: int | None = None) -> nnx.Module:
     unless given), restored by Orbax straight onto ``mesh``, each device reading only its shards.
     The mesh need not have the shape the checkpoint was saved from. (``load_checkpoint`` gives the
     tokenizer.)"""
-    import orbax.checkpoint as ocp  # at call time: the model imports this module, keep it light
-
     from decodelab import checkpoint  # checkpoint -> model -> this module
 
     mesh = _check_mesh(mesh)
@@ -294,17 +314,8 @@ def load_sharded(path, mesh: Mesh, *, step: int | None = None) -> nnx.Module:
                              f"{str(path)!r}, got {step!r}")
         step = manager.latest_step() if step is None else step
         meta = checkpoint.restore_meta(manager, step)
-        cfg = ModelConfig.from_dict(meta["model_config"])
-        graphdef, abstract = nnx.split(checkpoint.abstract_model(cfg))
-        target = jax.tree_util.tree_map_with_path(
-            lambda p, x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(
-                mesh, param_spec(path_name(p), x.shape, mesh))),
-            nnx.to_pure_dict(abstract))
-        restored = manager.restore(step, args=ocp.args.Composite(
-            params=ocp.args.StandardRestore(target)))
+        model, _ = checkpoint.restore(manager, step, ModelConfig.from_dict(meta["model_config"]),
+                                      mesh=mesh)
     finally:
         manager.close()
-    nnx.replace_by_pure_dict(abstract, restored["params"])
-    model = nnx.merge(graphdef, abstract)
-    model.mesh = mesh
     return model

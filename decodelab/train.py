@@ -220,6 +220,18 @@ def evaluate(model: Transformer, windows: np.ndarray, batch_size: int = 16) -> d
     return {"loss": loss, "perplexity": math.exp(loss), "tokens": tokens}
 
 
+def _check_spans_processes(mesh: Mesh | None) -> None:
+    """In a run over several processes, every process must hold part of the training mesh."""
+    processes = (set() if mesh is None else
+                 {device.process_index for device in mesh.devices.flat})
+    if processes != set(range(jax.process_count())):
+        shape = "none" if mesh is None else " x ".join(f"{k}={v}" for k, v in mesh.shape.items())
+        raise ValueError(f"mesh must span the devices of all {jax.process_count()} processes "
+                         f"({jax.device_count()} devices) in a multi-process run, got mesh "
+                         f"{shape} over the devices of processes {sorted(processes)}; make "
+                         f"data x model equal to the device count")
+
+
 @dataclasses.dataclass
 class TrainResult:
     model: Transformer
@@ -251,7 +263,10 @@ def train(
     an error rather than a silent overwrite. ``stop_after`` ends the run early at that step (as an
     interruption would), for tests and for splitting a run. ``mesh`` (``sharding.make_mesh``)
     trains data- and tensor-parallel: parameters and optimizer state laid out by
-    ``sharding.PARAM_RULES``, batches split over its ``data`` axis.
+    ``sharding.PARAM_RULES``, batches split over its ``data`` axis. In a run over several
+    processes (``jax.distributed``) every process calls this with the same arguments and a mesh
+    spanning all of them; each computes the same batch (a function of the seed and the step), and
+    the checkpoints are written together (Orbax, to a directory every process sees).
 
     A loss or gradient that stops being finite raises ``TrainingDiverged`` naming the first such
     step, at the next step that logs or saves; no checkpoint from that step on is written.
@@ -263,6 +278,8 @@ def train(
     if model_cfg.position == "learned" and tc.seq_len > model_cfg.max_seq_len:
         raise ValueError(f"seq_len must be <= max_seq_len={model_cfg.max_seq_len} for a learned "
                          f"position table, got {tc.seq_len}")
+    if jax.process_count() > 1:
+        _check_spans_processes(mesh)
     batches = PackedBatches(train_stream, tc.batch_size, tc.seq_len, tc.seed)
     tx = make_optimizer(tc)
     model = Transformer(model_cfg, rngs=nnx.Rngs(tc.seed))
@@ -293,10 +310,8 @@ def train(
                                  f"{str(checkpoint_dir)!r}: got {objective.to_dict()}, saved "
                                  f"{saved_objective}")
             restored, opt_state = checkpoint.restore(
-                manager, latest, model_cfg, jax.eval_shape(tx.init, params))
+                manager, latest, model_cfg, jax.eval_shape(tx.init, params), mesh=mesh)
             params = nnx.state(restored)
-            if mesh is not None:
-                params, opt_state = sharding.shard_tree((params, opt_state), mesh)
             start = resumed_from = latest
 
     def save(step_done: int) -> None:

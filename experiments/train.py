@@ -3,14 +3,20 @@ sampled continuations of held-out prompts, and a short text-quality table of a f
 against the true continuations.
 
     python -m experiments.train --config=configs/train.py --workdir=runs/train [--resume]
+
+On several hosts, start it once per host with the same flags plus ``--coordinator_address=HOST:PORT
+--num_processes=N --process_id=I`` (``I`` = 0 .. N-1), a mesh over every host's devices
+(``--config.mesh.data=N --config.mesh.model=<devices per host>``) and a ``--workdir`` every host
+sees: the processes train as one, process 0 writes the cache files and ``summary.json``, and each
+process reports on its own copy of the trained model.
 """
 
 from __future__ import annotations
 
 import pathlib
 
+import jax
 import numpy as np
-
 from absl import app, flags, logging
 from ml_collections import config_flags
 
@@ -82,9 +88,10 @@ def main(argv) -> None:
                                     resume=_RESUME.value, mesh=mesh)
     tokenizer, model_cfg = result.tokenizer, result.model.config
     # The report decodes one prompt per test play, a batch the data axis need not divide: it runs
-    # tensor parallel only.
-    model = (result.model if mesh is None else
-             sharding.shard(result.model, sharding.make_mesh(model=config.mesh.model)))
+    # tensor parallel only, on this process's devices (each process of a multi-process run
+    # reports on its own copy of the model).
+    model = (result.model if mesh is None else sharding.shard(
+        result.model, sharding.make_mesh(model=config.mesh.model, devices=jax.local_devices())))
     print(f"model: {model_cfg.num_params():,} parameters, trained {result.step} steps; "
           f"checkpoints in {result.directory}")
 
@@ -117,7 +124,8 @@ def main(argv) -> None:
     summary = {"validation": metrics, "steps": result.step, "model_config": model_cfg.to_dict(),
                "train_config": train_cfg.to_dict(), "samples": samples, "quality": table,
                "history": result.history}
-    (workdir / "summary.json").write_text(experiment.json_dumps(summary, indent=2))
+    if jax.process_index() == 0:
+        (workdir / "summary.json").write_text(experiment.json_dumps(summary, indent=2))
 
 
 if __name__ == "__main__":

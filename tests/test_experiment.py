@@ -389,6 +389,7 @@ def test_command_line_overrides_reach_every_point(tmp_path):
     ([], "tests/fixtures/toy_config.py:bad_key", "'model.depth' does not exist"),
     (["--sweep_shard=2/2"], None, "sweep_shard i/n must have n >= 1 and i in 0..n-1, got '2/2'"),
     (["--sweep_shard=half"], None, "sweep_shard must look like i/n"),
+    (["--num_processes=2"], None, "--num_processes=2 needs --coordinator_address"),
 ])
 def test_bad_program_input_fails_naming_the_culprit(tmp_path, args, config, message):
     done = run_toy(*args, workdir=tmp_path / "w", config=config)

@@ -1,5 +1,10 @@
 """Experiment programs: the absl flags every program in ``experiments/`` defines, and running the
-sweep they name."""
+sweep they name.
+
+Every program that defines its flags here also gets ``--coordinator_address``,
+``--num_processes`` and ``--process_id`` (``sharding.define_flags``): started once per host with
+them, its processes join one JAX runtime (``jax.distributed``) before the sweep runs, and
+process 0 alone writes the rows."""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from typing import Any
 from absl import flags, logging
 from ml_collections import config_dict, config_flags
 
+from decodelab import sharding
 from decodelab.experiment.overrides import check_base_config
 from decodelab.experiment.rows import ROWS_FILE
 from decodelab.experiment.runner import PointContext, run
@@ -30,7 +36,8 @@ class ExperimentFlags:
 
 def define_flags(default_config: str | None = None) -> ExperimentFlags:
     """Define ``--config`` (a locked config file, so a misspelt override fails by name),
-    ``--workdir`` (default ``runs/<experiment>``) and ``--sweep_shard`` (``i/n``, default ``0/1``).
+    ``--workdir`` (default ``runs/<experiment>``) and ``--sweep_shard`` (``i/n``, default ``0/1``),
+    and the multi-process flags (``sharding.define_flags``; not for an imported program).
 
     When the global flags are already parsed or these names are taken, the module is being imported
     by another program (e.g. ``experiments.report`` reading its ``report`` function): the flags then
@@ -40,6 +47,8 @@ def define_flags(default_config: str | None = None) -> ExperimentFlags:
     shared = flags.FLAGS
     flag_values = (flags.FlagValues() if shared.is_parsed() or any(n in shared for n in names)
                    else shared)
+    if flag_values is shared:
+        sharding.define_flags(shared)
     return ExperimentFlags(
         config=config_flags.DEFINE_config_file(
             "config", default_config, "Config file, `path.py` or `path.py:arg`; override fields "
@@ -70,11 +79,13 @@ def run_from_flags(experiment_flags: ExperimentFlags,
                    argv: Sequence[str] = ()) -> list[dict]:
     """Run the sweep of the parsed flags (see ``run``); print where the rows are and how to render
     them. Ctrl-C stops after saying what was kept. ``argv`` is ``main``'s argument: positional
-    arguments in it are refused (``check_no_arguments``)."""
+    arguments in it are refused (``check_no_arguments``). With ``--coordinator_address`` the
+    processes join one runtime first (``sharding.initialize_from_flags``)."""
     check_no_arguments(argv)
     if not experiment_flags.flag_values.is_parsed():
         raise ValueError("run_from_flags needs parsed flags: call it from main under absl.app.run, "
                          "in the program that called define_flags")
+    sharding.initialize_from_flags()
     if experiment_flags.config.value is None:
         raise ValueError("--config is required, e.g. --config=configs/<name>.py")
     filename = config_flags.get_config_filename(experiment_flags.flag_values["config"])

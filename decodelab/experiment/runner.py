@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+import jax
 from ml_collections import config_dict
 from tqdm.auto import tqdm
 
@@ -132,7 +133,8 @@ def run(
                 "wall_time_s": time.perf_counter() - start,
                 "provenance": fields,
             }
-            add_rows(workdir, [row])
+            if jax.process_index() == 0:  # one row per point of a multi-process run
+                add_rows(workdir, [row])
             rows.setdefault(point.config_hash, row)
             bar.update(1)
     return [rows[p.config_hash] for p in mine]

@@ -180,7 +180,8 @@ def param_count(model: nnx.Module) -> int:
 
 def with_config(model: Transformer, cfg: ModelConfig) -> Transformer:
     """``model``'s parameters under ``cfg``, a config that may differ only in fields that hold no
-    parameters (e.g. RoPE scaling at inference time). The parameters are shared, not copied."""
+    parameters (e.g. RoPE scaling at inference time). The parameters are shared, not copied, and a
+    sharded model stays on its mesh."""
     fresh = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
     graphdef, abstract = nnx.split(fresh)
     state = nnx.state(model)
@@ -188,4 +189,8 @@ def with_config(model: Transformer, cfg: ModelConfig) -> Transformer:
     if jax.tree.structure(abstract) != jax.tree.structure(state) or shapes(abstract) != shapes(state):
         raise ValueError(f"cfg must keep the model's parameter shapes; {cfg} does not match "
                          f"{model.config}")
-    return nnx.merge(graphdef, state)
+    rebuilt = nnx.merge(graphdef, state)
+    mesh = sharding.mesh_of(model)
+    if mesh is not None:
+        rebuilt.mesh = mesh
+    return rebuilt

@@ -1,0 +1,30 @@
+"""A sharded model stays sharded through the functions that rebuild it. On one device: to them a
+1 x 1 mesh is a mesh like any other (the 8-device checks are in test_sharding.py)."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+from flax import nnx
+
+import decodelab as dl
+from decodelab import sharding
+from decodelab.model import with_config
+
+
+def test_with_config_keeps_the_mesh_and_the_layout(tiny_config):
+    mesh = sharding.make_mesh()
+    model = sharding.shard(dl.Transformer(tiny_config, rngs=nnx.Rngs(0)), mesh)
+    cfg = model.config.replace(rope_scaling="linear", rope_scaling_factor=2.0)
+    scaled = with_config(model, cfg)
+    assert scaled.config == cfg
+    assert scaled.mesh is mesh
+    for before, after in zip(jax.tree.leaves(nnx.state(model)),
+                             jax.tree.leaves(nnx.state(scaled)), strict=True):
+        assert after.sharding == before.sharding
+        np.testing.assert_array_equal(after, before)
+
+
+def test_with_config_of_a_model_on_one_device_has_no_mesh(tiny_config):
+    model = dl.Transformer(tiny_config, rngs=nnx.Rngs(0))
+    assert sharding.mesh_of(with_config(model, tiny_config.replace(rope_theta=500.0))) is None
