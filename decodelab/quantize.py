@@ -12,10 +12,25 @@ flattened, e.g. ``N * H`` for the output projection; Out: the rest) and stored a
 so one group is ``g`` consecutive input channels of one output column (``G = 1``: one scale per
 output channel). ``offset`` is the zero point in float form (``-scale * zero_point`` for min-max
 calibration, the block minimum of a GGUF Q4_1 block); symmetric (absmax) quantization has none.
-An ``input_scale [In]`` (AWQ) multiplies the input first. The matmul applies the scales to its
-output, one partial product per group (``x_G @ qvalue_G * scale_G`` summed over G), so the float
-kernel is never formed. Tied embeddings quantized with ``embeddings=True`` become a
-``QuantizedEmbed``: the same matrix with ``In = D`` and ``Out = V``, read by column for lookups.
+An ``input_scale [In]`` (AWQ) multiplies the input first. Tied embeddings quantized with
+``embeddings=True`` become a ``QuantizedEmbed``: the same matrix with ``In = D`` and ``Out = V``,
+read by column for lookups.
+
+The matmul, in blocks of output columns. XLA on CPU does not fuse a dequantization (convert,
+scale) into a dot's operand: the dot is a library call that reads float32 operands, so
+``x @ dequantize(qvalue)`` writes the whole float kernel and reads it back. Applying the scales to
+the output does not change that (the int8 -> float32 convert still feeds the dot; a mixed
+int8 x float32 ``dot_general`` is converted the same way), and a multiply-and-reduce fusion that
+never forms the kernel is slower than the float32 dot there. Worse, XLA keeps the dequantized
+kernels of a whole decode step alive at once (100 MB for ``medium``, as large as its float32
+weights), so the step wrote and read 4 bytes per weight on top of reading 1: int8 decoded at a
+fifth of float32's speed. So ``__call__`` loops (``lax.scan``) over blocks of output columns:
+each iteration dequantizes ``[In, C]`` (at most ``BLOCK_ELEMENTS`` weights, 512 KiB of float32,
+which stays in the core's cache) and multiplies it; a group runs along In, so a block holds whole
+groups. The compiled step then never forms a float buffer larger than one block
+(``tests/test_quantize.py`` checks the compiled text). int4 weights are the exception that stays:
+XLA on CPU converts an int4 array that enters a loop to an int8 copy first, and its int4 -> float
+convert is 3 to 4 times slower than int8's, so int4 decodes no faster than int8 there.
 
 What qwix does and what is written here. The numbers come from qwix: ``qwix.quantize`` computes
 absmax / min-max scales, zero points and int8 / int4 values for tiled (grouped) axes, and
@@ -57,6 +72,8 @@ WEIGHTS = {"int8": jnp.int8, "int4": jnp.int4}
 METHODS = ("rtn", "gptq", "awq")
 SCHEMES = ("absmax", "minmax")  # symmetric, or asymmetric with a zero point (offset)
 GROUP_SIZES = (None, 32, 64, 128)
+# Weights dequantized at a time by a quantized matmul (module docstring): 512 KiB of float32.
+BLOCK_ELEMENTS = 2**17
 _DTYPES = {"int8": jnp.int8, "int4": jnp.int4, "float32": jnp.float32, "float16": jnp.float16,
            "bfloat16": jnp.bfloat16}
 
@@ -123,19 +140,30 @@ class QuantizedEinsum(nnx.Module):
             w = w * self.input_scale[...][:, None]
         return w.reshape(*self.in_dims, *self.out_dims)
 
+    def columns_per_block(self) -> int:
+        """Output columns dequantized at a time by ``__call__``: the largest divisor of Out
+        whose block ``[In, columns]`` has at most ``BLOCK_ELEMENTS`` weights (module docstring)."""
+        In, Out = self.qvalue.shape
+        fits = max(BLOCK_ELEMENTS // In, 1)
+        return max(c for c in range(1, min(fits, Out) + 1) if Out % c == 0)
+
     def __call__(self, x: jax.Array) -> jax.Array:
         lead = x.shape[: x.ndim - len(self.in_dims)]
-        G, In = self.scale.shape[0], self.qvalue.shape[0]
-        x = x.astype(self.dtype).reshape(*lead, In)  # [..., In]
+        In, Out = self.qvalue.shape
+        x = x.astype(self.dtype).reshape(-1, In)  # [R, In]
         if self.input_scale is not None:
-            x = x * self.input_scale[...].astype(self.dtype).reshape(*(1 for _ in lead), In)
-        xg = x.reshape(*lead, G, In // G)  # [..., G, g]
-        q = self.qvalue[...].astype(self.dtype).reshape(G, In // G, -1)  # [G, g, Out]
-        partial = jnp.einsum("...Gg,GgO->...GO", xg, q)
-        y = jnp.einsum("...GO,GO->...O", partial, self.scale[...].astype(self.dtype))
-        if self.offset is not None:
-            y = y + jnp.einsum("...G,GO->...O", xg.sum(-1), self.offset[...].astype(self.dtype))
-        y = y.reshape(*lead, *self.out_dims)
+            x = x * self.input_scale[...].astype(self.dtype)[None, :]
+        C = self.columns_per_block()
+        offset = None if self.offset is None else self.offset[...]
+
+        def block(_, j):  # output columns j * C .. (j + 1) * C - 1: [R, C]
+            cols = lambda a: jax.lax.dynamic_slice_in_dim(a, j * C, C, axis=1)  # noqa: E731
+            w = _dequantize(cols(self.qvalue[...]), cols(self.scale[...]),
+                            None if offset is None else cols(offset), self.dtype)  # [In, C]
+            return None, x @ w
+
+        _, y = jax.lax.scan(block, None, jnp.arange(Out // C))  # [Out / C, R, C]
+        y = jnp.moveaxis(y, 0, 1).reshape(*lead, *self.out_dims)
         if self.bias is not None:
             y = y + self.bias[...].astype(self.dtype).reshape(*(1 for _ in lead), *self.out_dims)
         return y

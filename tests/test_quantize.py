@@ -1,6 +1,7 @@
 """dl.quantize: weights stored as int8 / int4 values with per-group scales; the quantized model
 runs wherever the float one does and equals the float model that holds its dequantized kernels."""
 
+import importlib
 import re
 
 import jax
@@ -15,6 +16,8 @@ from decodelab.quantize import QuantizedEinsum, QuantizedEmbed, dequantized
 from tests.conftest import TINY
 
 GREEDY = dl.SamplingParams.greedy()
+# The module, not the function ``dl.quantize`` that the package exports under the same name.
+quantize_module = importlib.import_module("decodelab.quantize")
 PROMPTS = [[5, 9, 13], [7, 1, 2, 3, 4, 8]]
 
 
@@ -119,6 +122,46 @@ def test_grouped_matmul_equals_the_float_model_holding_the_dequantized_kernels(
     for q in (int4, minmax):
         np.testing.assert_allclose(forward(q, tokens), forward(dequantized(q), tokens),
                                    atol=1e-5, rtol=1e-5)
+
+
+# Blocks of 2048 weights: each projection of the tiny model is dequantized a few columns at a time
+# (q [64, 64] in 2 blocks of 32 columns, gate [64, 256] in 8 of 32, down [256, 64] in 8 of 8).
+SMALL_BLOCK = 32 * 64
+
+
+def test_blocked_matmul_equals_the_float_model_holding_the_dequantized_kernels(
+        model, int4, tokens, forward, monkeypatch):
+    monkeypatch.setattr(quantize_module, "BLOCK_ELEMENTS", SMALL_BLOCK)
+    blocks = {path[-1]: m.columns_per_block() for path, m in quantized_modules(int4).items()}
+    assert blocks == {"q": 32, "k": 32, "v": 32, "o": 32, "gate": 32, "up": 32, "down": 8}
+    minmax = dl.quantize(model, weights="int8", scheme="minmax")
+    for q in (int4, minmax):
+        np.testing.assert_allclose(forward(q, tokens), forward(dequantized(q), tokens),
+                                   atol=1e-5, rtol=1e-5)
+
+
+def float_buffers_from_integer_weights(compiled_text: str) -> dict[str, int]:
+    """Each fused computation of the compiled program that reads an integer matrix (int8 / int4)
+    and produces a float array: its name -> the produced array's element count."""
+    found = {}
+    for name, params, shape in re.findall(
+            r"^%(\S+) \((.*)\) -> (?:f32|bf16|f16)\[([0-9,]*)\]", compiled_text, re.M):
+        if re.search(r": s(?:8|4)\[[0-9]+,[0-9]+\]", params):
+            found[name] = int(np.prod([int(d) for d in shape.split(",")]))
+    return found
+
+
+@pytest.mark.parametrize("weights, group_size", [("int8", None), ("int4", 32)])
+def test_a_decode_step_never_forms_a_float_kernel_larger_than_a_block(
+        cfg, model, weights, group_size, monkeypatch):
+    monkeypatch.setattr(quantize_module, "BLOCK_ELEMENTS", SMALL_BLOCK)
+    q = dl.quantize(model, weights=weights, group_size=group_size)
+    graphdef, state = nnx.split(q)
+    step = jax.jit(lambda state, tokens, cache: nnx.merge(graphdef, state)(tokens, cache=cache))
+    cache = dl.KVCache.init(cfg, batch_size=1, max_len=16)
+    text = step.lower(state, jnp.zeros((1, 1), jnp.int32), cache).compile().as_text()
+    dequantizing = float_buffers_from_integer_weights(text)
+    assert dequantizing and max(dequantizing.values()) <= SMALL_BLOCK
 
 
 def test_quantized_cache_path_matches_the_full_forward(cfg, int4, tokens, forward):
