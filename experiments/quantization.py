@@ -47,22 +47,17 @@ ANCHORS = """**Published anchors** (not rerun here). llama.cpp, LLaMA-3-8B again
 wikitext-2 perplexity: FP16 5.68, int4 g128 round-to-nearest 5.96, GPTQ 6.22, AWQ 5.78."""
 
 
-MATMUL = """**How the quantized matmul runs on CPU** (measured once, when the formulation was
-chosen; not rerun by this command). XLA on CPU fuses no dequantization into a dot: the dot reads
-float32 operands, so dequantizing a whole kernel and multiplying wrote and read a float32 copy of
-every weight, and XLA kept all of a decode step's copies alive at once (a 100 MB temporary for
-`medium`, 8.6 MB for its float32 step). Greedy `dl.generate` at batch 1 then ran int8 at 0.21x
-float32's tokens/s on `medium` (random weights, 32 tokens) and 0.22x on SmolLM2-135M (16
-tokens). Applying the scales to the dot's output, or an int8 x float32 `dot_general`, compiles
-to the same convert-then-dot; a multiply-and-reduce fusion that never forms the kernel is slower
-than the float32 dot. `decodelab/quantize.py` therefore dequantizes blocks of at most 2^17
-weights (512 KiB of float32) inside a loop: int8 rose to 0.90x (`medium`) and 0.94x (SmolLM2).
-int4 g32 did not gain (`medium` 0.66x to 0.84x before, 0.71x after; SmolLM2 0.59x before, 0.67x
-after), nor did SmolLM2's GGUF blocks kept as stored (0.56x before, 0.52x after): XLA on CPU
-converts an int4 array entering a loop to an int8 copy, and its int4 -> float32 convert costs 3
-to 4 times int8's. Medians of 5 runs interleaved with float32 on a shared 2-core machine under
-load 14 to 16, so only the ratios mean anything. The >= 1.5x target needs a fused int8 matmul,
-which XLA's CPU backend does not emit."""
+MATMUL = """**How the quantized matmul runs on CPU.** XLA on CPU fuses no dequantization into a
+dot: the dot reads float32 operands, so dequantizing a whole kernel and multiplying writes and
+reads a float32 copy of every weight, and XLA keeps all of a decode step's copies alive at once.
+Applying the scales to the dot's output, or an int8 x float32 `dot_general`, compiles to the same
+convert-then-dot; a multiply-and-reduce fusion that never forms the kernel is slower than the
+float32 dot. `decodelab/quantize.py` therefore dequantizes blocks of at most 2^17 weights (512
+KiB of float32) inside a loop, so a block stays in cache (`tests/test_quantize.py` checks the
+compiled step forms no larger float buffer from integer weights). int4 gains less: XLA on CPU
+converts an int4 array entering a loop to an int8 copy, and its int4 -> float32 convert costs
+more than int8's. The speed-up columns above are this page's measurement of the result."""
+
 
 def _cached(key, make):
     if key not in _CACHE:
