@@ -324,7 +324,7 @@ class KiviKVCache:
         G, W, S = self.spec.group_size, self.spec.float_slots, self.max_len
         NG = self.k_scale.shape[3]
         L0 = self.lengths  # [B]
-        earlier = L0[:, None] - (G - 1) + jnp.arange(G - 1, dtype=jnp.int32)  # [B, G-1]
+        earlier = L0[:, None] - (G - 1) + jnp.arange(G - 1, dtype=jnp.int32)[None, :]  # [B, G-1]
         ring = jnp.take_along_axis(self.ring_k[layer], (earlier % W)[:, None, :, None], axis=2)
         block = jnp.swapaxes(k, 1, 2).astype(ring.dtype)  # [B, K, T, H]
         span = jnp.concatenate([ring, block, jnp.zeros((B, K, G, H), ring.dtype)], axis=2)
@@ -336,8 +336,10 @@ class KiviKVCache:
         levels, scale, zero = quantize_minmax(groups, axis=3)  # [B, K, n, G, H], [B, K, n, 1, H]
         ends = first[:, None] + G * (jnp.arange(n, dtype=jnp.int32)[None, :] + 1)  # [B, n]
         done = (ends <= (L0 + T)[:, None]) & (ends <= S)
-        group = jnp.where(done, first[:, None] // G + jnp.arange(n, dtype=jnp.int32), NG)
-        slot = jnp.where(done[:, :, None], (ends - G)[:, :, None] + jnp.arange(G), S)  # [B, n, G]
+        group = jnp.where(done, first[:, None] // G + jnp.arange(n, dtype=jnp.int32)[None, :], NG)
+        slot = jnp.where(done[:, :, None],
+                         (ends - G)[:, :, None] + jnp.arange(G, dtype=jnp.int32)[None, None, :],
+                         S)  # [B, n, G]
         rows = jnp.arange(B)[:, None]
         levels = jnp.moveaxis(levels.reshape(B, K, n * G, H), 2, 1)  # [B, n G, K, H]
         return self.replace(

@@ -186,7 +186,7 @@ class SlotEngine:
         Default: the model's position table (``max_seq_len``).
       eos_ids: ids that end any request (finish reason "eos"): the model's, shared by all slots.
       max_stop_sequences, max_stop_width: room for each request's own stop sequences.
-      kv_cache: None (a float cache) or "int8" / "int4" (``kvquant.QuantizedKVCache``).
+      kv_cache: as in ``generate``: None (a float cache), "int8", "int4" or a ``kvquant.Kivi``.
 
     Raises ValueError before anything is allocated when the ``num_slots x max_len`` cache and
     buffers need more than the memory limit (``checks.check_memory``).
