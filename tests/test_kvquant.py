@@ -180,8 +180,9 @@ def test_int4_rewind_deeper_than_max_rewind_is_rejected(cfg, run):
 
 
 @pytest.mark.parametrize("kind", ["int8", TINY_GROUPS])
-def test_greedy_speculative_with_a_quantized_cache_equals_greedy_generate_with_one(model, kind):
-    draft = dl.quantize(model, weights="int4", group_size=32)
+def test_greedy_speculative_with_a_quantized_cache_equals_greedy_generate_with_one(cfg, model,
+                                                                                  kind):
+    draft = dl.Transformer(cfg, rngs=nnx.Rngs(1))  # most proposals are rejected and rewound
     expected = dl.generate(model, PROMPTS, GREEDY, 12, seed=0, kv_cache=kind).token_lists()
     spec = dl.speculative_generate(model, draft, PROMPTS, GREEDY, gamma=3, max_new_tokens=12,
                                    seed=0, kv_cache=kind)
