@@ -15,7 +15,7 @@ from decodelab.convert import PretrainedTokenizer, load_gguf, load_hf
 
 # Compression: weights and KV caches stored quantized, judged on one scoreboard
 from decodelab.compare import Scoreboard, compare
-from decodelab.kvquant import QuantizedKVCache
+from decodelab.kvquant import Kivi, KiviKVCache, QuantizedKVCache, init_cache
 from decodelab.quantize import parameter_bytes, quantize
 
 # Training and checkpoints
@@ -47,6 +47,9 @@ __all__ = [
     "parameter_bytes",
     "quantize",
     "QuantizedKVCache",
+    "Kivi",
+    "KiviKVCache",
+    "init_cache",
     "Scoreboard",
     "compare",
     "save_checkpoint",

@@ -20,7 +20,9 @@ Conventions (every caller relies on them):
   that stores something else (quantized values, beams sharing a prompt: ``beam.BeamCache``) works
   wherever this one does if it has this class's public methods and properties other than ``k`` and
   ``v``: ``write``, ``read``, ``advance``, ``positions``, ``check_room``, ``take_rows``,
-  ``rewind``, ``lengths``, ``batch_size``, ``max_len``.
+  ``rewind``, ``lengths``, ``batch_size``, ``max_len``. A cache that keeps its newest slots in
+  float beside quantized ones (``kvquant.KiviKVCache``) also has ``float_tail`` and
+  ``read_quantized``, which attention uses instead of ``read`` (``model/attention.py``).
 """
 
 from __future__ import annotations

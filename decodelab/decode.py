@@ -300,8 +300,10 @@ def generate(
       python_loop: run the decode steps from Python (same step function, same tokens).
       raise_on_error: raise ValueError if a row hit NaN / +inf logits or a distribution with no
         allowed token; with False such rows just finish with reason "error".
-      kv_cache: None (a float cache) or "int8" / "int4": keys and values stored quantized
-        (``kvquant.QuantizedKVCache``).
+      kv_cache: None (a float cache), "int8" (``kvquant.QuantizedKVCache``: a scale per token
+        and kv head) or "int4" (``kvquant.KiviKVCache``, KIVI's layout: keys per channel over
+        groups of 32 slots, values per token, the newest group in float); a ``kvquant.Kivi``
+        sets int4's group size, float residual and rewind depth.
 
     Raises ValueError before anything is allocated when the cache and buffers need more than the
     memory limit (``checks.check_memory``).

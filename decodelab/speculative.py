@@ -428,7 +428,8 @@ def speculative_generate(
       gamma: proposals per round (>= 1); capped at ``max_new_tokens`` (after its clamping), as
         proposals past the budget could never be kept. The tokens are those of the uncapped
         gamma; ``stats.gamma`` reports the gamma used.
-      kv_cache: as in ``generate``, for the target's cache and a draft model's.
+      kv_cache: as in ``generate``, for the target's cache and a draft model's; with "int4" a
+        round's rewind (up to ``gamma + 1`` slots) must be within ``Kivi.max_rewind``.
       tokenizer, draft_tokenizer: the models' tokenizers; when both are given they must be the same
         (``tokenizer`` also serves ``stop_strings``).
       max_len: cache slots per row, for both models. Default: the prompt bucket plus
@@ -464,6 +465,11 @@ def speculative_generate(
     rows = request.rows
     S, N, gamma = speculative_sizes(request, gamma, max_len, target,
                                     None if isinstance(draft, Drafter) else draft)
+    depth = kvquant.max_rewind(kv_cache)
+    if depth is not None and gamma + 1 > depth:
+        raise ValueError(f"gamma must be at most {depth - 1} with kv_cache={kv_cache!r} (a round "
+                         f"rewinds up to gamma + 1 slots; Kivi.max_rewind is {depth}), got "
+                         f"{gamma}")
     block, lengths = prompt_block(rows, S)
     row_params = params.per_row(len(rows), target.config.vocab_size)
 

@@ -16,6 +16,11 @@ Two paths compute the same attention (float32 results agree to rounding):
   what the longest live row holds, not the cache's ``max_len`` (a cache of at most one block is
   read in one piece, without the loop). A position bias (T5, ALiBi) is
   computed per block from positions, never as a ``[B, N, T, S]`` matrix.
+
+A cache that keeps its newest slots in float beside quantized ones (``kvquant.KiviKVCache``) has
+``float_tail(layer, q_pos)`` and ``read_quantized``: each query reads the slots below its
+``tail.below`` quantized and the tail's float slots from there up to its own position, in both
+paths (one more online-softmax step in the blocked one).
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ def causal_attention(
     q_pos: jax.Array,  # [B, T]
     k_pos: jax.Array,  # [B, S]
     bias: jax.Array | None,  # [B, N, T, S]
+    visible: jax.Array | None = None,  # [B, T, S]: slots each query may read besides causality
 ) -> jax.Array:  # [B, T, N, H]
     B, T, N, H = q.shape
     K, S = k.shape[1], k.shape[2]
@@ -53,8 +59,10 @@ def causal_attention(
     scores = jnp.einsum("BTKGH,BKSH->BKGTS", q, k).astype(jnp.float32) / math.sqrt(H)
     if bias is not None:
         scores = scores + bias.reshape(B, K, G, T, S)
-    visible = k_pos[:, None, :] <= q_pos[:, :, None]  # [B, T, S]
-    scores = jnp.where(visible[:, None, None], scores, NEG)
+    causal = k_pos[:, None, :] <= q_pos[:, :, None]  # [B, T, S]
+    if visible is not None:
+        causal = causal & visible
+    scores = jnp.where(causal[:, None, None], scores, NEG)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     out = jnp.einsum("BKGTS,BKSH->BTKGH", probs, v)
     return out.reshape(B, T, N, H)
@@ -77,40 +85,55 @@ def blocked_attention(
     block_slots: int,
 ) -> jax.Array:  # [B, T, N, H]
     """Causal attention of ``q`` over the cache, ``block_slots`` slots per loop trip with an
-    online softmax (running max ``m``, normaliser ``l`` and weighted sum ``acc`` per query)."""
+    online softmax (running max ``m``, normaliser ``l`` and weighted sum ``acc`` per query);
+    a cache with a float tail adds one step over it (module docstring)."""
     B, T, N, H = q.shape
     K, S = n_kv_heads, cache.max_len
     G = N // K
     size = min(block_slots, S)
     q = q.reshape(B, T, K, G, H)
+    tail = cache.float_tail(layer, q_pos) if hasattr(cache, "float_tail") else None
+    read = cache.read if tail is None else cache.read_quantized
 
-    def trip(carry):
-        i, m, l, acc = carry  # [], [B, K, G, T], [B, K, G, T], [B, K, G, T, H]
-        start = i * size
-        k, v = cache.read(layer, start, size)  # [B, K, S', H], S' = size
-        first = jnp.minimum(start, S - size)  # read clamps a last partial block back into range
-        k_pos = first + jnp.arange(size, dtype=jnp.int32)  # [S']
+    def online(carry, k, v, k_pos, visible):
+        """One online-softmax step over keys ``k, v: [B, K, S', H]`` at ``k_pos: [B, S']``,
+        of which each query reads the ``visible: [B, T, S']`` ones at or before its position."""
+        m, l, acc = carry  # [B, K, G, T], [B, K, G, T], [B, K, G, T, H]
         scores = jnp.einsum("BTKGH,BKSH->BKGTS", q, k).astype(jnp.float32) / math.sqrt(H)
-        block_bias = bias(q_pos, jnp.broadcast_to(k_pos[None, :], (B, size)))  # [B, N, T, S']
+        block_bias = bias(q_pos, k_pos)  # [B, N, T, S']
         if block_bias is not None:
-            scores = scores + block_bias.reshape(B, K, G, T, size)
-        visible = ((k_pos[None, None, :] <= q_pos[:, :, None])
-                   & (k_pos >= start)[None, None, :])  # [B, T, S']; slots before start: done
+            scores = scores + block_bias.reshape(B, K, G, T, k_pos.shape[1])
+        visible = visible & (k_pos[:, None, :] <= q_pos[:, :, None])
         scores = jnp.where(visible[:, None, None], scores, NEG)
         m_new = jnp.maximum(m, jnp.max(scores, axis=-1))
         p = jnp.exp(scores - m_new[..., None])  # [B, K, G, T, S']
         scale = jnp.exp(m - m_new)
         l = l * scale + jnp.sum(p, axis=-1)
         pv = jnp.einsum("BKGTS,BKSH->BKGTH", p.astype(v.dtype), v).astype(jnp.float32)
-        return i + 1, m_new, l, acc * scale[..., None] + pv
+        return m_new, l, acc * scale[..., None] + pv
+
+    def trip(carry):
+        i, *state = carry
+        start = i * size
+        k, v = read(layer, start, size)  # [B, K, S', H], S' = size
+        first = jnp.minimum(start, S - size)  # read clamps a last partial block back into range
+        k_pos = jnp.broadcast_to(first + jnp.arange(size, dtype=jnp.int32), (B, size))
+        visible = jnp.broadcast_to((k_pos >= start)[:, None, :], (B, T, size))  # before: done
+        if tail is not None:
+            visible = visible & (k_pos[:, None, :] < tail.below[:, :, None])
+        return i + 1, *online(state, k, v, k_pos, visible)
 
     init = (jnp.zeros((), jnp.int32), jnp.full((B, K, G, T), NEG, jnp.float32),
             jnp.zeros((B, K, G, T), jnp.float32), jnp.zeros((B, K, G, T, H), jnp.float32))
     if size == S:  # one block holds the whole cache: no loop to run
-        _, _, l, acc = trip(init)
+        _, *state = trip(init)
     else:
         blocks = attention_blocks(live, S, block_slots)
-        _, _, l, acc = jax.lax.while_loop(lambda carry: carry[0] < blocks, trip, init)
+        _, *state = jax.lax.while_loop(lambda carry: carry[0] < blocks, trip, init)
+    if tail is not None:
+        state = online(state, tail.k, tail.v, tail.positions,
+                       tail.positions[:, None, :] >= tail.below[:, :, None])
+    _, l, acc = state
     out = (acc / l[..., None]).astype(q.dtype)  # [B, K, G, T, H]
     return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(B, T, N, H)
 
@@ -159,7 +182,19 @@ class Attention(nnx.Module):
                                    bias)
             return self.o(out), cache
         cache = cache.write(layer, k, v)
-        if live is None:
+        if live is None and hasattr(cache, "float_tail"):
+            tail = cache.float_tail(layer, q_pos)
+            k, v = cache.read_quantized(layer, 0, cache.max_len)  # [B, K, S, H]
+            visible = jnp.concatenate([k_pos[:, None, :] < tail.below[:, :, None],
+                                       tail.positions[:, None, :] >= tail.below[:, :, None]],
+                                      axis=2)  # [B, T, S + E]
+            if bias is not None:
+                bias = jnp.concatenate([bias, positions.bias(q_pos, tail.positions)], axis=-1)
+            out = causal_attention(q, jnp.concatenate([k, tail.k], axis=2),
+                                   jnp.concatenate([v, tail.v], axis=2), q_pos,
+                                   jnp.concatenate([k_pos, tail.positions], axis=1), bias,
+                                   visible)
+        elif live is None:
             k, v = cache.read(layer, 0, cache.max_len)  # [B, K, S, H]
             out = causal_attention(q, k, v, q_pos, k_pos, bias)
         else:
