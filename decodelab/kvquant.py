@@ -36,21 +36,9 @@ Every quantized element is within half its scale of the value written (round to 
   value channel plus a float32 scale and zero per group of ``value_group`` channels; the ring adds
   ``W`` float slots per row, a constant.
 
-Measured on SmolLM2-135M (8 held-out windows of the test plays, mean KL divergence of the
-next-token distributions against the float32 cache, in nats):
-
-- float32 cache: 46080 bytes per token;
-- int8: mean KL 0.0014 (same top token 97.5%) in 64-token windows, 0.0011 (97.5%) in 256-token
-  windows; 12240 bytes per token;
-- int4 with keys per token (the first layout, groups of 32 channels): 0.21 (74.6%), 0.16 (75.5%);
-  7200 bytes per token;
-- int4 KIVI, G 32, R 0: 0.0057 (97.1%), 0.0067 (95.0%); 8640 bytes per token (a 2048-slot row:
-  19.9 MB with the ring, against 94.4 MB in float32 and 25.1 MB in int8).
-
-Quantizing keys per channel is what recovers int4 (KIVI's reason: keys have outlier channels, on
-which a per-token scale spends its 16 levels). In 64-token windows the float newest group is a
-large share of what a query reads (G 64 or R 32 there: 0.0004 and 0.0001); the 256-token figure
-is the one to quote. The first layout (int4 per token in groups of 32 channels) is gone.
+Keys are quantized per channel because keys have outlier channels, on which a per-token scale
+spends its 16 levels (KIVI's reason); the quantization study (``experiments/quantization.py``)
+measures each kind's KL divergence against the float32 cache.
 """
 
 from __future__ import annotations
