@@ -2,13 +2,22 @@
 
 Rank promotion raises, so a silent broadcast between arrays of different rank fails a test instead
 of computing something unintended; x64 stays off, so everything runs in float32 / int32 as on an
-accelerator.
+accelerator; XLA compiles with its LLVM backend at -O0 (below).
 """
 
-import jax
-import pytest
+import os
 
-import requires
+# XLA's LLVM backend at -O0 (set before the CPU backend starts; subprocesses inherit it): the
+# suite compiles hundreds of tiny programs and runs each a few times, so LLVM's optimisation
+# passes cost more than they save. The optimised HLO (fusion, layout) is the same at every
+# level; float results differ from -O2's by rounding only (a few ulps).
+os.environ["XLA_FLAGS"] = " ".join(
+    f for f in ("--xla_backend_optimization_level=0", os.environ.get("XLA_FLAGS")) if f)
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+import requires  # noqa: E402
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_enable_x64", False)
