@@ -796,6 +796,25 @@ def _findings(metrics: list[dict], new_tokens: int, max_len_rows: list[dict],
         if parts:
             lines += ["", "Where a greedy step's time goes (the breakdown table), the largest "
                           "part per row: " + "; ".join(parts) + "."]
+        sampling_cost = []
+        for m in breakdown_rows:
+            greedy, sampled = (m.get(f"breakdown_{mode}_full_step_ms")
+                               for mode in ("greedy", "sampled"))
+            if greedy and sampled:
+                sampling_cost.append(f"{m['preset']} batch {m['batch_size']} "
+                                     f"{sampled - greedy:.3g} ms ({_percent(1 - greedy / sampled)} "
+                                     "of the sampled step)")
+        if sampling_cost:
+            lines += ["", "What sampling costs, the sampled step minus the greedy step: "
+                      + "; ".join(sampling_cost) + ". The ablation splits it less well than the "
+                      "greedy step: the `no_model` stand-in's one-hot logits leave top-p a "
+                      "one-token nucleus, so the cost of the processors on the model's real "
+                      "logits shows in the sampled rows' 'MLP and projections' difference. On "
+                      "random weights the next-token distribution is nearly flat: top-p 0.95 "
+                      "keeps most of the vocabulary, more than the candidate cap "
+                      "(`processor_inputs.CANDIDATES`, 256), so every sampled step of those "
+                      "rows takes top-p's full-sort fallback; the pretrained rows sample from "
+                      "real distributions."]
     return "\n".join(lines)
 
 

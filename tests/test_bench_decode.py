@@ -186,6 +186,10 @@ def test_the_report_adds_the_max_len_and_breakdown_tables_from_their_rows(rows, 
                  zip(("full", "no_attention", "no_model", "no_sampling"), (4.0, 3.0, 1.0, 0.5))}
     breakdown.update({f"breakdown_greedy_{part}_ms": ms for part, ms in
                       zip(bench_decode.PARTS, (1.0, 2.0, 0.5, 0.5))})
+    breakdown.update({f"breakdown_sampled_{level}_step_ms": ms for level, ms in
+                      zip(("full", "no_attention", "no_model", "no_sampling"), (10, 9, 1, 0.5))})
+    breakdown.update({f"breakdown_sampled_{part}_ms": ms for part, ms in
+                      zip(bench_decode.PARTS, (1.0, 8.0, 0.5, 0.5))})
     extra = [study_row("max_len", max_len=40, step_ms=2.0),
              study_row("max_len", max_len=400, step_ms=2.2),
              study_row("breakdown", **breakdown)]
@@ -197,6 +201,9 @@ def test_the_report_adds_the_max_len_and_breakdown_tables_from_their_rows(rows, 
     assert ("Step time at max_len 400 within 15% of max_len 40 (tiny, batch 2, the same live "
             "tokens): met** (2.2 ms against 2 ms, 1.10x)") in page
     assert "the largest part per row: tiny batch 2: MLP and projections (50% of 4 ms)" in page
+    # Sampling's whole cost: the sampled step (10 ms) minus the greedy step (4 ms).
+    assert ("the sampled step minus the greedy step: tiny batch 2 6 ms (60% of the sampled step)"
+            in page)
 
 
 def test_the_report_sets_llama_cpp_beside_decodelab_with_each_sides_bytes_and_roofline(
