@@ -535,9 +535,8 @@ def benchmark(config, ctx) -> dict:
         ctx.status("transformers")
         hf = time_hf_generate(model, prompts, N, config.peer.repeats)
     hf_tokens_per_s = hf.get("hf_tokens_per_s")
-    llama = {}
-    if config.llama.enabled and presets.is_pretrained(config.model) and B == 1:
-        llama = llama_cpp_peer(config, cfg, prompts, bandwidth, flops_per_s, ctx)
+    run_llama = config.llama.enabled and presets.is_pretrained(config.model) and B == 1
+    llama = llama_cpp_peer(config, cfg, prompts, bandwidth, flops_per_s, ctx) if run_llama else {}
     return {
         "preset": config.preset, "study": config.study, "batch_size": B, "max_len": S,
         "params": cfg.num_params(), "threads": threads(),
@@ -563,9 +562,8 @@ def benchmark(config, ctx) -> dict:
         **llama,
         "speed_vs_llama": _ratio(ours["tokens_per_s"], llama.get("llama_tokens_per_s")),
         "speed_vs_llama_f32": _ratio(ours["tokens_per_s"], llama.get("llama_f32_tokens_per_s")),
-        "llama_version": llama.get("llama_version", "not run" if not (
-            config.llama.enabled and presets.is_pretrained(config.model) and B == 1)
-            else "not installed (pip install -e .[llamacpp])"),
+        "llama_version": llama.get("llama_version", "not installed (pip install -e .[llamacpp])"
+                                   if run_llama else "not run"),
     }
 
 
