@@ -7,7 +7,8 @@ against it (decode tokens/s at batch 1 and 8); plus one row of speculative decod
 with the int4 g32 copy of the model itself. The model is `medium` trained on the corpus.
 Render the page with `python -m experiments.report --workdir=runs/quantization --out=results`.
 
-On SmolLM2-135M-Instruct (reference: its GGUF file dequantized to float32):
+On SmolLM2-135M-Instruct (reference: its GGUF file dequantized to float32), plus two rows of
+llama.cpp's logits from the same file (where the `llamacpp` extra is installed):
 
     python -m experiments.quantization --config=configs/quantization.py:smollm2-135m \
         --workdir=runs/quantization_smollm2
@@ -38,6 +39,7 @@ WEIGHT_ROWS = (
     ("int4", 128, "absmax", "awq"),
 )
 KV_CACHES = ("f32", "int8", "int4")
+PEERS = ("llama.cpp", "llama.cpp-f32")
 
 
 def get_config(arg: str | None = None) -> config_dict.ConfigDict:
@@ -64,6 +66,10 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
     config.kv_cache = "f32"
     # True: the speculative row (the reference drafting with its own int4 g32 copy).
     config.self_draft = False
+    # "" (a decodelab candidate) or llama.cpp reading the pretrained model's GGUF file (the
+    # `llamacpp` extra): "llama.cpp" (the file as stored) or "llama.cpp-f32" (llama.cpp's own
+    # float32 copy of it, the reference's weights exactly): a cross-implementation row.
+    config.peer = ""
     # Proposals per round of the speculative row.
     config.gamma = 4
     # Scoreboard windows: evenly spaced windows of `window_tokens` + 1 tokens of the test plays.
@@ -87,11 +93,13 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
 
 
 def get_sweep(arg: str | None = None) -> list[dict]:
-    """Each weight row with each KV cache, then the self-draft speculative row."""
+    """Each weight row with each KV cache, then the self-draft speculative row (and, for a
+    pretrained model, the llama.cpp rows)."""
     big_group = 64 if arg in PRETRAINED_MODELS else 128
     points = []
     for weights, group, scheme, method in WEIGHT_ROWS:
         group = big_group if group == 128 else group
         points += product({"weights": [weights], "group_size": [group], "scheme": [scheme],
                            "method": [method], "kv_cache": list(KV_CACHES)})
-    return points + [{"self_draft": True}]
+    peers = [{"peer": p} for p in PEERS] if arg in PRETRAINED_MODELS else []
+    return points + [{"self_draft": True}] + peers

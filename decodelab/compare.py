@@ -14,6 +14,9 @@ What is counted, exactly:
   ``rms_top_prob``: the root mean square of the probability difference at the reference's top token.
 - Perplexity ``exp(mean NLL of the targets)`` of each model on the same positions, and the
   difference candidate minus reference.
+- Per window (for a bootstrap over windows): ``kl_per_window`` and ``same_top_per_window`` (the
+  window's mean KL and percentage), ``nll_reference_per_window`` / ``nll_candidate_per_window`` (the
+  window's mean NLL). Every window has ``T - 1`` positions, so their means are the totals'.
 - ``parameter_bytes`` at each element's bit width (``quantize.parameter_bytes``);
   ``kv_bytes_per_token``: the bytes the KV cache holds per token (all layers, keys and values,
   with scales).
@@ -56,6 +59,10 @@ class Scoreboard:
     parameter_bytes_candidate: int | None
     kv_bytes_per_token_reference: int | None
     kv_bytes_per_token_candidate: int | None
+    kl_per_window: tuple[float, ...]
+    same_top_per_window: tuple[float, ...]
+    nll_reference_per_window: tuple[float, ...]
+    nll_candidate_per_window: tuple[float, ...]
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -124,9 +131,14 @@ def compare(reference, candidate, tokens, *, batch_size: int = 8,
         batch = windows[start:start + batch_size]
         ref = _logprobs(reference, batch, reference_kv_cache)[:, :-1]
         cand = _logprobs(candidate, batch, candidate_kv_cache)[:, :-1]
-        stats.append([np.asarray(s, np.float64).ravel()
+        stats.append([np.asarray(s, np.float64)
                       for s in _position_stats(ref, cand, jnp.asarray(batch[:, 1:]))])
-    kl, same, diff, nll_ref, nll_cand = (np.concatenate(column) for column in zip(*stats))
+    per_window = [np.concatenate(column) for column in zip(*stats)]  # each [W, T - 1]
+    kl, same, diff, nll_ref, nll_cand = (column.ravel() for column in per_window)
+
+    def window_means(column: np.ndarray, scale: float = 1.0) -> tuple[float, ...]:
+        return tuple(float(v) for v in scale * column.mean(axis=1))
+
     ppl_ref, ppl_cand = math.exp(nll_ref.mean()), math.exp(nll_cand.mean())
     return Scoreboard(
         positions=int(kl.size), kl_mean=float(kl.mean()), kl_p99=float(np.percentile(kl, 99)),
@@ -135,4 +147,8 @@ def compare(reference, candidate, tokens, *, batch_size: int = 8,
         perplexity_diff=ppl_cand - ppl_ref,
         parameter_bytes_reference=_bytes(reference), parameter_bytes_candidate=_bytes(candidate),
         kv_bytes_per_token_reference=_kv_bytes(reference, reference_kv_cache),
-        kv_bytes_per_token_candidate=_kv_bytes(candidate, candidate_kv_cache))
+        kv_bytes_per_token_candidate=_kv_bytes(candidate, candidate_kv_cache),
+        kl_per_window=window_means(per_window[0]),
+        same_top_per_window=window_means(per_window[1], 100.0),
+        nll_reference_per_window=window_means(per_window[3]),
+        nll_candidate_per_window=window_means(per_window[4]))

@@ -63,7 +63,6 @@ run; every call blocks until its results are on the host. What each number is:
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import os
 import pathlib
@@ -82,6 +81,7 @@ from decodelab.config import ModelConfig
 from decodelab.decode import generate
 from decodelab.model import Transformer, attention
 from decodelab.sampling import SamplingParams
+from experiments import llama_peer
 
 _FLAGS = experiment.define_flags("configs/bench_decode.py")
 
@@ -90,11 +90,6 @@ HF_WARMUP_TOKENS = 16
 
 IMPLEMENTATIONS = {"tokens_per_s": "decodelab", "hf_tokens_per_s": "transformers",
                    "nocache_tokens_per_s": "no cache"}
-
-
-def threads() -> int:
-    """CPU threads this process may use: XLA's CPU thread pool has one per core it can run on."""
-    return len(os.sched_getaffinity(0))
 
 
 def _timed(fn, *args) -> float:
@@ -319,7 +314,7 @@ def time_hf_generate(model: Transformer, prompts: np.ndarray, new_tokens: int,
     except optional.MissingExtra:
         return {}
     transformers.logging.set_verbosity_error()
-    torch.set_num_threads(threads())
+    torch.set_num_threads(llama_peer.threads())
     cfg = model.config
     B, P = prompts.shape
     peer = transformers.LlamaForCausalLM(llama_config(cfg, P + new_tokens)).eval()
@@ -355,64 +350,16 @@ def time_hf_generate(model: Transformer, prompts: np.ndarray, new_tokens: int,
 # --- llama.cpp ----------------------------------------------------------------------------------
 
 
-def gguf_tensor_bytes(path: pathlib.Path) -> int:
-    """Bytes of every tensor stored in the GGUF file at ``path`` (as stored: quantized blocks at
-    their block size), what llama.cpp reads of its weights per decode step."""
-    reader = optional.require("gguf").GGUFReader(str(path))
-    return int(sum(int(t.n_bytes) for t in reader.tensors))
-
-
-def llama_cpp_float32(source: pathlib.Path, destination: pathlib.Path) -> pathlib.Path:
-    """llama.cpp's own conversion of the GGUF file ``source`` to float32 weights
-    (``llama_model_quantize`` with ``LLAMA_FTYPE_ALL_F32``, requantizing allowed): the same
-    values decodelab computes when it dequantizes the file, stored as llama.cpp reads them."""
-    llama_cpp = optional.require("llama_cpp")
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = llama_cpp.LLAMA_FTYPE_ALL_F32
-    params.allow_requantize = True
-    params.nthread = threads()
-    status = llama_cpp.llama_model_quantize(str(source).encode(), str(destination).encode(),
-                                            ctypes.byref(params))
-    if status != 0 or not destination.is_file():
-        raise RuntimeError(f"llama.cpp could not convert {source} to float32 (status {status})")
-    return destination
-
-
-@contextlib.contextmanager
-def _llama_model_params(**fields):
-    """Models loaded inside get llama.cpp's default model parameters with ``fields`` changed
-    (``llama_cpp.Llama`` takes no argument for some of them)."""
-    bindings = optional.require("llama_cpp.llama_cpp")
-    default = bindings.llama_model_default_params
-
-    def changed():
-        params = default()
-        for name, value in fields.items():
-            setattr(params, name, value)
-        return params
-
-    bindings.llama_model_default_params = changed
-    try:
-        yield
-    finally:
-        bindings.llama_model_default_params = default
-
-
 def time_llama_cpp(path: pathlib.Path, prompt: np.ndarray, new_tokens: int, repeats: int,
                    extra_buffers: bool = False) -> dict:
     """llama.cpp (through ``llama-cpp-python``) decoding one row greedily from the GGUF file at
-    ``path`` with ``threads()`` threads: the median seconds of ``new_tokens`` tokens after
-    ``prompt`` (``[P]`` ids; prefill included, as in ``generate_s``) and of the first token alone
-    (its prefill), each after a warm-up call; EOS is ignored (the tokens are taken as they come).
-    Every call starts from an empty KV cache. ``extra_buffers``: llama.cpp's extra weight
-    buffer types (repacked and AMX kernels); off, it runs its plain CPU kernels (AVX2 /
-    AVX-512), which run on every x86 machine: its AMX kernels stop with an illegal instruction
-    where the kernel does not grant a process AMX state (some virtual machines)."""
+    ``path`` with ``llama_peer.threads()`` threads: the median seconds of ``new_tokens`` tokens
+    after ``prompt`` (``[P]`` ids; prefill included, as in ``generate_s``) and of the first token
+    alone (its prefill), each after a warm-up call; EOS is ignored (the tokens are taken as they
+    come). Every call starts from an empty KV cache. ``extra_buffers``: as ``llama_peer.load``."""
     llama_cpp = optional.require("llama_cpp")
     P = len(prompt)
-    with _llama_model_params(use_extra_bufts=extra_buffers):
-        llm = llama_cpp.Llama(model_path=str(path), n_ctx=P + new_tokens, n_batch=P,
-                              n_threads=threads(), n_threads_batch=threads(), verbose=False)
+    llm = llama_peer.load(path, n_ctx=P + new_tokens, n_batch=P, extra_buffers=extra_buffers)
     ids = [int(t) for t in prompt]
 
     def run(n: int) -> list[int]:
@@ -436,7 +383,7 @@ def time_llama_cpp(path: pathlib.Path, prompt: np.ndarray, new_tokens: int, repe
     whole, prefill = timed(new_tokens), timed(1)
     return {"generate_s": whole, "tokens_per_s": new_tokens / whole, "prefill_ms": 1e3 * prefill,
             "step_ms": 1e3 * max(whole - prefill, 0.0) / (new_tokens - 1),
-            "weight_bytes": gguf_tensor_bytes(path), "version": llama_cpp.__version__}
+            "weight_bytes": llama_peer.gguf_tensor_bytes(path), "version": llama_cpp.__version__}
 
 
 def llama_cpp_peer(config, cfg: ModelConfig, prompts: np.ndarray, bandwidth: float,
@@ -456,7 +403,7 @@ def llama_cpp_peer(config, cfg: ModelConfig, prompts: np.ndarray, bandwidth: flo
     out = {}
     with tempfile.TemporaryDirectory() as scratch:
         files = {"llama": source,
-                 "llama_f32": llama_cpp_float32(source, pathlib.Path(scratch) / "f32.gguf")}
+                 "llama_f32": llama_peer.float32_copy(source, pathlib.Path(scratch) / "f32.gguf")}
         for name, path in files.items():
             ctx.status(f"llama.cpp ({name})")
             timed = time_llama_cpp(path, prompts[0], N, config.llama.repeats,
@@ -539,7 +486,7 @@ def benchmark(config, ctx) -> dict:
     llama = llama_cpp_peer(config, cfg, prompts, bandwidth, flops_per_s, ctx) if run_llama else {}
     return {
         "preset": config.preset, "study": config.study, "batch_size": B, "max_len": S,
-        "params": cfg.num_params(), "threads": threads(),
+        "params": cfg.num_params(), "threads": llama_peer.threads(),
         "vocab_size": cfg.vocab_size, "weights": "pretrained" if presets.is_pretrained(
             config.model) else "random",
         "load_avg_1min": load,

@@ -19,6 +19,13 @@ number is:
 - The self-draft row: ``speculative_generate`` of the reference drafting with its own int4 g32 copy
   (greedy, ``gamma``): ``alpha`` (accepted / tested proposals) and ``speedup_b1`` over the
   reference's ``dl.generate``.
+- The llama.cpp rows (a pretrained model, ``peer``): the scoreboard of llama.cpp's logits
+  (``llama-cpp-python``, the ``llamacpp`` extra) on the same windows, read from the model's GGUF
+  file as stored or from llama.cpp's own float32 copy of it, against decodelab's float32
+  reference: a cross-implementation check on the same weights. ``parameter_bytes``: the file's
+  tensor bytes. llama.cpp keeps its KV cache in float16. Without the extra, the row says so.
+- ``*_per_window``: the scoreboard's per-window values (``dl.compare``), for a bootstrap over
+  windows.
 - ``load_1min``: the machine's 1-minute load average when the point started.
 """
 
@@ -27,6 +34,7 @@ from __future__ import annotations
 import os
 import pathlib
 import statistics
+import tempfile
 import time
 
 import jax
@@ -35,9 +43,13 @@ from absl import app
 from matplotlib.figure import Figure
 
 import decodelab as dl
-from decodelab import data, experiment, pipeline, results
+from decodelab import data, experiment, optional, pipeline, presets, results
+from experiments import llama_peer
 
 _FLAGS = experiment.define_flags("configs/quantization.py")
+
+# config.peer -> the row's label.
+PEERS = {"llama.cpp": "llama.cpp (GGUF as stored)", "llama.cpp-f32": "llama.cpp (its float32 copy)"}
 
 _CACHE: dict = {}
 
@@ -96,14 +108,46 @@ def _timed_pair(reference, candidate, repeats: int) -> tuple[float, float]:
     return statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
 
 
+def _check_peer(config) -> None:
+    if config.peer and config.peer not in PEERS:
+        raise ValueError(f"config.peer must be '' or one of {sorted(PEERS)}, got "
+                         f"{config.peer!r}")
+    if config.peer and not presets.is_pretrained(config.model):
+        raise ValueError(f"config.peer={config.peer!r} needs a pretrained model's GGUF file, "
+                         f"got the architecture {dict(config.model)}")
+
+
+def _peer_scoreboard(config, model, tokenizer, ctx) -> dict:
+    """The scoreboard of llama.cpp's logits (module docstring) against ``model``."""
+    try:
+        optional.require("llama_cpp")
+    except optional.MissingExtra:
+        return {"note": "not run: llama-cpp-python is not installed (pip install -e .[llamacpp])"}
+    source = presets.pretrained_path(config.model.pretrained)
+    windows = _windows(tokenizer, "test", config.num_windows, config.window_tokens + 1)
+    ctx.status(config.peer)
+    with tempfile.TemporaryDirectory() as scratch:
+        path = (source if config.peer == "llama.cpp"
+                else llama_peer.float32_copy(source, pathlib.Path(scratch) / "f32.gguf"))
+        board = dl.compare(model, lambda batch: llama_peer.logits(path, np.asarray(batch)),
+                           windows)
+        file_bytes = llama_peer.gguf_tensor_bytes(path)
+    return {**board.as_dict(), "parameter_bytes": file_bytes,
+            "llama_version": optional.require("llama_cpp").__version__}
+
+
 def evaluate(config, ctx) -> dict:
     load = os.getloadavg()[0]
+    _check_peer(config)
     model, tokenizer = _cached("reference", lambda: pipeline.model_for(
         config.tokenizer, config.model, config.train, ctx.workdir, progress=ctx.show_progress))
     kv = None if config.kv_cache == "f32" else config.kv_cache
     greedy = dl.SamplingParams.greedy()
     prompts = _windows(tokenizer, "test", max(config.batch_sizes), config.prompt_tokens).tolist()
     N = config.new_tokens
+    if config.peer:
+        return {"label": PEERS.get(config.peer), "load_1min": load,
+                **_peer_scoreboard(config, model, tokenizer, ctx)}
     row = {"label": _label(config), "load_1min": load}
     if config.self_draft:
         ctx.status("self-draft")
@@ -164,7 +208,8 @@ def _table(rows) -> results.Table:
                "speed-up b8", "alpha"]
     body = []
     for r in rows:
-        kv = "f32" if r["config"]["self_draft"] else r["config"]["kv_cache"]
+        kv = ("f16 (llama.cpp)" if r["config"].get("peer") else
+              "f32" if r["config"]["self_draft"] else r["config"]["kv_cache"])
         bytes_ = _m(r, "parameter_bytes")
         body.append([_m(r, "label"), kv, None if bytes_ is None else bytes_ / 1e6,
                      _m(r, "kv_bytes_per_token"), _m(r, "kl_mean"), _m(r, "kl_p99"),
@@ -179,7 +224,8 @@ def _plot(rows, path: pathlib.Path) -> pathlib.Path:
     fig = Figure(figsize=(6.5, 4.2), layout="constrained")
     ax = fig.subplots()
     for kv, marker in (("f32", "o"), ("int8", "s"), ("int4", "^")):
-        group = [r for r in rows if not r["config"]["self_draft"] and r["config"]["kv_cache"] == kv]
+        group = [r for r in rows if not r["config"]["self_draft"] and not r["config"].get("peer")
+                 and r["config"]["kv_cache"] == kv]
         ax.scatter([_m(r, "parameter_bytes") / 1e6 for r in group],
                    [max(_m(r, "kl_mean"), 1e-7) for r in group], marker=marker,
                    label=f"KV cache {kv}")
@@ -203,6 +249,13 @@ def _targets(rows, pretrained: str | None) -> str:
         return next((r for r in rows if _m(r, "label") == label and not r["config"]["self_draft"]
                      and r["config"]["kv_cache"] == kv), None)
 
+    def peer_line(r):
+        if _m(r, "note"):
+            return f"- {_m(r, 'label')}: {_m(r, 'note')}."
+        return (f"- {_m(r, 'label')} on the same windows: mean KLD {_m(r, 'kl_mean'):.5f} from "
+                f"decodelab's float32 reference, same top {_m(r, 'same_top'):.2f}%, perplexity "
+                f"{_m(r, 'perplexity_candidate'):.3f} vs {_m(r, 'perplexity_reference'):.3f}.")
+
     lines = []
     int8 = find("int8")
     if int8:
@@ -220,6 +273,7 @@ def _targets(rows, pretrained: str | None) -> str:
     if g32 and pretrained:
         lines.append(f"- int4 g32 weights: same top {_m(g32, 'same_top'):.2f}% (target >= 90% on "
                      f"SmolLM2): {'met' if _m(g32, 'same_top') >= 90 else 'not met'}.")
+    lines += [peer_line(r) for r in rows if r["config"].get("peer")]
     return "\n".join(lines)
 
 

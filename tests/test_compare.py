@@ -47,6 +47,15 @@ def test_scoreboard_of_fixed_distributions_equals_the_hand_computed_values():
     assert board.perplexity_diff == pytest.approx(math.exp(cand_nll) - math.exp(ref_nll),
                                                   rel=1e-4)
     assert board.parameter_bytes_reference is None and board.kv_bytes_per_token_candidate is None
+    # per window (the same distributions in both windows; different targets)
+    assert board.kl_per_window == pytest.approx((sum(kl) / 3,) * 2, abs=1e-6)
+    assert board.same_top_per_window == pytest.approx((100 * 2 / 3,) * 2)
+    assert board.nll_reference_per_window == pytest.approx(
+        (-(math.log(0.3) + math.log(0.1) + math.log(0.2)) / 3,
+         -(math.log(0.5) + math.log(0.6) + math.log(0.2)) / 3), abs=1e-6)
+    assert board.nll_candidate_per_window == pytest.approx(
+        (-(math.log(0.3) + math.log(0.1) + math.log(0.1)) / 3,
+         -(math.log(0.5) + math.log(0.3) + math.log(0.3)) / 3), abs=1e-6)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,98 @@
+"""llama.cpp as a peer (through ``llama-cpp-python``, the ``llamacpp`` extra): loading a GGUF file
+with the same threads as decodelab, its own float32 conversion of a file, and its logits on token
+windows. Shared by the decode benchmark (speed) and the quantization study (a cross-implementation
+row of the scoreboard).
+
+llama.cpp's AMX kernels stop with an illegal instruction where the kernel does not grant a
+process AMX state (some virtual machines), so ``load`` takes ``extra_buffers=False`` by default:
+llama.cpp's plain CPU kernels (AVX2 / AVX-512), which run on every x86 machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import pathlib
+
+import numpy as np
+
+from decodelab import optional
+
+
+def threads() -> int:
+    """CPU threads this process may use: XLA's CPU thread pool has one per core it can run on."""
+    return len(os.sched_getaffinity(0))
+
+
+def gguf_tensor_bytes(path: pathlib.Path) -> int:
+    """Bytes of every tensor stored in the GGUF file at ``path`` (as stored: quantized blocks at
+    their block size), what llama.cpp reads of its weights per decode step."""
+    reader = optional.require("gguf").GGUFReader(str(path))
+    return int(sum(int(t.n_bytes) for t in reader.tensors))
+
+
+def float32_copy(source: pathlib.Path, destination: pathlib.Path) -> pathlib.Path:
+    """llama.cpp's own conversion of the GGUF file ``source`` to float32 weights
+    (``llama_model_quantize`` with ``LLAMA_FTYPE_ALL_F32``, requantizing allowed): the same
+    values decodelab computes when it dequantizes the file, stored as llama.cpp reads them."""
+    llama_cpp = optional.require("llama_cpp")
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = llama_cpp.LLAMA_FTYPE_ALL_F32
+    params.allow_requantize = True
+    params.nthread = threads()
+    status = llama_cpp.llama_model_quantize(str(source).encode(), str(destination).encode(),
+                                            ctypes.byref(params))
+    if status != 0 or not destination.is_file():
+        raise RuntimeError(f"llama.cpp could not convert {source} to float32 (status {status})")
+    return destination
+
+
+@contextlib.contextmanager
+def _model_params(**fields):
+    """Models loaded inside get llama.cpp's default model parameters with ``fields`` changed
+    (``llama_cpp.Llama`` takes no argument for some of them)."""
+    bindings = optional.require("llama_cpp.llama_cpp")
+    default = bindings.llama_model_default_params
+
+    def changed():
+        params = default()
+        for name, value in fields.items():
+            setattr(params, name, value)
+        return params
+
+    bindings.llama_model_default_params = changed
+    try:
+        yield
+    finally:
+        bindings.llama_model_default_params = default
+
+
+def load(path: pathlib.Path, n_ctx: int, n_batch: int, *, extra_buffers: bool = False,
+         logits_all: bool = False):
+    """``llama_cpp.Llama`` of the GGUF file at ``path`` with ``threads()`` threads, a context of
+    ``n_ctx`` positions, prompts evaluated ``n_batch`` tokens at a time; ``extra_buffers``:
+    llama.cpp's extra weight buffer types (repacked and AMX kernels; module docstring);
+    ``logits_all``: keep the logits of every evaluated position, not only the last."""
+    llama_cpp = optional.require("llama_cpp")
+    with _model_params(use_extra_bufts=extra_buffers):
+        return llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_batch,
+                               n_threads=threads(), n_threads_batch=threads(),
+                               logits_all=logits_all, verbose=False)
+
+
+def logits(path: pathlib.Path, windows: np.ndarray, *, extra_buffers: bool = False) -> np.ndarray:
+    """``float32 [W, T, V]``: llama.cpp's logits at every position of each window ``int [W, T]``,
+    each window read from an empty KV cache at positions ``0 .. T-1`` (as ``dl.compare`` reads
+    them), in one prompt evaluation."""
+    windows = np.asarray(windows)
+    if windows.ndim != 2:
+        raise ValueError(f"windows must be token ids [W, T], got shape {windows.shape}")
+    T = windows.shape[1]
+    llm = load(path, n_ctx=T, n_batch=T, extra_buffers=extra_buffers, logits_all=True)
+    out = []
+    for window in windows:
+        llm.reset()
+        llm.eval([int(t) for t in window])
+        out.append(np.array(llm.scores[:T], np.float32))
+    return np.stack(out)
