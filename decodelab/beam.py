@@ -4,10 +4,13 @@ Conventions (every caller relies on them):
 
 - A prompt gets ``W`` beams: rows ``b * W .. b * W + W - 1`` of one batch of ``B * W`` rows that
   share the model call. The ragged prompts are prefilled once (padded to a power-of-two bucket, as
-  in ``decode``) into a ``BeamCache``: the prompt's keys and values are stored once, in its first
-  beam's row, and each beam's row stores only the tokens it generated. Every step gives each
-  surviving beam its parent's history by reordering a ``[B * W, S]`` table of which row holds each
-  slot (``BeamCache.take_rows``), never by copying keys and values.
+  in ``decode``) into a ``BeamCache``, whose physical rows start as copies of their prompt's row;
+  each beam then writes only the tokens it generates into its own physical row. Every step gives
+  each surviving beam its parent's history by reordering a ``[B * W, S]`` table of which row
+  holds each slot (``BeamCache.take_rows``), never by copying keys and values.
+- ``kv_cache``: None (float) or "int8" (``kvquant.QuantizedKVCache``: a scale per token, so a slot
+  reads the same from whichever row holds it). KIVI's int4 cache is refused: its key groups and
+  float ring belong to a physical row's own history, which beams do not have.
 - A hypothesis's log-probability is the sum of the model's log-probabilities (``log_softmax`` of
   the logits, no sampling processors) of its output tokens. Hypotheses are ranked by
   ``logprob / lp(n)``, ``lp(n) = ((5 + n) / 6) ** alpha`` (Wu et al. 2016, GNMT), where ``n`` counts
@@ -43,9 +46,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
-from decodelab.cache import KVCache
-from decodelab.checks import (check_bool, check_memory, check_model, check_size, is_int,
-                              kv_cache_bytes, nbytes, position_limit)
+from decodelab import kvquant
+from decodelab.checks import (check_bool, check_memory, check_model, check_size, is_int, nbytes,
+                              position_limit)
 from decodelab.loop import CompiledLoop
 from decodelab.request import (EOS, FINISH_REASONS, LENGTH, NO_HYPOTHESIS, PAD_TOKEN, bucket_length,
                                check_eos, check_prompts, clamp_new_tokens, prompt_block,
@@ -66,19 +69,16 @@ class BeamCache:
     only grow.
     """
 
-    store: KVCache  # [L, B, K, S, H] keys and values as written; lengths per logical row
+    store: Any  # a KVCache (or a QuantizedKVCache) of the physical rows; lengths per logical row
     source: jax.Array  # [B, S] int32, physical row of each slot of each row
 
     @classmethod
-    def from_prompts(cls, prompts: KVCache, width: int) -> BeamCache:
-        """``width`` beams per row of ``prompts`` (rows ``b * width + w``); the prompt's keys and
-        values stay in the first beam's row and the others point to it."""
-        L, B, K, S, H = prompts.k.shape
-        first = jnp.arange(B, dtype=jnp.int32) * width  # [B]
-        zeros = jnp.zeros((L, B * width, K, S, H), prompts.k.dtype)
-        store = KVCache(k=zeros.at[:, first].set(prompts.k), v=zeros.at[:, first].set(prompts.v),
-                        lengths=jnp.repeat(prompts.lengths, width))
-        source = jnp.broadcast_to(jnp.repeat(first, width)[:, None], (B * width, S))
+    def from_prompts(cls, prompts: Any, width: int) -> BeamCache:
+        """``width`` beams per row of ``prompts`` (rows ``b * width + w``; any cache with
+        ``gather``); every beam's row starts as a copy of its prompt's row and reads itself."""
+        B, S = prompts.batch_size, prompts.max_len
+        store = prompts.take_rows(jnp.repeat(jnp.arange(B, dtype=jnp.int32), width))
+        source = jnp.broadcast_to(jnp.arange(B * width, dtype=jnp.int32)[:, None], (B * width, S))
         return cls(store=store, source=source)
 
     @property
@@ -112,18 +112,17 @@ class BeamCache:
         first = jnp.clip(start, 0, self.max_len - size)
         rows = jax.lax.dynamic_slice_in_dim(self.source, first, size, axis=1)  # [B, size]
         slots = (first + jnp.arange(size, dtype=jnp.int32))[None, :]  # [1, size]
-        k = self.store.k[layer, rows, :, slots, :]  # [B, size, K, H]
-        v = self.store.v[layer, rows, :, slots, :]
-        return jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)  # [B, K, size, H]
+        return self.store.gather(layer, rows, slots)  # [B, K, size, H] each
 
     def advance(self, num_valid: jax.Array) -> BeamCache:
         return self.replace(store=self.store.advance(num_valid))
 
     def take_rows(self, rows: jax.Array) -> BeamCache:
         """Row ``i`` reads as row ``rows[i]`` did (``rows: [B]``, the same number of rows); only
-        the ``[B, S]`` slot table and the lengths move."""
+        the ``[B, S]`` slot table and the lengths move (rows are only taken among beams of one
+        prompt, which have the same length, so ``rewind`` never raises a length)."""
         rows = jnp.asarray(rows, jnp.int32)
-        return self.replace(store=self.store.replace(lengths=self.store.lengths[rows]),
+        return self.replace(store=self.store.rewind(self.store.lengths[rows]),
                             source=self.source[rows])
 
     def rewind(self, lengths) -> BeamCache:
@@ -270,14 +269,15 @@ BEAM_LOOP = CompiledLoop("_beam", _body, lambda weights, state: _running(state),
                          static_argnames=("graphdef",))
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "width", "max_len", "max_new_tokens"))
+@functools.partial(jax.jit, static_argnames=("graphdef", "width", "max_len", "max_new_tokens",
+                                             "kv_cache"))
 def _beam_prefill(weights, block, prompt_lengths, budgets, eos_mask, alpha, min_new_tokens, *,
-                  graphdef, width, max_len, max_new_tokens) -> BeamState:
+                  graphdef, width, max_len, max_new_tokens, kv_cache=None) -> BeamState:
     """Prefill the padded prompt block ``[B, T]`` once; its ``W`` beams share each row."""
     model = nnx.merge(graphdef, weights)
     B, T = block.shape
     W, N = width, max_new_tokens
-    cache = KVCache.init(model.config, batch_size=B, max_len=max_len)
+    cache = kvquant.init_cache(model.config, B, max_len, kv_cache)
     logits, cache = model(block, cache=cache, num_valid=prompt_lengths)  # [B, T, V]
     last = jnp.take_along_axis(logits, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0]  # [B, V]
     beams = jnp.repeat(jnp.arange(B, dtype=jnp.int32), W)  # [B * W]
@@ -367,9 +367,9 @@ def _check_alpha(length_penalty: Any) -> float:
     return float(length_penalty)
 
 
-def _buffers(cfg: Any, B: int, W: int, S: int, N: int) -> dict[str, int]:
+def _buffers(cfg: Any, B: int, W: int, S: int, N: int, kv_cache: str | None) -> dict[str, int]:
     """Bytes of the largest buffers of a ``BeamState`` (``checks.check_memory``)."""
-    return {"KV cache": kv_cache_bytes(cfg, B * W, S),
+    return {"KV cache": B * W * S * kvquant.bytes_per_token(cfg, kv_cache),
             "running and finished tokens": 2 * nbytes((B, W, N), np.int32),
             "extensions": nbytes((B, W, cfg.vocab_size), np.float32)}
 
@@ -385,6 +385,7 @@ def beam_search(
     eos_ids: int | Sequence[int] = (),
     min_new_tokens: int = 0,
     max_len: int | None = None,
+    kv_cache: str | None = None,
     python_loop: bool = False,
 ) -> BeamSearchOutput:
     """The ``num_return`` best continuations of each prompt found by a beam of ``width``.
@@ -403,6 +404,7 @@ def beam_search(
         search's best hypotheses are often short: Stahlberg and Byrne 2019).
       max_len: cache slots per row (prompt + output). Default: the prompt bucket plus
         ``max_new_tokens``, at most the model's position table if it has one.
+      kv_cache: None (a float cache) or "int8" (module docstring; "int4" is refused).
       python_loop: run the steps from Python (same step function, same hypotheses).
 
     Raises ValueError before anything is allocated when the cache and buffers need more than the
@@ -422,10 +424,15 @@ def beam_search(
     eos_mask = check_eos(eos_ids, V)
     min_new = check_size("min_new_tokens", min_new_tokens, 0)
     check_bool("python_loop", python_loop)
+    kvquant.check_kind("kv_cache", kv_cache)
+    if isinstance(kvquant.resolve(kv_cache), kvquant.Kivi):
+        raise ValueError(f"kv_cache must be None or 'int8' for beam search, got {kv_cache!r}: "
+                         f"KIVI's key groups and float ring follow one row's own history, and "
+                         f"beams share history across rows")
     longest = max(len(r) for r in rows)
     S = resolve_max_len(max_len, rows, bucket_length(longest) + N, position_limit(model))
     N = clamp_new_tokens(N, rows, S)
-    check_memory("beam_search", _buffers(model.config, len(rows), W, S, N),
+    check_memory("beam_search", _buffers(model.config, len(rows), W, S, N, kv_cache),
                  {"len(prompts)": len(rows), "width": W, "max_new_tokens": N, "max_len": S})
 
     block, lengths = prompt_block(rows, S)
@@ -433,6 +440,6 @@ def beam_search(
     graphdef, weights = nnx.split(model)
     state = _beam_prefill(weights, block, lengths, budgets, eos_mask, np.float32(alpha),
                           np.int32(min_new), graphdef=graphdef, width=W, max_len=S,
-                          max_new_tokens=N)
+                          max_new_tokens=N, kv_cache=kv_cache)
     state = BEAM_LOOP.run(weights, state, python_loop=python_loop, graphdef=graphdef)
     return _output(state, R)

@@ -20,7 +20,7 @@ Conventions (every caller relies on them):
   that stores something else (quantized values, beams sharing a prompt: ``beam.BeamCache``) works
   wherever this one does if it has this class's public methods and properties other than ``k`` and
   ``v``: ``write``, ``read``, ``advance``, ``positions``, ``check_room``, ``take_rows``,
-  ``rewind``, ``lengths``, ``batch_size``, ``max_len``. A cache that keeps its newest slots in
+  ``rewind``, ``lengths``, ``batch_size``, ``max_len`` (and ``gather`` to hold beams). A cache that keeps its newest slots in
   float beside quantized ones (``kvquant.KiviKVCache``) also has ``float_tail`` and
   ``read_quantized``, which attention uses instead of ``read`` (``model/attention.py``).
 """
@@ -175,6 +175,14 @@ class KVCache:
         index = (layer, 0, 0, start, 0)
         return (jax.lax.dynamic_slice(self.k, index, (1, B, K, size, H))[0],
                 jax.lax.dynamic_slice(self.v, index, (1, B, K, size, H))[0])
+
+    def gather(self, layer: int, rows: jax.Array, slots: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Keys and values of row ``b``'s slot ``slots[b, j]`` taken from row ``rows[b, j]``
+        (``rows: [B, size]``, ``slots: [B or 1, size]``), ``[B, K, size, H]`` each: how rows that
+        share history read it (``beam.BeamCache``)."""
+        k = self.k[layer, rows, :, slots, :]  # [B, size, K, H]
+        v = self.v[layer, rows, :, slots, :]
+        return jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
 
     def advance(self, num_valid: jax.Array) -> KVCache:
         """Move each row's length forward by ``num_valid: [B]`` tokens."""

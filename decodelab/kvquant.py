@@ -214,6 +214,12 @@ class QuantizedKVCache:
         sk, sv = self._scales.read(layer, start, size)
         return (dequantize_block(qk, sk, self.dtype), dequantize_block(qv, sv, self.dtype))
 
+    def gather(self, layer: int, rows: jax.Array, slots: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """``KVCache.gather``, dequantized."""
+        qk, qv = self.values.gather(layer, rows, slots)
+        sk, sv = self._scales.gather(layer, rows, slots)
+        return (dequantize_block(qk, sk, self.dtype), dequantize_block(qv, sv, self.dtype))
+
     def advance(self, num_valid: jax.Array) -> QuantizedKVCache:
         return self.replace(values=self.values.advance(num_valid))
 

@@ -40,7 +40,7 @@ class Chain(nnx.Module):
         positions = cache.positions(T)  # [B, T]
         stored = tokens.astype(jnp.float32)[:, :, None, None]  # [B, T, K=1, H=1]
         cache = cache.write(0, stored, stored)
-        held = cache.read(0, 0, S)[0][:, 0, :, 0].astype(jnp.int32)  # [B, S]
+        held = jnp.round(cache.read(0, 0, S)[0][:, 0, :, 0]).astype(jnp.int32)  # [B, S]
         t1 = jnp.take_along_axis(held, jnp.clip(positions, 0, S - 1), axis=1)  # [B, T]
         t2 = jnp.take_along_axis(held, jnp.clip(positions - 1, 0, S - 1), axis=1)
         return self.logp[...][t2, t1], cache.advance(num_valid)
@@ -81,9 +81,9 @@ def test_beam_cache_take_rows_moves_the_slot_table_not_keys_and_values():
     cache = beam.BeamCache.from_prompts(prompts, 2)  # rows 0, 1: prompt 0; rows 2, 3: prompt 1
     step = jnp.broadcast_to(jnp.asarray([3.0, 4.0, 13.0, 14.0])[:, None, None, None], (4, 1, 1, 2))
     cache = cache.write(0, step, -step).advance(jnp.ones((4,), jnp.int32))
-    # Each prompt is stored once, in its first beam's row; each row holds what it generated.
+    # Each beam's row starts as its prompt's row, then holds what it generated.
     np.testing.assert_array_equal(cache.store.k[0, :, 0, :3, 0],
-                                  [[1, 2, 3], [0, 0, 4], [11, 12, 13], [0, 0, 14]])
+                                  [[1, 2, 3], [1, 2, 4], [11, 12, 13], [11, 12, 14]])
     taken = cache.take_rows(jnp.asarray([1, 1, 3, 2]))
     assert taken.store.k is cache.store.k and taken.store.v is cache.store.v
     k, v = taken.read(0, 0, 3)  # [B, K, 3, H]
@@ -212,8 +212,12 @@ def tied_groups(hypotheses, scores):
     return groups
 
 
-@pytest.mark.parametrize("seed, alpha", [(0, 0.0), (1, 0.6), (2, 1.5), (4, 0.6)])
-def test_matches_the_reference_on_random_chains_with_eos(seed, alpha):
+@pytest.mark.parametrize("seed, alpha, kv_cache",
+                         [(0, 0.0, None), (1, 0.6, None), (2, 1.5, None), (4, 0.6, None),
+                          (1, 0.6, "int8")])
+def test_matches_the_reference_on_random_chains_with_eos(seed, alpha, kv_cache):
+    """With ``kv_cache="int8"`` the chain's token ids (one channel, a scale per token) come back
+    from the quantized beam cache to within rounding, so the reordering is checked there too."""
     rng = np.random.default_rng(seed)
     Vr, eos = 6, (4, 5)
     table = rng.dirichlet(np.full(Vr, 0.5), size=(Vr, Vr))  # [V, V, V]
@@ -222,7 +226,7 @@ def test_matches_the_reference_on_random_chains_with_eos(seed, alpha):
     model = Chain(table)
     prompts = [[0], [1, 2], [3, 0, 1]]
     out = dl.beam_search(model, prompts, width=3, max_new_tokens=5, eos_ids=list(eos),
-                         length_penalty=alpha)
+                         length_penalty=alpha, kv_cache=kv_cache)
     for p, prompt in enumerate(prompts):
         expected = reference_beam_search(table, prompt, 3, 5, alpha, eos)
         assert tied_groups(out.token_lists()[p], out.scores[p]) == tied_groups(
@@ -309,6 +313,14 @@ def test_a_prompt_gives_the_same_hypotheses_at_every_position_of_the_batch(tiny,
 
 
 
+def test_an_int8_cache_beam_of_width_one_is_int8_greedy_decoding(tiny):
+    """The int8 cache is read through the beam cache's slot table exactly as ``generate`` reads
+    it directly: the same per-token scales, so the same tokens."""
+    out = dl.beam_search(tiny, PROMPTS, width=1, max_new_tokens=6, kv_cache="int8")
+    greedy = dl.generate(tiny, PROMPTS, dl.SamplingParams.greedy(), 6, kv_cache="int8")
+    assert out.best() == greedy.token_lists()
+
+
 def test_length_penalties_eos_ids_and_prompt_lengths_compile_once(ends):
     with experiment.count_traces() as counts:
         for i, alpha in enumerate([0.0, 0.6, 1.0, 2.5]):
@@ -335,6 +347,9 @@ def test_length_penalties_eos_ids_and_prompt_lengths_compile_once(ends):
     (dict(prompts=[[8]]), r"prompts\[0\] holds token id 8 at index 0; ids must be in \[0, 8\)"),
     (dict(eos_ids=[9]), r"eos_ids must be token ids in \[0, 8\), got 9"),
     (dict(max_len=4, prompts=[[1] * 4]), r"prompts\[0\] has 4 tokens but max_len is 4"),
+    (dict(kv_cache="int3"), r"kv_cache must be None \(float\) or one of \('int8', 'int4'\), got "
+                            r"'int3'"),
+    (dict(kv_cache="int4"), r"kv_cache must be None or 'int8' for beam search, got 'int4'"),
 ])
 def test_bad_input_is_rejected_before_anything_is_traced(disagree, kwargs, message):
     args = dict(prompts=[[0]], width=2, max_new_tokens=3) | kwargs
