@@ -130,7 +130,8 @@ def prefill_hlo(model, num_slots: int, max_len: int, prompt: int, chunk: int | N
 def slots_read(hlo: str, cfg) -> set[int]:
     """The slot counts S' of the gathers and dynamic slices of ``[..., K, S', H]`` key or value
     blocks: what the program reads of a cache row."""
-    pattern = rf"= f32\[[\d,]*,{cfg.n_kv_heads},(\d+),{cfg.head_dim}\]\S* (?:gather|dynamic-slice)\("
+    pattern = (rf"= f32\[[\d,]*,{cfg.n_kv_heads},(\d+),{cfg.head_dim}\]\S* "
+               rf"(?:gather|dynamic-slice)\(")
     return {int(m) for m in re.findall(pattern, hlo)}
 
 
@@ -155,7 +156,8 @@ def test_prefill_writes_the_slot_rows_in_place_without_a_cache_sized_buffer(tiny
             if rows in line] == []
     # Nothing but the parameters and their in-place updates holds all layers of cache rows: no
     # fresh cache (a broadcast) and no copy of the prefilled rows (a gather or slice).
-    every_layer = rf"= f32\[{cfg.n_layers},\d+,{cfg.n_kv_heads},{max_len},{cfg.head_dim}\]\S* ([\w-]+)\("
+    every_layer = (rf"= f32\[{cfg.n_layers},\d+,{cfg.n_kv_heads},{max_len},{cfg.head_dim}\]\S* "
+                   rf"([\w-]+)\(")
     assert set(re.findall(every_layer, hlo)) <= {"parameter", "dynamic-update-slice", "fusion"}
     assert max(slots_read(hlo, cfg)) == reach
 
