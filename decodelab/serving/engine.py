@@ -221,7 +221,8 @@ def _prefill_rows(weights, state: DecodeState, chunk: PrefillChunk, *, graphdef,
     into those slots' rows of the state's cache, and (re)write every per-row field of the slots.
     A slot whose prompt this chunk completes is running, with the logits of its last prompt
     token; a slot with prompt left stays not running (finish "length"), its cache holding the
-    prompt so far. ``reach``: the cache slots this chunk's attention spans (module doc)."""
+    prompt so far. ``reach``: the cache slots the chunk's attention spans: the block width when
+    every chunk starts at slot 0 (a prompt sees only itself), else the whole row (``max_len``)."""
     model = nnx.merge(graphdef, weights)
     R, T = chunk.block.shape
     S, V = state.tokens.shape[1], state.logits.shape[-1]
