@@ -2,7 +2,9 @@
 
 Static, dynamic and continuous batching on one slot engine: the same `small`-preset model (random
 weights: see experiments/batching.py for why), the same 8 slots, the same seeded Poisson traces, at
-several arrival rates, with fixed and with long-tailed output lengths. Render the page with
+several arrival rates, with fixed and with long-tailed output lengths. Then chunked prefill:
+continuous batching on a trace with long prompts (slots of 512 tokens), each prompt prefilled
+whole or in chunks of 16 or 64 tokens between decode rounds. Render the page with
 `python -m experiments.report --workdir=runs/batching --out=results`.
 """
 
@@ -14,6 +16,8 @@ from decodelab.presets import model_section
 POLICIES = ("static", "dynamic", "continuous")
 RATES = (2.0, 6.0, 16.0, 64.0)  # requests/s; 64 is far past what 8 slots serve (saturation)
 OUTPUTS = ("fixed", "long_tail")
+CHUNKS = (0, 16, 64)  # prefill chunk of the long-prompt points (0: whole prompts)
+LONG_RATES = (6.0, 64.0)  # requests/s of the long-prompt points: moderate load, saturation
 
 
 def get_config(arg: str | None = None) -> config_dict.ConfigDict:
@@ -33,6 +37,8 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
         max_len=128,
         # Decode rounds per engine call (one host round trip per call).
         steps_per_call=2,
+        # Prompt tokens each waiting prompt enters per engine call (chunked prefill); 0: whole.
+        prefill_chunk=0,
     ))
     # Batching policy: static | dynamic | continuous.
     config.policy = "continuous"
@@ -43,8 +49,12 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
         num_requests=64,
         # Poisson arrival rate, requests per second.
         rate=8.0,
+        # Which prompt-length distribution: "short" or "long" (the two below).
+        prompts="short",
         # Prompt lengths (tokens): uniform on 4..16.
-        prompt=dict(kind="uniform", low=4, high=16),
+        prompt_short=dict(kind="uniform", low=4, high=16),
+        # Median 48, a long tail capped at 384 (with outputs <= 112, slots of 512 tokens).
+        prompt_long=dict(kind="lognormal", median=48.0, sigma=1.0, cap=384),
         # Which output-length distribution: "fixed" or "long_tail" (the two below).
         output="long_tail",
         # Every request answers 32 tokens.
@@ -60,5 +70,10 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
 
 def get_sweep(arg: str | None = None) -> list[dict]:
     del arg
-    return product({"trace.output": list(OUTPUTS), "trace.rate": list(RATES),
-                    "policy": list(POLICIES)})
+    policies = product({"trace.output": list(OUTPUTS), "trace.rate": list(RATES),
+                        "policy": list(POLICIES)})
+    # Long prompts need a longer position table and slots (random weights: nothing to retrain).
+    long_prompts = product({"trace.prompts": ["long"], "model.max_seq_len": [512],
+                            "engine.max_len": [512], "trace.rate": list(LONG_RATES),
+                            "engine.prefill_chunk": list(CHUNKS)})
+    return policies + long_prompts

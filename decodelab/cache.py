@@ -23,6 +23,9 @@ Conventions (every caller relies on them):
   ``rewind``, ``lengths``, ``batch_size``, ``max_len`` (and ``gather`` to hold beams). A cache that keeps its newest slots in
   float beside quantized ones (``kvquant.KiviKVCache``) also has ``float_tail`` and
   ``read_quantized``, which attention uses instead of ``read`` (``model/attention.py``).
+- ``RowView`` is some rows of a cache seen as a cache of their own, for one forward pass: the
+  serving engine prefills the rows of new requests through it, writing straight into the shared
+  cache's buffers.
 """
 
 from __future__ import annotations
@@ -40,23 +43,28 @@ def _is_concrete(x) -> bool:
 
 
 def _write_rows(cache: jax.Array, layer: int, block: jax.Array, at: jax.Array,
-                shift: jax.Array) -> jax.Array:
-    """``cache: [L, B, K, S, H]`` with ``block: [B, T, K, H]`` written into layer ``layer`` of each
-    row b at window ``[at[b], at[b] + T)`` (in range), the window's first ``shift[b]`` slots keeping
-    their values and token j landing in window slot ``j + shift[b]``.
+                shift: jax.Array, rows: jax.Array | None = None) -> jax.Array:
+    """``cache: [L, B, K, S, H]`` with ``block: [B', T, K, H]`` written into layer ``layer`` of
+    row ``rows[b]`` (default: row b) at window ``[at[b], at[b] + T)`` (in range), the window's first
+    ``shift[b]`` slots keeping their values and token j landing in window slot ``j + shift[b]``.
+    A row index out of range (``B``) writes nothing.
 
-    One window update per row, ``[K, T, H]`` at ``(layer, b, :, at[b], :)``, in the cache's own
-    layout, so XLA updates the (donated) buffer in place.
+    One window update per row, ``[K, T, H]`` at ``(layer, rows[b], :, at[b], :)``, in the cache's
+    own layout, so XLA updates the (donated) buffer in place.
     """
-    _, B, K, _, H = cache.shape
-    T = block.shape[1]
-    block = jnp.swapaxes(block, 1, 2).astype(cache.dtype)  # [B, K, T, H]
-    index = jnp.stack([jnp.full((B,), layer, jnp.int32), jnp.arange(B, dtype=jnp.int32),
-                       at.astype(jnp.int32)], axis=1)  # [B, 3]: (layer, row, first slot)
+    _, _, K, _, H = cache.shape
+    B, T = block.shape[:2]
+    block = jnp.swapaxes(block, 1, 2).astype(cache.dtype)  # [B', K, T, H]
+    if rows is None:
+        rows, mode = jnp.arange(B, dtype=jnp.int32), jax.lax.GatherScatterMode.CLIP
+    else:
+        rows, mode = rows.astype(jnp.int32), jax.lax.GatherScatterMode.FILL_OR_DROP
+    index = jnp.stack([jnp.full((B,), layer, jnp.int32), rows,
+                       at.astype(jnp.int32)], axis=1)  # [B', 3]: (layer, row, first slot)
     windows = dict(offset_dims=(1, 2, 3), collapsed_slice_dims=(0, 1), start_index_map=(0, 1, 3))
     old = jax.lax.gather(cache, index, jax.lax.GatherDimensionNumbers(**windows),
                          slice_sizes=(1, 1, K, T, H), indices_are_sorted=True,
-                         mode=jax.lax.GatherScatterMode.CLIP)  # [B, K, T, H]
+                         mode=mode)  # [B', K, T, H]
     window = jnp.arange(T, dtype=jnp.int32)[None, :]  # [1, T]
     source = jnp.clip(window - shift[:, None], 0, T - 1)  # [B, T]: token landing in window slot
     moved = jnp.take_along_axis(block, source[:, None, :, None], axis=2)  # [B, K, T, H]
@@ -65,7 +73,7 @@ def _write_rows(cache: jax.Array, layer: int, block: jax.Array, at: jax.Array,
         update_window_dims=(1, 2, 3), inserted_window_dims=(0, 1),
         scatter_dims_to_operand_dims=(0, 1, 3))
     return jax.lax.scatter(cache, index, new, numbers, indices_are_sorted=True,
-                           unique_indices=True, mode=jax.lax.GatherScatterMode.CLIP)
+                           unique_indices=True, mode=mode)
 
 
 def _check_int_array(name: str, value, shape: tuple[int, ...]) -> jax.Array:
@@ -211,3 +219,86 @@ class KVCache:
                     f"for current lengths {old.tolist()}"
                 )
         return self.replace(lengths=lengths)
+
+
+@struct.dataclass(kw_only=True)
+class RowView:
+    """Rows of a ``KVCache`` seen as a cache of their own: row ``i`` of the view is row
+    ``rows[i]`` of the underlying keys and values, at the view's own length ``lengths[i]``.
+
+    Writes go straight into the underlying buffers (``k``, ``v`` are the whole cache's, donated
+    and updated in place by the caller's program) and reads gather only the rows and slots they
+    return, so prefilling a few rows of a serving cache copies no row and allocates no cache.
+    A row index at or past the cache's batch size is a padding row: it reads clamped values that
+    the caller ignores and writes nothing (give each padding row its own such index).
+    ``reach`` is the view's ``max_len``: the slots ``[0, reach)`` it can write and read (a prefill
+    from slot 0 of a ``T``-token block needs only ``T``; a later chunk needs the whole row).
+    It serves a forward pass of the model (no ``take_rows``: it is not a cache to reorder).
+    """
+
+    k: jax.Array  # [L, B, K, S, H], the whole cache's
+    v: jax.Array  # [L, B, K, S, H]
+    rows: jax.Array  # [R] int32, increasing: the cache row of each view row (>= B: padding)
+    lengths: jax.Array  # [R] int32, valid slots per view row
+    reach: int = struct.field(pytree_node=False)
+
+    @classmethod
+    def of(cls, cache: KVCache, rows: jax.Array, lengths: jax.Array, reach: int) -> RowView:
+        if not 1 <= reach <= cache.max_len:
+            raise ValueError(f"reach must be in [1, {cache.max_len}] (the cache's max_len), got "
+                             f"{reach}")
+        return cls(k=cache.k, v=cache.v, rows=jnp.asarray(rows, jnp.int32),
+                   lengths=jnp.asarray(lengths, jnp.int32), reach=reach)
+
+    def merged_into(self, cache: KVCache) -> KVCache:
+        """``cache`` with this view's keys and values and, for its real rows, its lengths."""
+        return cache.replace(k=self.k, v=self.v,
+                             lengths=cache.lengths.at[self.rows].set(self.lengths, mode="drop"))
+
+    @property
+    def batch_size(self) -> int:
+        return self.rows.shape[0]
+
+    @property
+    def max_len(self) -> int:
+        return self.reach
+
+    def positions(self, block_len: int) -> jax.Array:
+        return self.lengths[:, None] + jnp.arange(block_len, dtype=jnp.int32)[None, :]
+
+    def check_room(self, num_valid: jax.Array) -> None:
+        KVCache.check_room(self, num_valid)
+
+    def write(self, layer: int, k: jax.Array, v: jax.Array) -> RowView:
+        """``KVCache.write`` into the view's rows of the underlying cache."""
+        if k.shape[1] > self.reach:
+            k, v = k[:, :self.reach], v[:, :self.reach]
+        T = k.shape[1]
+        at = jnp.minimum(self.lengths, self.reach - T)
+        shift = self.lengths - at
+        return self.replace(k=_write_rows(self.k, layer, k, at, shift, self.rows),
+                            v=_write_rows(self.v, layer, v, at, shift, self.rows))
+
+    def read(self, layer: int, start: jax.Array | int, size: int) -> tuple[jax.Array, jax.Array]:
+        """``KVCache.read`` of the view's rows: ``[R, K, size, H]`` each, ``start`` clamped to
+        ``[0, reach - size]``; one gather of exactly those slots."""
+        _, _, K, _, H = self.k.shape
+        R = self.batch_size
+        start = jnp.clip(jnp.asarray(start, jnp.int32), 0, self.reach - size)
+        index = jnp.stack([jnp.full((R,), layer, jnp.int32), self.rows,
+                           jnp.broadcast_to(start, (R,))], axis=1)  # [R, 3]
+        numbers = jax.lax.GatherDimensionNumbers(offset_dims=(1, 2, 3),
+                                                 collapsed_slice_dims=(0, 1),
+                                                 start_index_map=(0, 1, 3))
+
+        def take(x):
+            return jax.lax.gather(x, index, numbers, slice_sizes=(1, 1, K, size, H),
+                                  indices_are_sorted=True, mode=jax.lax.GatherScatterMode.CLIP)
+
+        return take(self.k), take(self.v)
+
+    def advance(self, num_valid: jax.Array) -> RowView:
+        return self.replace(lengths=self.lengths + num_valid.astype(jnp.int32))
+
+    def rewind(self, lengths) -> RowView:
+        return self.replace(lengths=_check_int_array("lengths", lengths, self.lengths.shape))

@@ -200,7 +200,7 @@ def programs() -> dict:
     out["speculative"] = {"tokens_equal": bool((got.tokens == ref.tokens).all())}
 
     lap("speculative")
-    # serving engine: 4 slots over the data axis, each request prefilled alone (one row)
+    # serving engine: 4 slots over the data axis, the waiting prompts prefilled together
     requests = [Request(id=i, prompt=tuple(r), max_new_tokens=STEPS) for i, r in enumerate(rows)]
     done = SlotEngine(smodel, num_slots=4, max_len=32).run(requests, n=4)
     out["engine"] = {"tokens_equal": all(done[i].tokens == ref.tokens[i].tolist()

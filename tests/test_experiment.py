@@ -249,10 +249,23 @@ def test_metrics_are_converted_to_plain_json_values(tmp_path):
     assert type(row["metrics"]["i"]) is int
 
 
+def test_a_list_metric_keeps_one_value_per_item(tmp_path):
+    """A point may report a value per item (e.g. per request, for a bootstrap): a list of numbers
+    and Nones, NumPy scalars converted."""
+    def per_item(config, ctx):
+        return {"latency_s": [np.float32(0.5), None, 2], "n": 3}
+
+    (row,) = experiment.run(toy_config(), [{}], per_item, tmp_path, progress=False)
+    assert row["metrics"] == {"latency_s": [0.5, None, 2], "n": 3}
+    assert experiment.read_rows(tmp_path)[0]["metrics"]["latency_s"] == [0.5, None, 2]
+
+
 @pytest.mark.parametrize("metrics, message", [
     ([1.0], "point_fn must return a dict of metrics, got list"),
     ({"loss": math.inf}, "metric 'loss' must be finite, got inf"),
-    ({"loss": [1, 2]}, "metric 'loss' must be a number, str, bool or None, got list"),
+    ({"loss": [1, "2"]}, "metric 'loss' must be numbers or None, got str"),
+    ({"loss": {"a": 1}}, "metric 'loss' must be a number, str, bool, None or a list of numbers, "
+                         "got dict"),
 ])
 def test_bad_metrics_are_refused_and_nothing_is_written(tmp_path, metrics, message):
     with pytest.raises(ValueError, match=message):

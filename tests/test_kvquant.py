@@ -194,9 +194,11 @@ def test_greedy_speculative_with_a_quantized_cache_equals_greedy_generate_with_o
 @pytest.mark.parametrize("kind", ["int8", TINY_GROUPS])
 def test_engine_with_a_quantized_cache_generates_what_generate_does(model, kind):
     expected = dl.generate(model, PROMPTS, GREEDY, 10, seed=0, kv_cache=kind).token_lists()
-    engine = SlotEngine(model, num_slots=2, max_len=32, kv_cache=kind)
-    done = engine.run([Request(id=i, prompt=p, max_new_tokens=10) for i, p in enumerate(PROMPTS)])
-    assert [done[i].tokens for i in range(len(PROMPTS))] == expected
+    for chunk in (None, 2):  # whole prompts; chunks of 2 tokens between decode rounds
+        engine = SlotEngine(model, num_slots=2, max_len=32, kv_cache=kind, prefill_chunk=chunk)
+        done = engine.run([Request(id=i, prompt=p, max_new_tokens=10)
+                           for i, p in enumerate(PROMPTS)])
+        assert [done[i].tokens for i in range(len(PROMPTS))] == expected
 
 
 @pytest.mark.parametrize("call", [

@@ -78,10 +78,13 @@ def test_step_n_is_n_single_steps(tiny):
 
 
 def row(state, slot: int):
-    """The per-row fields of one slot (the cache's k and v have the slot axis second)."""
+    """The per-row fields of one slot, and its cache keys and values below its length (the
+    slots past it are stale: never attended, overwritten by the next write)."""
     fields = {name: jax.tree.map(lambda x: x[slot], getattr(state, name))
               for name in engine_module.ROW_FIELDS}
-    return fields, state.cache.k[:, slot], state.cache.v[:, slot], state.cache.lengths[slot]
+    length = int(state.cache.lengths[slot])
+    return (fields, state.cache.k[:, slot, :, :length], state.cache.v[:, slot, :, :length],
+            state.cache.lengths[slot])
 
 
 def test_a_reused_slot_holds_nothing_of_its_previous_request(tiny):
@@ -92,8 +95,10 @@ def test_a_reused_slot_holds_nothing_of_its_previous_request(tiny):
         reused.step(5)
     assert reused.free_slots == [0, 1, 2]
     reused.insert(second, slot=1)
+    assert reused.prefill() == 0
     fresh = SlotEngine(tiny, 3, S)
     fresh.insert(second, slot=1)
+    fresh.prefill()
     # Every per-row field of slot 1 (tokens, cache keys and values, lengths, parameters, seed,
     # stop sequences, budget, log-probs) is bit-identical to a fresh engine's.
     for a, b in zip(jax.tree.leaves(row(reused.state, 1)), jax.tree.leaves(row(fresh.state, 1))):
@@ -209,7 +214,9 @@ def test_new_requests_reuse_the_compiled_programs(tiny):
         if event == "/jax/core/compile/jaxpr_trace_duration":
             counts[kwargs.get("fun_name")] += 1
 
-    SlotEngine(tiny, 2, S, serves=serves).run(make_requests(2), n=3)  # warm: every program once
+    # Warm: every program once (three requests in two slots: prefills of two prompts and of one).
+    SlotEngine(tiny, 2, S, serves=serves).run(
+        [*make_requests(2), Request(id=2, prompt=[3, 4], max_new_tokens=2)], n=3)
     jax.monitoring.register_event_duration_secs_listener(listen)
     try:
         rng = np.random.default_rng(5)
@@ -222,7 +229,7 @@ def test_new_requests_reuse_the_compiled_programs(tiny):
         SlotEngine(tiny, 2, S, serves=serves).run(requests, n=int(rng.integers(1, 5)))
     finally:
         jax.monitoring.unregister_event_duration_listener(listen)
-    programs = ("prefill", "_advance_loop", "_write_row", "_free_rows")
+    programs = ("_prefill_rows", "_advance_loop", "_harvest")
     assert all(counts[name] == 0 for name in programs), counts
 
 
@@ -231,24 +238,25 @@ def test_a_new_set_of_processors_compiles_once_and_the_plan_only_grows(tiny):
     plan; the first top-k request compiles each program once more (the plan grows to
     temperature + top-k, sampled); later requests within that set, greedy ones included,
     compile nothing, and neither does another engine reaching the same set in another order.
-    (5 slots of 40: no other test compiles these programs.)"""
+    (5 slots of 40: no other test compiles these programs; every run prefills two prompts of one
+    bucket together, so the prefill's shape is the same throughout.)"""
     def request(i, params):
         return Request(id=i, prompt=[1 + i, 2, 3], max_new_tokens=3, params=params, seed=i)
 
-    programs = ("prefill", "_advance_loop", "_write_row", "_free_rows", "_replan")
+    programs = ("_prefill_rows", "_advance_loop", "_harvest", "_replan")
     top_k = dl.SamplingParams(temperature=0.7, top_k=9)
     with compiles.count_traces() as counts:
         engine = SlotEngine(tiny, 5, 40)
         engine.run([request(0, GREEDY), request(1, GREEDY)])
         assert engine.plan == dl.sampling.Plan(active=("temperature",), greedy=True)
         first = {name: counts[name] for name in programs}
-        assert first == dict(prefill=1, _advance_loop=1, _write_row=1, _free_rows=1, _replan=0)
-        engine.run([request(2, top_k)])
+        assert first == dict(_prefill_rows=1, _advance_loop=1, _harvest=1, _replan=0)
+        engine.run([request(2, top_k), request(8, GREEDY)])
         assert engine.plan == dl.sampling.Plan(active=("temperature", "top_k"))
         grown = {name: counts[name] for name in programs}
-        assert grown == dict(prefill=2, _advance_loop=2, _write_row=2, _free_rows=2, _replan=1)
-        engine.run([request(3, top_k.replace(top_k=3)), request(4, GREEDY),
-                    request(5, dl.SamplingParams(temperature=1.3))])
+        assert grown == dict(_prefill_rows=2, _advance_loop=2, _harvest=2, _replan=1)
+        engine.run([request(3, top_k.replace(top_k=3)), request(4, GREEDY)])
+        engine.run([request(5, dl.SamplingParams(temperature=1.3)), request(9, GREEDY)])
         other = SlotEngine(tiny, 5, 40)
         other.run([request(6, top_k), request(7, GREEDY)])
         assert other.plan == engine.plan

@@ -115,6 +115,22 @@ def test_metric_conventions_by_hand():
     assert s["queue_mean_s"] == 0.25 and s["slot_occupancy"] == 0.5
 
 
+def test_time_between_tokens_is_the_gap_between_deliveries():
+    records = [
+        RequestRecord(0, arrival=0.0, status="completed", admitted=0.0, first_token=1.0,
+                      finish=3.0, tokens=[1, 2, 3, 4], deliveries=[1.0, 1.5, 3.0]),
+        RequestRecord(1, arrival=1.0, status="completed", admitted=1.0, first_token=2.0,
+                      finish=2.0, tokens=[5], deliveries=[2.0]),  # one delivery: no gap
+    ]
+    assert records[0].gaps == [0.5, 1.5] and records[0].max_tbt == 1.5
+    assert records[1].gaps == [] and records[1].max_tbt is None
+    s = serving.summarize(records, num_slots=2, busy_slot_seconds=3.0)
+    assert s["tbt_p50_s"] == 1.0 and s["tbt_p99_s"] == pytest.approx(0.5 + 0.99)
+    assert serving.per_request(records) == {
+        "latency_s": [3.0, 1.0], "ttft_s": [1.0, 1.0], "tpot_s": [2 / 3, None],
+        "max_tbt_s": [1.5, None], "tokens": [4, 1]}
+
+
 def test_summarize_refuses_unfinished_requests():
     with pytest.raises(ValueError, match="1 unfinished"):
         serving.summarize([RequestRecord(0, arrival=0.0)], num_slots=1, busy_slot_seconds=0.0)

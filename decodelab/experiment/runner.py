@@ -24,7 +24,7 @@ from decodelab.experiment.provenance import provenance
 from decodelab.experiment.rows import add_rows, as_workdir, check_writable, read_rows
 from decodelab.experiment.sweep import Point, expand, shard
 
-Metrics = dict[str, float | int | str | bool | None]
+Metrics = dict[str, float | int | str | bool | None | list[float | int | None]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +50,28 @@ class PointContext:
         return tqdm(iterable, disable=not self.show_progress, **kwargs)
 
 
+def _check_value(name: str, value: Any, where: str, *, in_list: bool = False) -> Any:
+    """A metric's value as JSON: a number (finite), str, bool or None, or a list of numbers and
+    Nones (one value per item of the point, e.g. per request, for resampling)."""
+    if hasattr(value, "item") and getattr(value, "ndim", None) == 0:
+        value = value.item()  # NumPy / JAX scalars
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        value = float(value)
+        if not math.isfinite(value):
+            raise ValueError(f"metric {name!r} must be finite, got {value} for {where}; return "
+                             "None (not applicable) or a string instead")
+        return value
+    if value is None or (not in_list and isinstance(value, (str, bool))):
+        return value
+    if not in_list and isinstance(value, (list, tuple)):
+        return [_check_value(name, v, where, in_list=True) for v in value]
+    allowed = "numbers or None" if in_list else "a number, str, bool, None or a list of numbers"
+    raise ValueError(f"metric {name!r} must be {allowed}, got {type(value).__name__} for "
+                     f"{where}")
+
+
 def _check_metrics(metrics: Any, point: Point) -> Metrics:
     where = f"point {point.index} {point.overrides}"
     if not isinstance(metrics, Mapping):
@@ -59,19 +81,7 @@ def _check_metrics(metrics: Any, point: Point) -> Metrics:
     for name, value in metrics.items():
         if not isinstance(name, str) or not name:
             raise ValueError(f"metric names must be non-empty strings, got {name!r} for {where}")
-        if hasattr(value, "item") and getattr(value, "ndim", None) == 0:
-            value = value.item()  # NumPy / JAX scalars
-        if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-            value = int(value)
-        elif isinstance(value, numbers.Real) and not isinstance(value, bool):
-            value = float(value)
-            if not math.isfinite(value):
-                raise ValueError(f"metric {name!r} must be finite, got {value} for {where}; return "
-                                 "None (not applicable) or a string instead")
-        elif value is not None and not isinstance(value, (str, bool)):
-            raise ValueError(f"metric {name!r} must be a number, str, bool or None, got "
-                             f"{type(value).__name__} for {where}")
-        checked[name] = value
+        checked[name] = _check_value(name, value, where)
     return checked
 
 

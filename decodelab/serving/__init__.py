@@ -14,7 +14,7 @@ from decodelab.serving.traces import (LENGTHS, Exponential, Fixed, LengthDistrib
                                       save_trace)
 
 # Metrics
-from decodelab.serving.metrics import RequestRecord, summarize
+from decodelab.serving.metrics import RequestRecord, per_request, summarize
 
 __all__ = [
     "Completion", "Request", "SlotEngine", "StepResult",
@@ -23,5 +23,5 @@ __all__ = [
     "make_scheduler", "replay",
     "LENGTHS", "Exponential", "Fixed", "LengthDistribution", "LogNormal", "Uniform",
     "length_distribution", "load_trace", "poisson_trace", "save_trace",
-    "RequestRecord", "summarize",
+    "RequestRecord", "per_request", "summarize",
 ]

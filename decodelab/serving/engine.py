@@ -3,10 +3,18 @@
 Conventions (every caller relies on them):
 
 - A slot is a row of one ``decode.DecodeState`` of ``num_slots`` rows and ``max_len`` cache slots
-  per row (the slot's capacity: prompt + output). ``insert`` prefills one request alone, with the
-  same compiled ``decode.prefill`` that ``generate`` uses, and writes that one-row state over the
-  whole row of its slot (tokens, cache keys and values, lengths, sampling parameters, seed key,
-  stop sequences, budget, log-probs): nothing of the slot's previous request survives.
+  per row (the slot's capacity: prompt + output). ``insert`` places a request in a free slot;
+  its prompt is prefilled by the next ``prefill`` (the first thing ``step`` does), which runs the
+  prompts of every slot waiting then as one ``[R, T]`` block (``R`` and ``T`` rounded up to powers
+  of two, so a new count or length rarely compiles) through the model, in one compiled call
+  (``_prefill_rows``). Keys and values go straight into those slots' rows of the shared cache
+  (a ``cache.RowView``: no fresh cache, no copy of a row; a quantized cache copies the rows it
+  prefills), and every other per-row field of the slot (tokens, lengths, sampling parameters,
+  seed key, stop sequences, budget, log-probs) is rewritten: nothing of the slot's previous
+  request is read again (its stale cache slots past the new length are never attended).
+- With ``prefill_chunk=C`` a prompt enters C tokens per engine call (Sarathi-style chunked
+  prefill): each call runs one chunk of every waiting prompt, then the decode rounds of the
+  running slots; a slot is running (decoding) once its last chunk is in.
 - ``step(n)`` runs up to ``n`` rounds of ``decode.step`` (the loop body of ``generate``) over all
   slots in one compiled ``lax.while_loop`` (a ``loop.CompiledLoop``); it stops early once no slot
   is running. Rows that have finished, and free slots, are carried without advancing, so
@@ -25,8 +33,11 @@ Conventions (every caller relies on them):
   tokens depend only on its prompt, parameters, seed and budget: never on its slot, its batch-mates
   or when it was inserted. They equal ``generate(model, [prompt], params, budget, seed=[seed],
   eos_ids=..., stop_sequences=..., max_len=engine.max_len)`` on that request alone.
-- A finished request is retired by the ``step`` that finished it: its output is copied to the host
-  and its slot is freed (cache length rewound to 0) for the next ``insert``.
+- An engine call (``step``) reads the device once: one packed array with each slot's finish code,
+  length and the tokens (with log-probs) of its last ``n`` positions, from which the host appends
+  each request's new tokens; no other value is read back and nothing else waits for the device.
+  A finished request is retired by the ``step`` that finished it: its output (gathered on the
+  host call by call) is returned and its slot is free for the next ``insert``.
 """
 
 from __future__ import annotations
@@ -39,9 +50,10 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
+from flax import nnx, struct
 
 from decodelab import decode, kvquant, sampling
+from decodelab.cache import KVCache, RowView
 from decodelab.checks import check_memory, check_model, check_size, is_int, nbytes, position_limit
 from decodelab.decode import DecodeState
 from decodelab.loop import CompiledLoop
@@ -115,6 +127,7 @@ class StepResult:
     """What one ``step`` call did."""
 
     generated: dict[int | str, int]  # output tokens so far, per request still running or finished
+    tokens: dict[int | str, list[int]]  # the output tokens this call produced, per request
     finished: list[Completion]  # retired by this call, their slots already free
     rounds: int  # decode rounds run (<= n; fewer once no slot was running)
 
@@ -155,27 +168,113 @@ def _replan(state: DecodeState, *, plan: sampling.Plan) -> DecodeState:
                          **decode.carried_counts(state.history, plan, vocab_size))
 
 
-@functools.partial(jax.jit, donate_argnames=("state",))
-def _write_row(state: DecodeState, row: DecodeState, slot: jax.Array) -> DecodeState:
-    """Overwrite every per-row field of ``slot`` with the one-row state ``row``."""
+@struct.dataclass(kw_only=True)
+class PrefillChunk:
+    """The next chunk of the prompts of ``R`` slots, and each slot's request fields.
 
-    def put(axis):
-        return lambda big, one: jax.lax.dynamic_update_slice_in_dim(big, one.astype(big.dtype),
-                                                                    slot, axis)
+    Row ``i`` holds prompt tokens ``offsets[i] .. offsets[i] + counts[i] - 1`` of the request in
+    slot ``rows[i]``, left-aligned in ``block``; ``rows`` increase, and a padding row (there to
+    round ``R`` up to a power of two) has a row index ``>= num_slots`` of its own and writes
+    nothing."""
 
+    block: jax.Array  # [R, T] int32, padded with 0
+    rows: jax.Array  # [R] int32
+    offsets: jax.Array  # [R] int32, prompt tokens already in the slot's cache
+    counts: jax.Array  # [R] int32, tokens of this chunk (<= T)
+    prompt_lengths: jax.Array  # [R] int32
+    keys: jax.Array  # [R, ...] uint32, each request's key data
+    params: tuple[sampling.RowParams, ...]  # R one-row values, under the engine's plan
+    stop_ids: jax.Array  # [R, M, W] int32
+    budgets: jax.Array  # [R] int32
+
+
+def _rows_of(cache, rows: jax.Array, offsets: jax.Array, reach: int):
+    """The slots ``rows`` of ``cache`` as a cache of ``R`` rows at lengths ``offsets``: a float
+    cache as a ``RowView`` (no copy); another kind as a copy of those rows, emptied where the
+    offset is 0 (a quantized cache's scales and float tail start afresh with a prompt)."""
+    if isinstance(cache, KVCache):
+        return RowView.of(cache, rows, offsets, reach)
+    copy = cache.take_rows(jnp.minimum(rows, cache.batch_size - 1))
+    fresh = offsets == 0  # [R]
+
+    def empty(x):
+        if x.ndim == 1:
+            return x
+        return jnp.where(fresh.reshape((1, -1) + (1,) * (x.ndim - 2)), jnp.zeros_like(x), x)
+
+    return jax.tree.map(empty, copy).rewind(offsets)
+
+
+def _merge_rows(cache, rows_cache, rows: jax.Array):
+    """``cache`` with ``rows_cache`` (from ``_rows_of``) written back into slots ``rows``."""
+    if isinstance(rows_cache, RowView):
+        return rows_cache.merged_into(cache)
     # lengths [B] have the slot axis first; keys, values (and a quantized cache's scales) second
-    cache = jax.tree.map(lambda big, one: put(0 if big.ndim == 1 else 1)(big, one), state.cache,
-                         row.cache)
-    rows = {name: jax.tree.map(put(0), getattr(state, name), getattr(row, name))
-            for name in ROW_FIELDS}
-    return state.replace(cache=cache, **rows)
+    return jax.tree.map(lambda big, part: big.at[(slice(None),) * (big.ndim > 1) + (rows,)].set(
+        part.astype(big.dtype), mode="drop"), cache, rows_cache)
 
 
-@functools.partial(jax.jit, donate_argnames=("state",))
-def _free_rows(state: DecodeState, free: jax.Array) -> DecodeState:
-    """Rewind the cache of the rows where ``free: [B]`` is set to 0 (the next insert overwrites
-    the rest of the row)."""
-    return state.replace(cache=state.cache.rewind(jnp.where(free, 0, state.cache.lengths)))
+@functools.partial(jax.jit, static_argnames=("graphdef", "reach"), donate_argnames=("state",))
+def _prefill_rows(weights, state: DecodeState, chunk: PrefillChunk, *, graphdef,
+                  reach: int) -> DecodeState:
+    """Run one chunk of ``R`` slots' prompts through the model, writing keys and values straight
+    into those slots' rows of the state's cache, and (re)write every per-row field of the slots.
+    A slot whose prompt this chunk completes is running, with the logits of its last prompt
+    token; a slot with prompt left stays not running (finish "length"), its cache holding the
+    prompt so far. ``reach``: the cache slots the chunk's attention spans: the block width when
+    every chunk starts at slot 0 (a prompt sees only itself), else the whole row (``max_len``)."""
+    model = nnx.merge(graphdef, weights)
+    R, T = chunk.block.shape
+    S, V = state.tokens.shape[1], state.logits.shape[-1]
+    rows = chunk.rows
+    part = _rows_of(state.cache, rows, chunk.offsets, reach)
+    logits, part = model(chunk.block, cache=part, num_valid=chunk.counts)  # [R, T, V]
+    last = jnp.take_along_axis(logits, jnp.maximum(chunk.counts - 1, 0)[:, None, None],
+                               axis=1)[:, 0]  # [R, V]
+    # The slot's tokens: the prompt before this chunk kept, this chunk written, the rest zero.
+    slot = jnp.arange(S, dtype=jnp.int32)[None, :]  # [1, S]
+    kept = state.tokens[jnp.minimum(rows, state.tokens.shape[0] - 1)]  # [R, S]
+    tokens = jnp.where(slot < chunk.offsets[:, None], kept, 0)
+    j = jnp.arange(T, dtype=jnp.int32)[None, :]  # [1, T]
+    at = jnp.where(j < chunk.counts[:, None], chunk.offsets[:, None] + j, S)  # [R, T]
+    tokens = tokens.at[jnp.arange(R)[:, None], at].set(chunk.block, mode="drop")
+    filled = chunk.offsets + chunk.counts  # [R]
+    final = filled >= chunk.prompt_lengths
+    lengths = jnp.where(final, chunk.prompt_lengths, filled)
+    N = state.max_new_tokens
+    params = jax.tree.map(lambda *rows: jnp.concatenate(rows), *chunk.params)  # [R] per field
+    fields = dict(
+        tokens=tokens, prompt_lengths=chunk.prompt_lengths, lengths=lengths,
+        finish=jnp.where(final, RUNNING, LENGTH).astype(jnp.int32), logits=last,
+        keys=chunk.keys, params=params, stop_ids=chunk.stop_ids, budgets=chunk.budgets,
+        logprobs=jnp.full((R, N), jnp.nan, jnp.float32),
+        top_logprobs=jnp.zeros((R,) + state.top_logprobs.shape[1:], jnp.float32),
+        top_ids=jnp.zeros((R,) + state.top_ids.shape[1:], jnp.int32),
+        entropy=jnp.zeros((R,) + state.entropy.shape[1:], jnp.float32))
+    history = sampling.History(tokens=tokens, prompt_lengths=chunk.prompt_lengths,
+                               lengths=lengths, eos_mask=state.eos_mask)
+    fields.update(decode.carried_counts(history, state.params.plan, V))
+    put = lambda big, one: big.at[rows].set(one.astype(big.dtype), mode="drop")  # noqa: E731
+    updated = {name: jax.tree.map(put, getattr(state, name), fields[name])
+               for name in ROW_FIELDS if fields.get(name) is not None}
+    return state.replace(cache=_merge_rows(state.cache, part, rows), **updated)
+
+
+@functools.partial(jax.jit, static_argnames=("n",))
+def _harvest(state: DecodeState, starts: jax.Array, rounds: jax.Array, *, n: int) -> jax.Array:
+    """What an engine call hands to the host, packed into one ``[B, 3 + 2n]`` int32 array (one
+    transfer): per slot its finish code, its length, the rounds run, then the ``n`` tokens from
+    position ``starts[b]`` and their log-probabilities (float32 bits)."""
+    S = state.tokens.shape[1]
+    N = state.max_new_tokens
+    B = starts.shape[0]
+    window = starts[:, None] + jnp.arange(n, dtype=jnp.int32)[None, :]  # [B, n]
+    tokens = jnp.take_along_axis(state.tokens, jnp.clip(window, 0, S - 1), axis=1)
+    out = jnp.clip(window - state.prompt_lengths[:, None], 0, N - 1)
+    logprobs = jax.lax.bitcast_convert_type(jnp.take_along_axis(state.logprobs, out, axis=1),
+                                            jnp.int32)
+    head = jnp.stack([state.finish, state.lengths, jnp.broadcast_to(rounds, (B,))], axis=1)
+    return jnp.concatenate([head.astype(jnp.int32), tokens, logprobs], axis=1)
 
 
 def _advance_body(operands, carry: tuple[jax.Array, DecodeState], *, graphdef
@@ -229,6 +328,11 @@ class SlotEngine:
         request): its step contains the processors any of them enables and no other, and it
         refuses a request that enables another. Default: decide from the requests admitted,
         starting from greedy and compiling once more for each new set of processors.
+      prefill_chunk: None (default) prefills each prompt whole in the engine call after its
+        insert; an int C prefills at most C tokens of each waiting prompt per engine call, the
+        rest in later calls, each chunk followed by that call's decode rounds of the running
+        slots (chunked prefill, as in Sarathi-Serve): a long prompt then delays the running
+        requests' next tokens by one chunk per call instead of by its whole prefill.
 
     Raises ValueError before anything is allocated when the ``num_slots x max_len`` cache and
     buffers need more than the memory limit (``checks.check_memory``).
@@ -237,7 +341,8 @@ class SlotEngine:
     def __init__(self, model: nnx.Module, num_slots: int, max_len: int | None = None, *,
                  eos_ids: int | Sequence[int] = (), max_stop_sequences: int = 4,
                  max_stop_width: int = 8, kv_cache: str | None = None,
-                 serves: Sequence[SamplingParams] | None = None):
+                 serves: Sequence[SamplingParams] | None = None,
+                 prefill_chunk: int | None = None):
         check_model("model", model)
         self.num_slots = check_size("num_slots", num_slots, 1)
         kvquant.check_kind("kv_cache", kv_cache)
@@ -253,13 +358,19 @@ class SlotEngine:
                              f"(max_seq_len), got {self.max_len}")
         self.max_stop_sequences = check_size("max_stop_sequences", max_stop_sequences, 0)
         self.max_stop_width = check_size("max_stop_width", max_stop_width, 1)
+        if prefill_chunk is not None and (not is_int(prefill_chunk) or not
+                                          1 <= prefill_chunk <= self.max_len):
+            raise ValueError(f"prefill_chunk must be None (whole prompts) or an int in [1, "
+                             f"max_len={self.max_len}], got {prefill_chunk!r}")
+        self.prefill_chunk = None if prefill_chunk is None else int(prefill_chunk)
         self.vocab_size = model.config.vocab_size
         self._eos_mask = check_eos(eos_ids, self.vocab_size)
         self._fixed_plan = serves is not None
         self._plan = sampling.union(_plans_of("serves", serves, self.vocab_size))
-        # The shared state holds max_len output columns per slot; a prefill is one row.
+        # The shared state holds max_len output columns per slot; a prefill is up to every slot.
         buffers = decode_buffers(model.config, self.num_slots, self.max_len, self.max_len, 0)
-        buffers["prefill logits"] = nbytes((1, self.max_len, self.vocab_size), np.float32)
+        buffers["prefill logits"] = nbytes(
+            (self.num_slots, self.prefill_chunk or self.max_len, self.vocab_size), np.float32)
         check_memory("SlotEngine", buffers, {"num_slots": self.num_slots,
                                              "max_len": self.max_len})
         self._graphdef, self._weights = nnx.split(model)
@@ -267,6 +378,12 @@ class SlotEngine:
                                    self.max_stop_sequences, self.max_stop_width, self._eos_mask,
                                    self._plan, kv_cache)
         self._slots: list[Request | None] = [None] * self.num_slots
+        # Host-side view of each slot: prompt tokens in its cache, output tokens and log-probs
+        # received so far (the device state is read once per engine call, in ``step``).
+        self._prefilled = [0] * self.num_slots
+        self._row_params: list[sampling.RowParams | None] = [None] * self.num_slots
+        self._tokens: list[list[int]] = [[] for _ in range(self.num_slots)]
+        self._logprobs: list[list[float]] = [[] for _ in range(self.num_slots)]
 
     @property
     def plan(self) -> sampling.Plan:
@@ -284,6 +401,12 @@ class SlotEngine:
     def active(self) -> dict[int, Request]:
         """Slot -> the request decoding in it."""
         return {i: r for i, r in enumerate(self._slots) if r is not None}
+
+    @property
+    def prefilling(self) -> list[int]:
+        """Slots whose request's prompt is not yet wholly in the cache (waiting for ``prefill``)."""
+        return [i for i, r in enumerate(self._slots)
+                if r is not None and self._prefilled[i] < len(r.prompt)]
 
     @property
     def state(self) -> DecodeState:
@@ -320,7 +443,9 @@ class SlotEngine:
         return None
 
     def insert(self, request: Request, slot: int | None = None) -> int:
-        """Prefill ``request`` into ``slot`` (default: the lowest free one); returns the slot."""
+        """Place ``request`` in ``slot`` (default: the lowest free one); returns the slot. Its
+        prompt is prefilled by the next ``prefill`` (which ``step`` runs first), together with
+        every other prompt waiting then."""
         if not isinstance(request, Request):
             raise ValueError(f"request must be a Request, got {request!r}")
         reason = self.check(request)
@@ -343,57 +468,83 @@ class SlotEngine:
         if not self._plan.covers(params.plan):  # a new set of processors: compiles once more
             self._plan = sampling.union([self._plan, params.plan])
             self._state = _replan(self._state, plan=self._plan)
-        P = len(request.prompt)
-        T = min(bucket_length(P), self.max_len)
-        block = np.zeros((1, T), np.int32)
-        block[0, :P] = request.prompt
-        stops = np.full((1, self.max_stop_sequences, self.max_stop_width), -1, np.int32)
-        for m, s in enumerate(request.stop_sequences):
-            stops[0, m, self.max_stop_width - len(s):] = s
-        row = decode.prefill(self._weights, block, np.asarray([P], np.int32),
-                             sampling.seed_keys(np.asarray([request.seed], np.uint32)),
-                             params.with_plan(self._plan),
-                             self._eos_mask, stops,
-                             graphdef=self._graphdef, max_len=self.max_len,
-                             max_new_tokens=self.max_len, top_n=0, with_entropy=False,
-                             kv_cache=self.kv_cache)
-        row = row.replace(budgets=jnp.asarray([request.max_new_tokens], jnp.int32))
-        self._state = _write_row(self._state, row, jnp.asarray(slot, jnp.int32))
-        self._slots[slot] = request
-        return int(slot)
+        slot = int(slot)
+        self._slots[slot], self._row_params[slot] = request, params
+        self._prefilled[slot], self._tokens[slot], self._logprobs[slot] = 0, [], []
+        return slot
+
+    def prefill(self) -> int:
+        """One compiled call that writes the next chunk of every waiting prompt (the whole prompt
+        without ``prefill_chunk``) into its slot's rows of the shared state; returns how many
+        prompts still wait. Nothing is read back: the call is only dispatched."""
+        slots = self.prefilling
+        if not slots:
+            return 0
+        R = bucket_length(len(slots), minimum=1)
+        remaining = [len(self._slots[i].prompt) - self._prefilled[i] for i in slots]
+        counts = [min(n, self.prefill_chunk or n) for n in remaining]
+        T = min(bucket_length(max(counts)), self.prefill_chunk or self.max_len, self.max_len)
+        offsets = [self._prefilled[i] for i in slots]
+        # A chunk from slot 0 attends to itself only; a later one to the slot's whole row.
+        reach = T if not any(offsets) else self.max_len
+        block = np.zeros((R, T), np.int32)
+        stops = np.full((R, self.max_stop_sequences, self.max_stop_width), -1, np.int32)
+        pad = R - len(slots)
+        requests = [self._slots[i] for i in slots] + [self._slots[slots[0]]] * pad
+        for r, (request, offset, count) in enumerate(zip(requests, offsets, counts)):
+            block[r, :count] = request.prompt[offset:offset + count]
+            for m, s in enumerate(request.stop_sequences):
+                stops[r, m, self.max_stop_width - len(s):] = s
+        chunk = PrefillChunk(
+            block=block,
+            rows=np.asarray(slots + list(range(self.num_slots, self.num_slots + pad)), np.int32),
+            offsets=np.asarray(offsets + [0] * pad, np.int32),
+            counts=np.asarray(counts + [0] * pad, np.int32),
+            prompt_lengths=np.asarray([len(r.prompt) for r in requests], np.int32),
+            keys=sampling.seed_keys(np.asarray([r.seed for r in requests], np.uint32)),
+            params=tuple(self._row_params[i].with_plan(self._plan)
+                         for i in slots + [slots[0]] * pad), stop_ids=stops,
+            budgets=np.asarray([r.max_new_tokens for r in requests], np.int32))
+        self._state = _prefill_rows(self._weights, self._state, chunk, graphdef=self._graphdef,
+                                    reach=reach)
+        for i, count in zip(slots, counts):
+            self._prefilled[i] += count
+        return len(self.prefilling)
 
     def step(self, n: int = 1) -> StepResult:
-        """Advance every running slot by up to ``n`` tokens (one jitted call), then retire the
-        requests that finished."""
+        """One engine call: ``prefill`` the waiting prompts (a chunk each), advance every running
+        slot by up to ``n`` tokens (one compiled loop), read the new tokens back in one transfer,
+        then retire the requests that finished."""
         n = check_size("n", n, 1)
         if not any(r is not None for r in self._slots):
-            return StepResult({}, [], 0)
+            return StepResult({}, {}, [], 0)
+        self.prefill()
         rounds, self._state = _ADVANCE.run((self._weights, jnp.asarray(n, jnp.int32)),
                                            (jnp.zeros((), jnp.int32), self._state),
                                            graphdef=self._graphdef)
-        finish, lengths, prompt_lengths, rounds = jax.device_get(
-            (self._state.finish, self._state.lengths, self._state.prompt_lengths, rounds))
-        generated, finished = {}, []
+        starts = np.asarray([len(r.prompt) + len(self._tokens[i]) if r is not None else 0
+                             for i, r in enumerate(self._slots)], np.int32)
+        width = bucket_length(n, minimum=8)  # a few window widths: n itself is traced
+        packed = jax.device_get(_harvest(self._state, starts, rounds, n=width))  # one transfer
+        finish, lengths, rounds = packed[:, 0], packed[:, 1], int(packed[0, 2])
+        new_tokens, generated, completions = {}, {}, []
         for slot, request in self.active.items():
-            generated[request.id] = int(lengths[slot] - prompt_lengths[slot])
+            if self._prefilled[slot] < len(request.prompt):  # still prefilling: not running
+                new_tokens[request.id], generated[request.id] = [], 0
+                continue
+            new = int(lengths[slot]) - int(starts[slot])
+            self._tokens[slot] += packed[slot, 3:3 + new].tolist()
+            self._logprobs[slot] += packed[slot, 3 + width:3 + width + new].view(
+                np.float32).tolist()
+            new_tokens[request.id] = packed[slot, 3:3 + new].tolist()
+            generated[request.id] = len(self._tokens[slot])
             if finish[slot] != RUNNING:
-                finished.append(slot)
-        completions = []
-        if finished:
-            index = jnp.asarray(finished)
-            tokens, logprobs = jax.device_get((self._state.tokens[index],
-                                               self._state.logprobs[index]))
-            for i, slot in enumerate(finished):
-                P, n_out = int(prompt_lengths[slot]), generated[self._slots[slot].id]
                 completions.append(Completion(
-                    request_id=self._slots[slot].id, slot=slot,
-                    tokens=tokens[i, P:P + n_out].tolist(), logprobs=logprobs[i, :n_out],
+                    request_id=request.id, slot=slot, tokens=self._tokens[slot],
+                    logprobs=np.asarray(self._logprobs[slot], np.float32),
                     finish_reason=FINISH_REASONS[int(finish[slot])]))
                 self._slots[slot] = None
-            mask = np.zeros((self.num_slots,), bool)
-            mask[finished] = True
-            self._state = _free_rows(self._state, jnp.asarray(mask))
-        return StepResult(generated, completions, int(rounds))
+        return StepResult(generated, new_tokens, completions, rounds)
 
     def run(self, requests: Sequence[Request], n: int = 8) -> dict[int | str, Completion]:
         """Serve ``requests`` in order, filling free slots before every step (no clock): a

@@ -7,6 +7,9 @@ Conventions (times in seconds on the replay's clock, measured from the start of 
   included), so with ``steps_per_call = n`` tokens are seen in groups of up to n.
 - Latency (end to end) = finish time - arrival.
 - TPOT (time per output token) = (latency - TTFT) / (tokens - 1), over requests with >= 2 tokens.
+- Time between tokens (TBT): the gap between two consecutive engine calls that gave a request
+  tokens, i.e. the stall a streaming client sees (a call that gives n tokens is one delivery).
+  The summary pools every gap of every request; each request's longest gap is its ``max_tbt``.
 - Output tokens/s and requests/s are totals over the makespan: from the first arrival to the last
   finish. Slot occupancy = slot-seconds spent decoding a request / (slots x makespan).
 """
@@ -32,6 +35,7 @@ class RequestRecord:
     slot: int | None = None
     tokens: list[int] = dataclasses.field(default_factory=list)
     finish_reason: str = ""
+    deliveries: list[float] = dataclasses.field(default_factory=list)  # times tokens arrived
 
     @property
     def ttft(self) -> float | None:
@@ -47,6 +51,26 @@ class RequestRecord:
         if self.status != "completed" or n < 2:
             return None
         return (self.latency - self.ttft) / (n - 1)
+
+
+    @property
+    def gaps(self) -> list[float]:
+        """Times between consecutive deliveries of tokens (TBT), in order."""
+        return [b - a for a, b in zip(self.deliveries, self.deliveries[1:])]
+
+    @property
+    def max_tbt(self) -> float | None:
+        return max(self.gaps, default=None)
+
+
+def per_request(records: list[RequestRecord]) -> dict[str, list]:
+    """The completed requests' values, one list per quantity in trace order (what a bootstrap
+    over requests resamples): latency, TTFT, TPOT (None below 2 tokens), longest TBT (None
+    below 2 deliveries), output tokens."""
+    done = [r for r in records if r.status == "completed"]
+    return {"latency_s": [r.latency for r in done], "ttft_s": [r.ttft for r in done],
+            "tpot_s": [r.tpot for r in done], "max_tbt_s": [r.max_tbt for r in done],
+            "tokens": [len(r.tokens) for r in done]}
 
 
 def _percentiles(prefix: str, values: list[float]) -> dict[str, float | None]:
@@ -82,6 +106,7 @@ def summarize(records: list[RequestRecord], num_slots: int, busy_slot_seconds: f
     }
     out |= _percentiles("ttft", [r.ttft for r in done])
     out |= _percentiles("tpot", [r.tpot for r in done if r.tpot is not None])
+    out |= _percentiles("tbt", [gap for r in done for gap in r.gaps])
     out |= _percentiles("latency", [r.latency for r in done])
     out |= _percentiles("queue", [r.admitted - r.arrival for r in done])
     return out

@@ -264,10 +264,12 @@ def replay(engine: SlotEngine, trace: Sequence[Request], scheduler: Scheduler, *
                 ended = clock.now()
                 steps += 1
                 busy_slot_seconds += active * (ended - started)
-                for request_id, count in result.generated.items():
+                for request_id, tokens in result.tokens.items():
                     record = records[request_id]
-                    if count and record.first_token is None:
-                        record.first_token = ended
+                    if tokens:
+                        record.deliveries.append(ended)
+                        if record.first_token is None:
+                            record.first_token = ended
                 for completion in result.finished:
                     record = records[completion.request_id]
                     record.status, record.finish = "completed", ended

@@ -1,0 +1,190 @@
+"""SlotEngine prefill: the prompts waiting at an engine call enter together in one compiled call,
+written straight into their slots' rows of the shared cache (in place: no fresh cache, no copy of
+a cache-sized buffer); chunked prefill gives the tokens unchunked prefill gives, which are each
+request's tokens alone; a long prompt's chunks interleave with the decode rounds of the running
+slots; an engine call reads the device once."""
+
+import re
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+import decodelab as dl
+from decodelab.serving import Request, SlotEngine
+from decodelab.serving import engine as engine_module
+from test_step_structure import aliased_parameters, large_ops, parameters
+
+S = 64  # slot capacity
+GREEDY = dl.SamplingParams.greedy()
+SAMPLED = dl.SamplingParams(temperature=0.9, top_k=40, top_p=0.95)
+PROMPT_LENGTHS = (37, 5, 23, 50, 12, 30)  # several chunks each for most chunk sizes below
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_config):
+    return dl.Transformer(tiny_config.replace(position="rope"), rngs=nnx.Rngs(0))
+
+
+def long_requests() -> list[Request]:
+    """Prompts of 5 to 50 tokens, greedy and seeded sampling alternating, two budgets."""
+    rng = np.random.default_rng(3)
+    return [Request(id=i, prompt=rng.integers(0, 512, n).tolist(), max_new_tokens=(6, 9)[i % 2],
+                    params=(GREEDY, SAMPLED)[i % 2], seed=500 + i)
+            for i, n in enumerate(PROMPT_LENGTHS)]
+
+
+@pytest.fixture(scope="module")
+def reference(tiny):
+    """Each request's output from ``dl.generate`` on that request alone."""
+    return {r.id: dl.generate(tiny, [list(r.prompt)], r.params, r.max_new_tokens, seed=[r.seed],
+                              max_len=S) for r in long_requests()}
+
+
+@pytest.fixture(scope="module")
+def unchunked(tiny):
+    return SlotEngine(tiny, 3, S).run(long_requests(), n=3)
+
+
+def test_unchunked_prefill_gives_each_request_its_tokens_alone(unchunked, reference):
+    for request_id, ref in reference.items():
+        assert unchunked[request_id].tokens == ref.token_lists()[0]
+        np.testing.assert_allclose(unchunked[request_id].logprobs,
+                                   ref.logprobs[0, :ref.lengths[0]], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("chunk", [8, 24])  # the short-block (blocked) and the full attention
+def test_chunked_prefill_gives_the_tokens_of_unchunked_and_of_generate_alone(tiny, unchunked,
+                                                                           reference, chunk):
+    done = SlotEngine(tiny, 3, S, prefill_chunk=chunk).run(long_requests(), n=3)
+    for request_id, ref in reference.items():
+        assert done[request_id].tokens == unchunked[request_id].tokens == ref.token_lists()[0]
+        assert done[request_id].finish_reason == ref.finish_reason[0]
+        np.testing.assert_allclose(done[request_id].logprobs, ref.logprobs[0, :ref.lengths[0]],
+                                   rtol=0, atol=1e-5)
+
+
+def test_the_prompts_waiting_at_a_call_are_prefilled_in_one_call(tiny, reference, monkeypatch):
+    """Three prompts inserted before a call enter as one block of 4 rows (3 rounded up to a power
+    of two; the padding row's index, 4, is past the slots and writes nothing) and 64 columns
+    (37 rounded up)."""
+    calls = []
+    prefill_rows = engine_module._prefill_rows
+
+    def spy(weights, state, chunk, **static):
+        calls.append((chunk.block.shape, chunk.rows.tolist(), chunk.counts.tolist(), static))
+        return prefill_rows(weights, state, chunk, **static)
+
+    monkeypatch.setattr(engine_module, "_prefill_rows", spy)
+    engine = SlotEngine(tiny, 4, S)
+    for request in long_requests()[:3]:
+        engine.insert(request)
+    engine.step(2)
+    assert len(calls) == 1
+    shape, rows, counts, static = calls[0]
+    assert (shape, rows, counts, static["reach"]) == ((4, 64), [0, 1, 2, 4], [37, 5, 23, 0], 64)
+    done = engine.run([])
+    assert len(calls) == 1
+    for request_id in range(3):
+        assert done[request_id].tokens == reference[request_id].token_lists()[0]
+
+
+def test_a_long_prompt_enters_in_chunks_between_decode_rounds(tiny):
+    """With chunks of 8, a 37-token prompt takes 5 engine calls (8 + 8 + 8 + 8 + 5 tokens); the
+    request already decoding gets its token in each of them, and the long one its first token in
+    the call of its last chunk."""
+    engine = SlotEngine(tiny, 2, S, prefill_chunk=8)
+    engine.insert(Request(id="short", prompt=[4, 5, 6], max_new_tokens=20))
+    assert engine.step(1).generated == {"short": 1}
+    engine.insert(long_requests()[0])
+    seen = []
+    for _ in range(5):
+        result = engine.step(1)
+        seen.append((result.generated["short"], result.generated[0], engine.prefilling))
+    assert seen == [(2, 0, [1]), (3, 0, [1]), (4, 0, [1]), (5, 0, [1]), (6, 1, [])]
+
+
+def prefill_hlo(model, num_slots: int, max_len: int, prompt: int, chunk: int | None,
+                call: int) -> str:
+    """The optimized HLO of the engine's ``call``-th prefill of one ``prompt``-token request."""
+    captured = []
+
+    def capture(weights, state, chunk, **static):
+        captured.append((weights, state, chunk, static))
+        return state
+
+    engine = SlotEngine(model, num_slots, max_len, prefill_chunk=chunk)
+    engine.insert(Request(id=0, prompt=list(range(1, prompt + 1)), max_new_tokens=4), slot=2)
+    prefill_rows = engine_module._prefill_rows
+    engine_module._prefill_rows = capture
+    try:
+        for _ in range(call):
+            engine.prefill()
+    finally:
+        engine_module._prefill_rows = prefill_rows
+    weights, state, chunk, static = captured[-1]
+    return prefill_rows.lower(weights, state, chunk, **static).compile().as_text()
+
+
+def slots_read(hlo: str, cfg) -> set[int]:
+    """The slot counts S' of the gathers and dynamic slices of ``[..., K, S', H]`` key or value
+    blocks: what the program reads of a cache row."""
+    pattern = (rf"= f32\[[\d,]*,{cfg.n_kv_heads},(\d+),{cfg.head_dim}\]\S* "
+               rf"(?:gather|dynamic-slice)\(")
+    return {int(m) for m in re.findall(pattern, hlo)}
+
+
+@pytest.mark.parametrize("chunk,call,reach", [(None, 1, 64), (32, 2, 512)],
+                         ids=["whole-prompt", "second-chunk"])
+def test_prefill_writes_the_slot_rows_in_place_without_a_cache_sized_buffer(tiny, chunk, call,
+                                                                           reach):
+    """4 slots of 512, one 50-token prompt: the cache's keys and values are parameters aliased to
+    outputs (updated in place), and no copy, transpose, gather or broadcast (a fresh cache) makes
+    a buffer of cache rows as large as one layer of the cache's keys. A whole prompt reads the
+    64 slots of its block, not the row's 512; a later chunk (32 tokens from slot 32) the row."""
+    cfg = tiny.config
+    B, max_len = 4, 512
+    hlo = prefill_hlo(tiny, B, max_len, 50, chunk, call)
+    shape = f"f32[{cfg.n_layers},{B},{cfg.n_kv_heads},{max_len},{cfg.head_dim}]"
+    cache_params = [i for i, p in enumerate(parameters(hlo)) if p.startswith(shape + "{")]
+    assert len(cache_params) == 2  # keys and values
+    assert set(cache_params) <= aliased_parameters(hlo)
+    layer = B * cfg.n_kv_heads * max_len * cfg.head_dim
+    rows = f",{max_len},{cfg.head_dim}]"  # [..., S, H]: cache rows (not attention scores)
+    assert [line for line in large_ops(hlo, layer, ("copy", "transpose", "gather", "broadcast"))
+            if rows in line] == []
+    # Nothing but the parameters and their in-place updates holds all layers of cache rows: no
+    # fresh cache (a broadcast) and no copy of the prefilled rows (a gather or slice).
+    every_layer = (rf"= f32\[{cfg.n_layers},\d+,{cfg.n_kv_heads},{max_len},{cfg.head_dim}\]\S* "
+                   rf"([\w-]+)\(")
+    assert set(re.findall(every_layer, hlo)) <= {"parameter", "dynamic-update-slice", "fusion"}
+    assert max(slots_read(hlo, cfg)) == reach
+
+
+def test_an_engine_call_reads_the_device_once(tiny, reference, monkeypatch):
+    """Every ``step`` makes exactly one explicit device-to-host transfer and no implicit one (jax's
+    transfer guard raises on any implicit read), and waits on nothing else."""
+    gets, waits = [], []
+    device_get, block_until_ready = jax.device_get, jax.block_until_ready
+    monkeypatch.setattr(jax, "device_get", lambda x: gets.append(x) or device_get(x))
+    monkeypatch.setattr(jax, "block_until_ready", lambda x: waits.append(x) or block_until_ready(x))
+    engine = SlotEngine(tiny, 3, S, prefill_chunk=8)
+    queue, done, calls = long_requests(), {}, 0
+    with jax.transfer_guard_device_to_host("disallow"):
+        while queue or engine.active:
+            while queue and engine.free_slots:
+                engine.insert(queue.pop(0))
+            done |= {c.request_id: c for c in engine.step(3).finished}
+            calls += 1
+    assert len(gets) == calls and waits == []
+    assert all(isinstance(x, jax.Array) for x in gets)  # one array per call
+    for request_id, ref in reference.items():
+        assert done[request_id].tokens == ref.token_lists()[0]
+
+
+def test_bad_prefill_chunk_is_refused(tiny):
+    for bad in (0, S + 1, 2.0, True):
+        with pytest.raises(ValueError, match=rf"prefill_chunk must be None \(whole prompts\) or "
+                                             rf"an int in \[1, max_len={S}\], got {bad!r}"):
+            SlotEngine(tiny, 2, S, prefill_chunk=bad)
