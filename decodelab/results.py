@@ -208,11 +208,12 @@ def swept_keys(rows: Sequence[Mapping[str, Any]]) -> list[str]:
 
 def points_table(rows: Sequence[Mapping[str, Any]], *, where: Where = None) -> Table:
     """One line per point: its swept keys, every metric, and its wall time. Per-unit values (a
-    metric that is a list, kept for resampling) are left out."""
+    metric that is a list or a dict of lists, kept for resampling) are left out."""
     chosen = select(rows, where)
     keys = swept_keys(chosen) or ["config_hash"]
     metrics = list(dict.fromkeys(name for row in chosen for name, value in
-                                 row.get("metrics", {}).items() if not isinstance(value, list)))
+                                 row.get("metrics", {}).items()
+                                 if not isinstance(value, (list, dict))))
     columns = keys + [f"metrics.{m}" if m in keys else m for m in metrics] + ["wall_time_s"]
     body = [[row_value(row, key) for key in keys]
             + [row.get("metrics", {}).get(m) for m in metrics] + [row.get("wall_time_s")]
@@ -304,8 +305,9 @@ def verdict(interval: Interval | None, *, above: str, below: str, threshold: flo
     """The one rule for a generated claim about ``interval`` (a difference, a ratio, or an estimate
     compared with a target ``threshold``): ``above`` when the whole interval lies above the
     threshold, ``below`` when it lies below, and otherwise "not distinguishable at this sample size
-    (about N units would be needed)", N from ``stats.units_needed``. ``interval`` None (a row
-    without per-unit values) gives "not judged (``missing``)"."""
+    (about N units would be needed)", N from ``stats.units_needed`` (past 100 times the interval's
+    units, only that). ``interval`` None (a row without per-unit values) gives "not judged
+    (``missing``)"."""
     if interval is None:
         return Verdict(0, f"not judged ({missing})")
     if not isinstance(interval, Interval):
@@ -318,6 +320,9 @@ def verdict(interval: Interval | None, *, above: str, below: str, threshold: flo
     if needed is None:
         return Verdict(0, "not distinguishable at this sample size (the estimate sits on "
                           f"{threshold:g}; no number of {units} would separate them)")
+    if needed > 100 * interval.units:
+        return Verdict(0, f"not distinguishable at this sample size (over 100 times these "
+                          f"{interval.units:,} {units} would be needed)")
     return Verdict(0, f"not distinguishable at this sample size (about {needed:,} {units} would "
                       "be needed)")
 

@@ -98,6 +98,9 @@ def test_a_verdict_is_called_only_when_the_interval_excludes_the_threshold():
                                                    "(about 400 prompts would be needed)")
     assert str(judge(Interval(0.95, 0.85, 0.99, units=50), threshold=0.9)) == (
         "not distinguishable at this sample size (about 200 prompts would be needed)")
+    assert judge(Interval(1e-6, -0.1, 0.1, units=20)).text == (
+        "not distinguishable at this sample size (over 100 times these 20 prompts would be "
+        "needed)")
     assert judge(None, missing="the rows carry no per-prompt values").text == (
         "not judged (the rows carry no per-prompt values)")
     with pytest.raises(ValueError, match="interval must be an Interval or None, got float"):
@@ -105,8 +108,8 @@ def test_a_verdict_is_called_only_when_the_interval_excludes_the_threshold():
 
 
 def test_points_table_leaves_out_per_unit_lists():
-    row = {"overrides": {"x": 1}, "config": {"x": 1}, "metrics": {"ppl": 3.0, "window_nll": [1.0]},
-           "wall_time_s": 2.0}
+    row = {"overrides": {"x": 1}, "config": {"x": 1}, "metrics": {
+        "ppl": 3.0, "window_nll": [1.0], "per_prompt": {"tokens": [4.0]}}, "wall_time_s": 2.0}
     assert results.points_table([row]).columns == ["x", "ppl", "wall_time_s"]
 
 
