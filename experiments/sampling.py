@@ -214,7 +214,8 @@ def short_label(name: str) -> str:
 
 def _plot(rows, path: pathlib.Path) -> pathlib.Path:
     """Diversity against perplexity under the scorer: distinct-2 (within a sample) and self-BLEU
-    (across the samples of a prompt), one point per strategy, human starred."""
+    (across the samples of a prompt), one point per strategy, human starred, each with its 95%
+    intervals over prompts where the rows keep per-prompt values."""
     fig = Figure(figsize=(13, 5.5))
     panels = fig.subplots(1, 2)
     for ax, metric, label in [
@@ -233,6 +234,14 @@ def _plot(rows, path: pathlib.Path) -> pathlib.Path:
             ax.scatter(m["ppl_scorer"], m[metric], marker="*" if human else "o",
                        s=250 if human else 28, color="crimson" if human else "tab:blue",
                        zorder=4 if human else 3)
+            x_interval, y_interval = interval(m, "ppl_scorer"), interval(m, metric)
+            if x_interval and y_interval:  # the 95% intervals over prompts, both axes
+                ax.errorbar(m["ppl_scorer"], m[metric],
+                            xerr=[[m["ppl_scorer"] - x_interval.low],
+                                  [x_interval.high - m["ppl_scorer"]]],
+                            yerr=[[m[metric] - y_interval.low], [y_interval.high - m[metric]]],
+                            fmt="none", ecolor="crimson" if human else "tab:blue", alpha=0.5,
+                            linewidth=0.8, zorder=2)
             ax.annotate(short_label(m["strategy"]), (m["ppl_scorer"], m[metric]),
                         textcoords="offset points", xytext=(6, -16) if human else (4, 3),
                         fontsize=10 if human else 7.5, fontweight="bold" if human else "normal",
