@@ -223,6 +223,7 @@ def report(rows, out_dir) -> list[pathlib.Path]:
     windows_kept = all(_windows(r["metrics"], "tail_perplexity") for r in rows
                        if r["metrics"]["tail_perplexity"] is not None)
     shown = [_with_intervals(r) for r in rows if _seed(r) == first]
+    seeds = _seed_table(rows, first)
     page = results.Page("Position-encoding length extrapolation", rows)
     page.text(
         f"Validation perplexity of one `small` model per position encoding, all trained at length "
@@ -234,8 +235,10 @@ def report(rows, out_dir) -> list[pathlib.Path]:
         "scored. "
         + ("Brackets: 95% percentile bootstrap interval over the evaluation windows (2,000 "
            "resamples, fixed seed; `decodelab.stats`). It measures what other text of the same "
-           "plays could move, not what another training seed could: the seed table below does "
-           "that." if windows_kept else f"No intervals: {NO_WINDOWS}."))
+           "plays could move, not what another training seed could"
+           + (": the seed table below does that." if seeds else
+              " (these rows hold one seed per encoding).")
+           if windows_kept else f"No intervals: {NO_WINDOWS}."))
     tail_table = results.pivot_table(shown, index="metrics.encoding",
                                      columns="metrics.context_len",
                                      values="metrics.tail_perplexity")
@@ -266,7 +269,6 @@ def report(rows, out_dir) -> list[pathlib.Path]:
     page.text("**Claims, judged by the intervals** (a paired bootstrap of the difference, window "
               "by window; called only when its interval excludes 0):\n\n"
               + "\n".join(_comparison_lines(by, first, top)))
-    seeds = _seed_table(rows, first)
     if seeds is not None:
         page.table(seeds, out_dir / "extrapolation_seeds.csv", number_format="{:.1f}",
                    caption="**Tail perplexity over training seeds** (each seed a model trained "
