@@ -203,7 +203,8 @@ def test_the_report_adds_the_max_len_and_breakdown_tables_from_their_rows(rows, 
     assert "| tiny | 2 | 400 | 40 | 2.2 | 1.1 |" in page  # 2.2 ms / 2.0 ms at max_len 40
     assert "| tiny | 2 | greedy | 4 | 1 (25%) | 2 (50%) | 0.5 (12%) | 0.5 (12%) |" in page
     assert ("Step time at max_len 400 within 15% of max_len 40 (tiny, batch 2, the same live "
-            "tokens): met** (2.2 ms against 2 ms, 1.10x)") in page
+            "tokens): undecided: tiny batch 2 not judged (the row keeps fewer than 2 "
+            "repetitions' seconds)** (2.2 ms against 2 ms, 1.10x)") in page
     assert "the largest part per row: tiny batch 2: MLP and projections (50% of 4 ms)" in page
     # Sampling's whole cost: the sampled step (10 ms) minus the greedy step (4 ms).
     assert ("the sampled step minus the greedy step: tiny batch 2 6 ms (60% of the sampled step)"
@@ -255,6 +256,28 @@ def test_targets_are_judged_by_the_intervals_of_the_repetitions(rows, tmp_path):
     assert "llama.cpp on the same float32 weights: not met** (tiny 0.80 [0.7" in page
     assert "| tiny | decodelab | float32 (dequantized by decodelab) | 8 | 40 [39" in page
     assert "| 0.39 / 0.4 / 0.41 |" in page  # the latency table's min / median / max
+
+
+def test_step_targets_are_judged_by_the_interval_of_the_step_ratio(rows, tmp_path):
+    # Steps: (median whole - median prefill) / 7. Greedy 0.40 - 0.30, sampled 0.50 - 0.30: the
+    # sampled step is 2x the greedy one, well past the 1.25x target. max_len 400's step equals
+    # max_len 40's: 1.00x, its interval inside 1.15x.
+    base = rows[0]
+    greedy = dict(generate_reps_s=[0.39, 0.40, 0.41, 0.40, 0.40],
+                  prefill_reps_s=[0.30, 0.31, 0.30, 0.29, 0.30])
+    sampled = dict(sampled_generate_reps_s=[0.49, 0.50, 0.51, 0.50, 0.50],
+                   sampled_prefill_reps_s=[0.30, 0.31, 0.30, 0.29, 0.30],
+                   sampled_vs_greedy=2.0)
+    main = {**base, "config": {**base["config"], "batch_size": 8},
+            "metrics": {**base["metrics"], "batch_size": 8, **greedy, **sampled}}
+    lengths = [{**base, "config": {**base["config"], "study": "max_len"},
+                "metrics": {**base["metrics"], "study": "max_len", "max_len": S, **greedy}}
+               for S in (40, 400)]
+    bench_decode.report([main, *lengths], tmp_path)
+    page = (tmp_path / "decode_speed.md").read_text()
+    assert ("within 25% of greedy step time at batch 8: not met** (sampled / greedy step: tiny "
+            "2.00 [") in page
+    assert "(tiny, batch 2, the same live tokens): met** (" in page
 
 
 def test_the_report_writes_the_page_tables_and_plot(rows, tmp_path):
