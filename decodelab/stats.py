@@ -82,7 +82,7 @@ def ratio_of_sums(numerator: np.ndarray, denominator: np.ndarray) -> np.ndarray:
 
 
 def perplexity(nll: np.ndarray, tokens: np.ndarray) -> np.ndarray:
-    """exp(sum of NLL / sum of tokens): ``nll`` per unit in nats, ``tokens`` the targets it scored."""
+    """exp(sum of NLL / sum of tokens): ``nll`` per unit in nats, ``tokens`` the targets scored."""
     with np.errstate(over="ignore"):
         return np.exp(ratio_of_sums(nll, tokens))
 
