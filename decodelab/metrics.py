@@ -78,7 +78,9 @@ def perplexity(
     scored). ``model`` maps ``tokens [B, T] int32 -> logits [B, T, V]``: a ``Transformer`` (or any
     nnx Module) or a plain function.
 
-    Returns ``{"loss", "perplexity", "tokens"}`` plus ``"bits_per_char"`` when ``num_chars`` is given.
+    Returns ``{"loss", "perplexity", "tokens", "window_nll"}`` plus ``"bits_per_char"`` when
+    ``num_chars`` is given. ``window_nll``: per window, in stream order, the NLL (nats) summed over
+    its ``stride`` scored targets (the evaluation units a bootstrap resamples).
     Raises ValueError naming a bad argument; a model with a learned position table refuses a
     ``context_len`` beyond it.
     """
@@ -128,11 +130,11 @@ def perplexity(
         weights[:len(starts)] = 1.0
         partial_sums.append(_scored_nll_sum(graphdef, state, windows, weights, first_scored))
     tokens = num_windows * stride
-    loss = sum(np.asarray(s, np.float64).sum() for s in partial_sums) / tokens
-    loss = float(loss)
+    window_nll = np.concatenate([np.asarray(s, np.float64) for s in partial_sums])[:num_windows]
+    loss = float(window_nll.sum() / tokens)
     # exp overflows a float past ~709 nats; such a model's perplexity is reported as inf.
     result = {"loss": loss, "perplexity": math.exp(loss) if loss < 709 else math.inf,
-              "tokens": tokens}
+              "tokens": tokens, "window_nll": window_nll.tolist()}
     if num_chars is not None:
         result["bits_per_char"] = loss * (len(stream) - 1) / num_chars / math.log(2)
     return result

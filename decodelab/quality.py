@@ -24,6 +24,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import functools
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -222,7 +223,17 @@ def quality_row(prompts: Sequence[HeldOutPrompt], samples: Sequence[Sequence[Seq
     are all the same tokens, Zipf coefficient, mean length, EOS rate, and
     the generator's token statistics (``token_stats``): top-1 rate, share of tokens below
     ``improbable_below`` probability, and the 10th / 50th / 90th percentile and mean of the number
-    of candidates (with ``params``)."""
+    of candidates (with ``params``).
+
+    ``per_prompt`` holds, for each prompt in order, the sums the pooled metrics are ratios of, so
+    that a bootstrap over prompts can recompute them (``decodelab.stats``): ``samples``, ``tokens``,
+    ``eos`` (samples ending in EOS), ``nll_generator`` / ``nll_scorer`` (nats over the prompt's
+    sample tokens), ``top1`` and ``improbable`` (token counts), ``distinct_n`` (sum over the
+    prompt's samples of their distinct-n ratio) and ``ngram_samples_n`` (how many samples have an
+    n-gram) for n = 1..4, and, where the prompt has several samples, ``self_bleu`` and
+    ``identical`` (1 if they are all the same tokens). Each metric of the row is its ratio of
+    these sums over all prompts (``mean_length`` = tokens / samples, ``repetition_4`` = 1 - the
+    distinct-4 ratio)."""
     if len(samples) != len(prompts):
         raise ValueError(f"samples must hold one list per prompt, got {len(samples)} for "
                          f"{len(prompts)} prompts")
@@ -232,21 +243,56 @@ def quality_row(prompts: Sequence[HeldOutPrompt], samples: Sequence[Sequence[Seq
     flat = [list(s) for group in samples for s in group]
     groups = [[tokenizer.decode(list(s)) for s in group] for group in samples if len(group) > 1]
     stats = token_stats(generator, contexts, flat, params, batch_size=batch_size)
-    score = functools.partial(metrics.continuation_perplexity, batch_size=batch_size)
+    # Which prompt each sample (and each pooled token) belongs to.
+    owner = np.repeat(np.arange(len(samples)), [len(group) for group in samples])  # [samples]
+    lengths = np.array([len(s) for s in flat])
+    token_owner = np.repeat(owner, lengths)  # [tokens]
+
+    def by_prompt(values: np.ndarray, of=owner) -> list[float]:
+        return np.bincount(of, weights=values, minlength=len(samples)).tolist()
+
+    nll = {"generator": by_prompt(np.array([-lp.sum() for lp in metrics.continuation_logprobs(
+        generator, contexts, flat, batch_size=batch_size)]))}
+    if scorer is not None:
+        nll["scorer"] = by_prompt(np.array([-lp.sum() for lp in metrics.continuation_logprobs(
+            scorer, contexts, flat, batch_size=batch_size)]))
+    tokens = by_prompt(lengths.astype(np.float64))
+    if sum(tokens) == 0:
+        raise ValueError("samples must hold at least one token to score, got none")
+    per_prompt = {
+        "samples": by_prompt(np.ones(len(flat))), "tokens": tokens,
+        "eos": by_prompt(np.array([bool(s) and s[-1] == tokenizer.eos_id for s in flat], float)),
+        **{f"nll_{name}": values for name, values in nll.items()},
+        "top1": by_prompt(np.asarray(stats["top1"], np.float64), token_owner),
+        "improbable": by_prompt((np.exp(stats["logprob"]) < improbable_below).astype(np.float64),
+                                token_owner),
+    }
+    for n in range(1, 5):
+        grams = [metrics.distinct_n([s], n) for s in flat]  # None: shorter than n
+        per_prompt[f"distinct_{n}"] = by_prompt(np.array([g or 0.0 for g in grams]))
+        per_prompt[f"ngram_samples_{n}"] = by_prompt(np.array([g is not None for g in grams],
+                                                              float))
+    bleu = [metrics.self_bleu(g) for g in groups]
+    identical = [float(all(list(s) == list(g[0]) for s in g)) for g in samples if len(g) > 1]
+    if groups and len(groups) == len(samples):
+        per_prompt.update(self_bleu=bleu, identical=identical)
+
+    def pooled_perplexity(name: str) -> float:
+        loss = sum(nll[name]) / sum(tokens)
+        return math.exp(loss) if loss < 709 else math.inf
+
     row = {
         "samples": len(flat),
         "mean_length": metrics.mean_length(flat),
         "eos_rate": metrics.eos_rate(flat, tokenizer.eos_id),
-        "ppl_generator": score(generator, contexts, flat),
-        "ppl_scorer": score(scorer, contexts, flat) if scorer is not None else None,
+        "ppl_generator": pooled_perplexity("generator"),
+        "ppl_scorer": pooled_perplexity("scorer") if scorer is not None else None,
         "distinct_1": metrics.distinct_n(flat, 1),
         "distinct_2": metrics.distinct_n(flat, 2),
         "distinct_3": metrics.distinct_n(flat, 3),
         "repetition_4": metrics.repetition_rate(flat, 4),
-        "self_bleu": float(np.mean([metrics.self_bleu(g) for g in groups])) if groups else None,
-        "identical_samples": (float(np.mean([all(list(s) == list(g[0]) for s in g)
-                                             for g in samples if len(g) > 1]))
-                              if groups else None),
+        "self_bleu": float(np.mean(bleu)) if groups else None,
+        "identical_samples": float(np.mean(identical)) if groups else None,
         "zipf": metrics.zipf_coefficient(flat),
         "top1_rate": float(np.mean(stats["top1"])),
         "improbable_rate": float(np.mean(np.exp(stats["logprob"]) < improbable_below)),
@@ -258,4 +304,5 @@ def quality_row(prompts: Sequence[HeldOutPrompt], samples: Sequence[Sequence[Seq
     else:
         row.update(candidates_p10=None, candidates_median=None, candidates_p90=None,
                    candidates_mean=None)
+    row["per_prompt"] = per_prompt
     return row

@@ -9,6 +9,12 @@ Rows are those of ``decodelab.experiment`` (``rows.jsonl``). A *key* names a val
 A key found both as a config key and as a metric is ambiguous: prefix it, ``config.x`` or
 ``metrics.x``. A value that is absent, or a metric that is None (not applicable), shows as ``n/a``.
 
+A value may be a ``stats.Interval`` (a report puts one in a copy of a row, ``with_metrics``): a
+table shows it as ``value [low, high]`` and its CSV gives the bounds their own columns
+(``<column>_low``, ``<column>_high``); a line plot draws it as an error bar. A claim about an
+interval is judged by ``verdict``, the one rule every page uses: a difference (or a comparison with
+a target) is called only when its interval excludes zero (or the target).
+
 Every markdown page starts with where its numbers come from, read from the rows: the commands that
 produced the rows and the one that rendered the page, the git commit (and whether the tree was dirty)
 and the machine (backend, device kind, CPU count). Plots use Matplotlib's object API with the Agg
@@ -30,6 +36,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import NullLocator, ScalarFormatter
 
 from decodelab.experiment import current_command, merge_rows, read_rows
+from decodelab.stats import Interval, units_needed
 
 MISSING = "n/a"
 _ABSENT = object()
@@ -88,6 +95,16 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _is_plottable(value: Any) -> bool:
+    return _is_number(value) or isinstance(value, Interval)
+
+
+def with_metrics(row: Mapping[str, Any], **metrics: Any) -> dict:
+    """A copy of ``row`` whose metrics are updated with ``metrics`` (e.g. a metric replaced by its
+    ``Interval``, or None where the row cannot give one); the row itself is left unchanged."""
+    return {**row, "metrics": {**row.get("metrics", {}), **metrics}}
+
+
 def _ordered(values: list) -> list:
     """Distinct values: numbers ascending, anything else in order of first appearance."""
     distinct = list(dict.fromkeys(_hashable(v) for v in values))
@@ -101,9 +118,13 @@ def _hashable(value: Any) -> Any:
 
 
 def format_value(value: Any, number_format: str = "{:.4g}") -> str:
-    """A cell: None -> ``n/a``; floats with ``number_format``; anything else as ``str``."""
+    """A cell: None -> ``n/a``; floats with ``number_format``; an Interval as ``value [low, high]``
+    (each with ``number_format``); anything else as ``str``."""
     if value is None:
         return MISSING
+    if isinstance(value, Interval):
+        return (f"{number_format.format(value.value)} [{number_format.format(value.low)}, "
+                f"{number_format.format(value.high)}]")
     if isinstance(value, float):
         return number_format.format(value)
     return str(value)
@@ -126,11 +147,28 @@ class Table:
         return "\n".join(lines) + "\n"
 
     def to_csv(self) -> str:
-        """Full precision (``repr`` of floats), missing values as empty cells."""
+        """Full precision (``repr`` of floats), missing values as empty cells. A column holding an
+        Interval anywhere is followed by ``<column>_low`` and ``<column>_high``: its cells are the
+        estimate and the bounds (empty bounds for a plain number)."""
+        spans = [any(isinstance(row[i], Interval) for row in self.rows)
+                 for i in range(len(self.columns))]
+
+        def cells(values: Sequence[Any]) -> list:
+            out = []
+            for value, span in zip(values, spans):
+                if isinstance(value, Interval):
+                    out += [value.value, value.low, value.high]
+                else:
+                    out += ["" if value is None else value] + (["", ""] if span else [])
+            return out
+
+        header = []
+        for column, span in zip(self.columns, spans):
+            header += [column, f"{column}_low", f"{column}_high"] if span else [column]
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
-        writer.writerow(self.columns)
-        writer.writerows([["" if v is None else v for v in row] for row in self.rows])
+        writer.writerow(header)
+        writer.writerows([cells(row) for row in self.rows])
         return out.getvalue()
 
 
@@ -169,10 +207,13 @@ def swept_keys(rows: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def points_table(rows: Sequence[Mapping[str, Any]], *, where: Where = None) -> Table:
-    """One line per point: its swept keys, every metric, and its wall time."""
+    """One line per point: its swept keys, every metric, and its wall time. Per-unit values (a
+    metric that is a list or a dict of lists, kept for resampling) are left out."""
     chosen = select(rows, where)
     keys = swept_keys(chosen) or ["config_hash"]
-    metrics = list(dict.fromkeys(name for row in chosen for name in row.get("metrics", {})))
+    metrics = list(dict.fromkeys(name for row in chosen for name, value in
+                                 row.get("metrics", {}).items()
+                                 if not isinstance(value, (list, dict))))
     columns = keys + [f"metrics.{m}" if m in keys else m for m in metrics] + ["wall_time_s"]
     body = [[row_value(row, key) for key in keys]
             + [row.get("metrics", {}).get(m) for m in metrics] + [row.get("wall_time_s")]
@@ -185,7 +226,8 @@ def line_plot(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike, *, x: 
               logy: bool = False, title: str | None = None) -> pathlib.Path:
     """A PNG of ``y`` against ``x``, one line per value of ``group`` (a key, or several keys whose
     values together label a line); points whose ``y`` is missing are left out (the table shows them
-    as ``n/a``). Numeric ``x`` is sorted; with ``logx`` the ticks are the x values themselves."""
+    as ``n/a``); a ``y`` that is an Interval is drawn with an error bar from its low to its high.
+    Numeric ``x`` is sorted; with ``logx`` the ticks are the x values themselves."""
     chosen = select(rows, where)
     if not chosen:
         raise ValueError(f"rows must not be empty after the filter, got none (where={where!r})")
@@ -196,13 +238,13 @@ def line_plot(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike, *, x: 
             return _hashable(row_value(row, group_keys[0]))
         return ", ".join(f"{k}={format_value(row_value(row, k))}" for k in group_keys) or y
 
-    lines: dict[Any, dict[Any, float]] = collections.defaultdict(dict)
+    lines: dict[Any, dict[Any, float | Interval]] = collections.defaultdict(dict)
     for row in chosen:
         label = line_of(row)
         at, value = _hashable(row_value(row, x)), row_value(row, y)
         if value is None:
             continue
-        if not _is_number(value):
+        if not _is_plottable(value):
             raise ValueError(f"y must name a numeric value, got {y}={value!r}")
         if lines[label].get(at, value) != value:
             raise ValueError(f"two rows give {y!r} at {x}={at!r} in line {label!r}; filter the "
@@ -215,8 +257,15 @@ def line_plot(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike, *, x: 
     for label in _ordered([line_of(r) for r in chosen]):
         points = lines.get(label, {})
         at = [v for v in xs if v in points]
-        ax.plot(at if numeric_x else [str(v) for v in at], [points[v] for v in at], marker="o",
-                label=str(label))
+        ys = [points[v].value if isinstance(points[v], Interval) else points[v] for v in at]
+        below = [y_ - points[v].low if isinstance(points[v], Interval) else 0.0
+                 for v, y_ in zip(at, ys)]
+        above = [points[v].high - y_ if isinstance(points[v], Interval) else 0.0
+                 for v, y_ in zip(at, ys)]
+        has_bars = any(isinstance(points[v], Interval) for v in at)
+        ax.errorbar(at if numeric_x else [str(v) for v in at], ys,
+                    yerr=[below, above] if has_bars else None, marker="o", capsize=3,
+                    label=str(label))
     if logx:
         if not numeric_x:
             raise ValueError(f"logx needs numeric x values, got {xs}")
@@ -237,6 +286,45 @@ def line_plot(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike, *, x: 
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     return path
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """A claim's outcome: ``side`` +1 (the interval lies above the threshold), -1 (below), 0 (it
+    contains the threshold, or there is no interval); ``text`` is what the page says."""
+
+    side: int
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def verdict(interval: Interval | None, *, above: str, below: str, threshold: float = 0.0,
+            units: str = "units", missing: str = "no interval") -> Verdict:
+    """The one rule for a generated claim about ``interval`` (a difference, a ratio, or an estimate
+    compared with a target ``threshold``): ``above`` when the whole interval lies above the
+    threshold, ``below`` when it lies below, and otherwise "not distinguishable at this sample size
+    (about N units would be needed)", N from ``stats.units_needed`` (past 100 times the interval's
+    units, only that). ``interval`` None (a row without per-unit values) gives "not judged
+    (``missing``)"."""
+    if interval is None:
+        return Verdict(0, f"not judged ({missing})")
+    if not isinstance(interval, Interval):
+        raise ValueError(f"interval must be an Interval or None, got {type(interval).__name__}")
+    if interval.low > threshold:
+        return Verdict(1, above)
+    if interval.high < threshold:
+        return Verdict(-1, below)
+    needed = units_needed(interval, threshold)
+    if needed is None:
+        return Verdict(0, "not distinguishable at this sample size (the estimate sits on "
+                          f"{threshold:g}; no number of {units} would separate them)")
+    if needed > 100 * interval.units:
+        return Verdict(0, f"not distinguishable at this sample size (over 100 times these "
+                          f"{interval.units:,} {units} would be needed)")
+    return Verdict(0, f"not distinguishable at this sample size (about {needed:,} {units} would "
+                      "be needed)")
 
 
 def _tally(values: list) -> str:

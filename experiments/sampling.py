@@ -8,6 +8,11 @@ Each point is one strategy (configs/sampling.py lists them). The first point tra
 and the scorer (cached in the workdir), or loads a pretrained model
 (`configs/sampling.py:smollm2-135m`); the process keeps them, so every later point reuses the
 compiled decode programs. Each row counts the jit compilations that happened during its point.
+
+Each row keeps its per-prompt sums (``per_prompt``, see ``quality.quality_row``): the page's 95%
+intervals resample the prompts, and two strategies are compared prompt by prompt (a paired
+bootstrap: every strategy continues the same prompts). The candidate percentiles and the Zipf
+exponent are pooled over prompts and have no interval.
 """
 
 from __future__ import annotations
@@ -17,10 +22,11 @@ import pathlib
 import re
 import time
 
+import numpy as np
 from absl import app
 from matplotlib.figure import Figure
 
-from decodelab import compiles, data, experiment, pipeline, quality, results, train
+from decodelab import compiles, data, experiment, pipeline, quality, results, stats, train
 from decodelab.sampling import SamplingParams
 
 _FLAGS = experiment.define_flags("configs/sampling.py")
@@ -119,10 +125,63 @@ COLUMNS = [  # (metric, header, format)
 ]
 
 
-def _cell(value, fmt: str) -> str:
-    if value is None:
-        return "n/a"
-    return fmt.format(value)
+NO_UNITS = ("the rows keep no per-prompt values (written by an earlier version of the study); "
+            "rerun it for intervals")
+
+
+def _one_minus_ratio(numerator, denominator):
+    return 1.0 - stats.ratio_of_sums(numerator, denominator)
+
+
+# How each metric is recomputed from a row's per-prompt sums (quality.quality_row): metric ->
+# (statistic, the per_prompt columns it takes).
+RESAMPLED = {
+    "ppl_generator": (stats.perplexity, ("nll_generator", "tokens")),
+    "ppl_scorer": (stats.perplexity, ("nll_scorer", "tokens")),
+    **{f"distinct_{n}": (stats.ratio_of_sums, (f"distinct_{n}", f"ngram_samples_{n}"))
+       for n in (1, 2, 3)},
+    "repetition_4": (_one_minus_ratio, ("distinct_4", "ngram_samples_4")),
+    "self_bleu": (stats.mean, ("self_bleu",)),
+    "identical_samples": (stats.mean, ("identical",)),
+    "top1_rate": (stats.ratio_of_sums, ("top1", "tokens")),
+    "improbable_rate": (stats.ratio_of_sums, ("improbable", "tokens")),
+    "mean_length": (stats.ratio_of_sums, ("tokens", "samples")),
+    "eos_rate": (stats.ratio_of_sums, ("eos", "samples")),
+}
+
+
+def _columns(m, metric: str) -> tuple[np.ndarray, ...] | None:
+    """The per-prompt columns ``metric`` is a statistic of, or None (no value, or an old row)."""
+    per = m.get("per_prompt")
+    if metric not in RESAMPLED or per is None or m.get(metric) is None:
+        return None
+    names = RESAMPLED[metric][1]
+    if any(name not in per for name in names) or len(per[names[0]]) < 2:
+        return None
+    return tuple(np.asarray(per[name], np.float64) for name in names)
+
+
+def interval(m, metric: str) -> stats.Interval | None:
+    """The 95% interval of ``metric`` over the row's prompts; None without per-prompt values."""
+    columns = _columns(m, metric)
+    return None if columns is None else stats.bootstrap(RESAMPLED[metric][0], columns)
+
+
+def paired(a, b, metric: str, *, ratio: bool = False) -> stats.Interval | None:
+    """``metric`` of strategy ``a`` minus (or over) that of ``b``, paired prompt by prompt; None
+    without per-prompt values or where the ratio has no finite value (``b``'s metric is 0)."""
+    ca, cb = _columns(a, metric), _columns(b, metric)
+    if ca is None or cb is None or len(ca[0]) != len(cb[0]):
+        return None
+    compare = stats.bootstrap_ratio if ratio else stats.bootstrap_difference
+    try:
+        return compare(RESAMPLED[metric][0], ca, cb, paired=True)
+    except ValueError:
+        return None
+
+
+def _shown(m, metric: str):
+    return interval(m, metric) or m.get(metric)
 
 
 def _table(rows) -> tuple[str, results.Table]:
@@ -132,9 +191,9 @@ def _table(rows) -> tuple[str, results.Table]:
     for row in rows:
         m = row["metrics"]
         name = f"**{m['strategy']}**" if m["strategy"] == "human" else m["strategy"]
-        markdown.append(f"| {name} | " + " | ".join(_cell(m.get(k), f) for k, _, f in COLUMNS)
-                        + " |")
-        body.append([m["strategy"]] + [m.get(k) for k, _, _ in COLUMNS]
+        markdown.append(f"| {name} | " + " | ".join(results.format_value(_shown(m, k), f)
+                                                      for k, _, f in COLUMNS) + " |")
+        body.append([m["strategy"]] + [_shown(m, k) for k, _, _ in COLUMNS]
                     + [m.get("decode_s")])
     table = results.Table(["strategy"] + [k for k, _, _ in COLUMNS] + ["decode_s"], body)
     return "\n".join(markdown) + "\n", table
@@ -155,7 +214,8 @@ def short_label(name: str) -> str:
 
 def _plot(rows, path: pathlib.Path) -> pathlib.Path:
     """Diversity against perplexity under the scorer: distinct-2 (within a sample) and self-BLEU
-    (across the samples of a prompt), one point per strategy, human starred."""
+    (across the samples of a prompt), one point per strategy, human starred, each with its 95%
+    intervals over prompts where the rows keep per-prompt values."""
     fig = Figure(figsize=(13, 5.5))
     panels = fig.subplots(1, 2)
     for ax, metric, label in [
@@ -174,6 +234,14 @@ def _plot(rows, path: pathlib.Path) -> pathlib.Path:
             ax.scatter(m["ppl_scorer"], m[metric], marker="*" if human else "o",
                        s=250 if human else 28, color="crimson" if human else "tab:blue",
                        zorder=4 if human else 3)
+            x_interval, y_interval = interval(m, "ppl_scorer"), interval(m, metric)
+            if x_interval and y_interval:  # the 95% intervals over prompts, both axes
+                ax.errorbar(m["ppl_scorer"], m[metric],
+                            xerr=[[m["ppl_scorer"] - x_interval.low],
+                                  [x_interval.high - m["ppl_scorer"]]],
+                            yerr=[[m[metric] - y_interval.low], [y_interval.high - m[metric]]],
+                            fmt="none", ecolor="crimson" if human else "tab:blue", alpha=0.5,
+                            linewidth=0.8, zorder=2)
             ax.annotate(short_label(m["strategy"]), (m["ppl_scorer"], m[metric]),
                         textcoords="offset points", xytext=(6, -16) if human else (4, 3),
                         fontsize=10 if human else 7.5, fontweight="bold" if human else "normal",
@@ -197,13 +265,26 @@ def _by_name(rows) -> dict:
     return {row["metrics"]["strategy"]: row["metrics"] for row in rows}
 
 
-def pct(x: float) -> str:
+def pct(x: float | stats.Interval) -> str:
+    """``0.4`` -> ``40%``; an Interval -> ``40% [38%, 42%]``."""
+    if isinstance(x, stats.Interval):
+        return f"{100 * x.value:.0f}% [{100 * x.low:.0f}%, {100 * x.high:.0f}%]"
     return f"{100 * x:.0f}%"
 
 
+def _num(m, metric: str, fmt: str) -> str:
+    """A metric with its interval where the row has one: ``5.0 [4.1, 6.2]``."""
+    return results.format_value(_shown(m, metric), fmt)
+
+
+def _rate(m, metric: str) -> str:
+    return pct(_shown(m, metric))
+
+
 def claims(rows) -> str:
-    """The seed's five claims, each checked against the rows (every number read from them; the
-    verdict rules are in the code next to each sentence)."""
+    """The seed's five claims, each judged by the intervals over prompts (``results.verdict``: a
+    difference or a comparison with a target is called only when its interval excludes it; every
+    number read from the rows; the thresholds are in the code next to each sentence)."""
     m = _by_name(rows)
     needed = ["human", "greedy", "temperature 0.3", "temperature 1.0", "temperature 1.5",
               "top-k 5", "top-k 40", "top-p 0.8", "top-p 0.95"]
@@ -211,77 +292,118 @@ def claims(rows) -> str:
     if missing:
         return f"(The claims need the rows {missing}.)"
     h, g, t03, t1, t15, k5, k40, p80, p95 = (m[n] for n in needed)
+
+    def judge(interval_, **kwargs) -> results.Verdict:
+        return results.verdict(interval_, units="prompts", missing=NO_UNITS, **kwargs)
+
     lines = []
-    # Deterministic: every prompt's samples identical. Repetitive: over twice human's rep-4.
-    repetitive = g["repetition_4"] > 2 * h["repetition_4"]
-    verdict = {(True, True): "holds", (True, False): "half holds (deterministic only)",
-               (False, True): "half holds (repetitive only)", (False, False): "does not hold"}
+    # Deterministic: every prompt's samples identical (a count, no interval needed).
+    # Repetitive: rep-4 over twice human's on the same prompts (paired ratio above 2).
+    deterministic = g["identical_samples"] == 1
+    repeat_ratio = paired(g, h, "repetition_4", ratio=True)
+    repetitive = judge(repeat_ratio, threshold=2.0, above="repetitive", below="not repetitive")
+    if repetitive.side:
+        verdict = {(True, 1): "holds", (True, -1): "half holds (deterministic only)",
+                   (False, 1): "half holds (repetitive only)",
+                   (False, -1): "does not hold"}[deterministic, repetitive.side]
+    else:
+        verdict = (f"{'deterministic' if deterministic else 'not deterministic'}; over twice "
+                   f"human's repetition: {repetitive.text}")
     lines.append(
-        f"- **Greedy is \"deterministic but repetitive\"**: "
-        f"{verdict[g['identical_samples'] == 1, repetitive]}. Its {g['samples'] // g['prompts']} "
-        f"samples (seeds) of a prompt are the same tokens for {pct(g['identical_samples'])} of "
-        f"the prompts, and {pct(g['repetition_4'])} of its 4-grams repeat one earlier in the same "
-        f"text, against {pct(h['repetition_4'])} in the true continuations and "
-        f"{pct(t1['repetition_4'])} when sampling at temperature 1 (distinct-2 "
-        f"{g['distinct_2']:.2f}, human {h['distinct_2']:.2f}). The scorer finds its text far more "
-        f"probable than human text (perplexity {g['ppl_scorer']:.1f} against "
-        f"{h['ppl_scorer']:.1f}): probable is not human-like.")
+        f"- **Greedy is \"deterministic but repetitive\"**: {verdict}. Its "
+        f"{g['samples'] // g['prompts']} samples (seeds) of a prompt are the same tokens for "
+        f"{pct(g['identical_samples'])} of the prompts, and {_rate(g, 'repetition_4')} of its "
+        f"4-grams repeat one earlier in the same text, against {_rate(h, 'repetition_4')} in the "
+        f"true continuations (greedy over human, paired by prompt: "
+        f"{results.format_value(repeat_ratio, '{:.1f}')}x) and "
+        f"{_rate(t1, 'repetition_4')} when sampling at temperature 1 (distinct-2 "
+        f"{_num(g, 'distinct_2', '{:.2f}')}, human {_num(h, 'distinct_2', '{:.2f}')}). The scorer "
+        f"finds its text far more probable than human text (perplexity "
+        f"{_num(g, 'ppl_scorer', '{:.1f}')} against {_num(h, 'ppl_scorer', '{:.1f}')}): probable "
+        f"is not human-like.")
     # Almost greedy: at least 90% of tokens are the argmax; partly: at least 60%.
-    top1 = t03["top1_rate"]
+    top1 = interval(t03, "top1_rate")
+    almost = judge(top1, threshold=0.9, above="holds", below="below 90%")
+    if almost.side == -1:
+        partly = judge(top1, threshold=0.6, above="partly holds", below="does not hold")
+        almost_text = partly.text if partly.side else f"below 90%; against 60%: {partly.text}"
+    else:
+        almost_text = almost.text
     lines.append(
-        f"- **Low temperature is \"almost greedy\"**: "
-        f"{'holds' if top1 >= 0.9 else 'partly holds' if top1 >= 0.6 else 'does not hold'} at "
-        f"0.3. {pct(top1)} of its tokens are the generator's argmax (greedy 100%, temperature 1 "
-        f"{pct(t1['top1_rate'])}, human text {pct(h['top1_rate'])}) and its repetition is "
-        f"{pct(t03['repetition_4'])} (greedy {pct(g['repetition_4'])}); but it is not "
-        f"deterministic: its samples of a prompt are all identical for "
-        f"{pct(t03['identical_samples'])} of the prompts (self-BLEU {t03['self_bleu']:.0f}, greedy "
-        f"{g['self_bleu']:.0f}).")
-    # More random: lower self-BLEU and higher distinct-2 than at temperature 1.
-    random = t15["self_bleu"] < t1["self_bleu"] and t15["distinct_2"] > t1["distinct_2"]
+        f"- **Low temperature is \"almost greedy\"**: {almost_text} at 0.3 (rule: at least 90% "
+        f"of its tokens the argmax, partly: 60%). {_rate(t03, 'top1_rate')} of its tokens are "
+        f"the generator's argmax (greedy 100%, temperature 1 {_rate(t1, 'top1_rate')}, human "
+        f"text {_rate(h, 'top1_rate')}) and its repetition is {_rate(t03, 'repetition_4')} "
+        f"(greedy {_rate(g, 'repetition_4')}); but it is not deterministic: its samples of a "
+        f"prompt are all identical for {pct(t03['identical_samples'])} of the prompts (self-BLEU "
+        f"{t03['self_bleu']:.0f}, greedy {g['self_bleu']:.0f}).")
+    # More random: lower self-BLEU and higher distinct-2 than at temperature 1, prompt by prompt.
+    bleu, distinct = paired(t15, t1, "self_bleu"), paired(t15, t1, "distinct_2")
+    lower_bleu = judge(bleu, above="higher", below="lower")
+    more_distinct = judge(distinct, above="higher", below="lower")
+    if lower_bleu.side == -1 and more_distinct.side == 1:
+        random = "holds"
+    elif lower_bleu.side == 1 or more_distinct.side == -1:
+        random = "does not hold"
+    else:
+        random = "not distinguishable at this sample size"
     lines.append(
-        f"- **High temperature is \"more random\"**: {'holds' if random else 'does not hold'}. "
-        f"From temperature 1.0 to 1.5, self-BLEU goes {t1['self_bleu']:.1f} -> "
-        f"{t15['self_bleu']:.1f}, distinct-2 {t1['distinct_2']:.3f} -> {t15['distinct_2']:.3f}, "
-        f"and the share of tokens the generator gives under 1% {pct(t1['improbable_rate'])} -> "
-        f"{pct(t15['improbable_rate'])}. The scorer's perplexity shows the price: "
-        f"{t1['ppl_scorer']:.0f} -> {t15['ppl_scorer']:.0f} (human {h['ppl_scorer']:.0f}).")
+        f"- **High temperature is \"more random\"**: {random}. From temperature 1.0 to 1.5, "
+        f"self-BLEU goes {_num(t1, 'self_bleu', '{:.1f}')} -> {_num(t15, 'self_bleu', '{:.1f}')} "
+        f"(paired difference {results.format_value(bleu, '{:+.1f}')}: {lower_bleu.text}), "
+        f"distinct-2 {_num(t1, 'distinct_2', '{:.3f}')} -> {_num(t15, 'distinct_2', '{:.3f}')} "
+        f"({results.format_value(distinct, '{:+.3f}')}: {more_distinct.text}), and the share of "
+        f"tokens the generator gives under 1% {_rate(t1, 'improbable_rate')} -> "
+        f"{_rate(t15, 'improbable_rate')}. The scorer's perplexity shows the price: "
+        f"{_num(t1, 'ppl_scorer', '{:.0f}')} -> {_num(t15, 'ppl_scorer', '{:.0f}')} (human "
+        f"{_num(h, 'ppl_scorer', '{:.0f}')}).")
+    fewer = judge(paired(k40, t1, "improbable_rate"),
+                  above="k = 40 samples more of them than plain sampling",
+                  below="k = 40 samples fewer of them than plain sampling")
     lines.append(
         f"- **Top-k \"never picks bad or terrible\" words**: holds for rank only. Top-k never "
         f"samples outside the k most probable tokens, but those can still be improbable ones: the "
-        f"share of sampled tokens the generator gives under 1% is {pct(k5['improbable_rate'])} "
-        f"for k = 5 and {pct(k40['improbable_rate'])} for k = 40, against "
-        f"{pct(t1['improbable_rate'])} for plain sampling (human text: "
-        f"{pct(h['improbable_rate'])}).")
-    # Adaptive: the 90th percentile of the kept-set size at least 4x the 10th.
+        f"share of sampled tokens the generator gives under 1% is {_rate(k5, 'improbable_rate')} "
+        f"for k = 5 and {_rate(k40, 'improbable_rate')} for k = 40, against "
+        f"{_rate(t1, 'improbable_rate')} for plain sampling ({fewer.text}; human text: "
+        f"{_rate(h, 'improbable_rate')}).")
+    # Adaptive: the 90th percentile of the kept-set size at least 4x the 10th. The percentiles
+    # are over steps pooled across prompts, so this rule is read on the point estimates.
     spread = p95["candidates_p90"] / max(p95["candidates_p10"], 1)
     lines.append(
-        f"- **Top-p is \"adaptive\"**: {'holds' if spread >= 4 else 'does not hold clearly'}. "
+        f"- **Top-p is \"adaptive\"**: {'holds' if spread >= 4 else 'does not hold clearly'} "
+        f"on the point estimates (no interval: percentiles over all steps). "
         f"The number of tokens top-p 0.95 keeps varies with the model's confidence: "
         f"{p95['candidates_p10']:.0f} at the 10th percentile of steps, "
         f"{p95['candidates_median']:.0f} at the median, {p95['candidates_p90']:.0f} at the 90th "
         f"(top-p 0.8: {p80['candidates_p10']:.0f} / {p80['candidates_median']:.0f} / "
         f"{p80['candidates_p90']:.0f}), where top-k keeps k at every step. It still lets "
-        f"{pct(p95['improbable_rate'])} of its tokens come from under 1% probability.")
+        f"{_rate(p95, 'improbable_rate')} of its tokens come from under 1% probability.")
     sampled = [r for r in m.values() if r["strategy"] != "human"]
     closest = min(sampled, key=lambda r: abs(math.log(r["ppl_scorer"] / h["ppl_scorer"])))
+    against_human = paired(closest, h, "ppl_scorer", ratio=True)
     lines.append(
         f"\nClosest to human text in the scorer's perplexity: {closest['strategy']} "
-        f"({closest['ppl_scorer']:.1f} against {h['ppl_scorer']:.1f}; distinct-2 "
-        f"{closest['distinct_2']:.3f} against {h['distinct_2']:.3f}, rep-4 "
-        f"{pct(closest['repetition_4'])} against {pct(h['repetition_4'])}).")
+        f"({_num(closest, 'ppl_scorer', '{:.1f}')} against {_num(h, 'ppl_scorer', '{:.1f}')}; "
+        f"ratio {results.format_value(against_human, '{:.2f}')}, "
+        + judge(against_human, threshold=1.0, above="more perplexing than human text",
+                below="less perplexing than human text").text
+        + f"; distinct-2 {_num(closest, 'distinct_2', '{:.3f}')} against "
+        f"{_num(h, 'distinct_2', '{:.3f}')}, rep-4 {_rate(closest, 'repetition_4')} against "
+        f"{_rate(h, 'repetition_4')}).")
     beam, full = m.get("beam 4"), m.get("beam 4, no early EOS")
     new_tokens = rows[0]["config"]["prompts"]["new_tokens"]
     if beam and full:
         lines.append(
-            f"Beam search (scorer perplexity {beam['ppl_scorer']:.1f}; greedy "
-            f"{g['ppl_scorer']:.1f}) ends {pct(beam['eos_rate'])} of its best hypotheses with EOS, "
-            f"after {beam['mean_length']:.1f} tokens on average: under the length penalty, the "
-            f"short hypotheses that end the play outscore the {new_tokens}-token ones the beam "
-            f"finds (Stahlberg and Byrne 2019 report the same in translation, where the single "
-            f"most probable output is often the empty one). Made to fill the budget (\"no early "
-            f"EOS\"), it repeats {pct(full['repetition_4'])} of its 4-grams (greedy "
-            f"{pct(g['repetition_4'])}) at scorer perplexity {full['ppl_scorer']:.1f}.")
+            f"Beam search (scorer perplexity {_num(beam, 'ppl_scorer', '{:.1f}')}; greedy "
+            f"{_num(g, 'ppl_scorer', '{:.1f}')}) ends {_rate(beam, 'eos_rate')} of its best "
+            f"hypotheses with EOS, after {_num(beam, 'mean_length', '{:.1f}')} tokens on average: "
+            f"under the length penalty, the short hypotheses that end the play outscore the "
+            f"{new_tokens}-token ones the beam finds (Stahlberg and Byrne 2019 report the same in "
+            f"translation, where the single most probable output is often the empty one). Made to "
+            f"fill the budget (\"no early EOS\"), it repeats {_rate(full, 'repetition_4')} of its "
+            f"4-grams (greedy {_rate(g, 'repetition_4')}) at scorer perplexity "
+            f"{_num(full, 'ppl_scorer', '{:.1f}')}.")
     return "\n".join(line for line in lines if line)
 
 
@@ -328,6 +450,11 @@ def report(rows, out_dir) -> list[pathlib.Path]:
         f"GNMT length penalty {c['decode']['length_penalty']}) is deterministic: its best "
         f"hypothesis stands for every sample; \"no early EOS\" forbids EOS before the budget.")
     markdown, table = _table(rows)
+    units = all(r["metrics"].get("per_prompt") for r in rows)
+    page.text(f"Brackets: 95% percentile bootstrap interval over the {any_row['prompts']} prompts "
+              "(2,000 resamples, fixed seed; `decodelab.stats`); Zipf and the candidate "
+              "percentiles, pooled over prompts, have none." if units else
+              f"No intervals: {NO_UNITS}.")
     csv_path = out_dir / f"{stem}.csv"
     csv_path.parent.mkdir(parents=True, exist_ok=True)
     csv_path.write_text(table.to_csv(), encoding="utf-8")

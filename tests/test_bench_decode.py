@@ -135,6 +135,10 @@ def test_speeds_and_ratios_follow_from_the_times(metrics):
         assert metrics["sampled_vs_greedy"] == pytest.approx(
             metrics["sampled_step_ms"] / metrics["step_ms"], rel=1e-12)
     assert (metrics["study"], metrics["max_len"]) == ("speed", 32 + N)
+    # The repetitions behind each median are kept (one here: repeats=1).
+    assert metrics["generate_reps_s"] == [metrics["generate_s"]]
+    assert metrics["prefill_reps_s"] == [pytest.approx(metrics["prefill_ms"] / 1e3, rel=1e-12)]
+    assert len(metrics["sampled_generate_reps_s"]) == 1
 
 
 def test_a_breakdown_applies_the_ablations_cumulatively_and_its_parts_sum_to_the_step(
@@ -199,7 +203,8 @@ def test_the_report_adds_the_max_len_and_breakdown_tables_from_their_rows(rows, 
     assert "| tiny | 2 | 400 | 40 | 2.2 | 1.1 |" in page  # 2.2 ms / 2.0 ms at max_len 40
     assert "| tiny | 2 | greedy | 4 | 1 (25%) | 2 (50%) | 0.5 (12%) | 0.5 (12%) |" in page
     assert ("Step time at max_len 400 within 15% of max_len 40 (tiny, batch 2, the same live "
-            "tokens): met** (2.2 ms against 2 ms, 1.10x)") in page
+            "tokens): undecided: tiny batch 2 not judged (the row keeps fewer than 2 "
+            "repetitions' seconds)** (2.2 ms against 2 ms, 1.10x)") in page
     assert "the largest part per row: tiny batch 2: MLP and projections (50% of 4 ms)" in page
     # Sampling's whole cost: the sampled step (10 ms) minus the greedy step (4 ms).
     assert ("the sampled step minus the greedy step: tiny batch 2 6 ms (60% of the sampled step)"
@@ -227,8 +232,52 @@ def test_the_report_sets_llama_cpp_beside_decodelab_with_each_sides_bytes_and_ro
             "| 0.8 |") in page
     assert "| tiny | llama.cpp 0.3.36 | as stored in the file | 2 | 100 | 8 | 2 | 0.25 | 0.4 |" \
         in page
-    assert ("llama.cpp on the same float32 weights: not met** (tiny 0.80x; against llama.cpp on "
-            "the file's own weights 0.40x)") in page
+    # One repetition or none kept (rows of an earlier version): no interval, so not judged.
+    assert ("llama.cpp on the same float32 weights: undecided: tiny batch 2 not judged (the row "
+            "keeps fewer than 2 repetitions' seconds)** (tiny 0.80x; against llama.cpp on the "
+            "file's own weights 0.40x)") in page
+
+
+def test_targets_are_judged_by_the_intervals_of_the_repetitions(rows, tmp_path):
+    # Batch 2 x 8 tokens: decodelab's median 0.4 s is 40 tokens/s; llama.cpp's 8 tokens in a
+    # median 0.16 s are 50 tokens/s: 0.8x, its interval below the 0.9x target.
+    base = rows[0]
+    llama = {"step_bytes": 8e6, "llama_version": "0.3.36", "speed_vs_llama": 0.4,
+             "speed_vs_llama_f32": 0.8, "generate_reps_s": [0.39, 0.40, 0.41, 0.40, 0.40],
+             "prefill_reps_s": [0.30, 0.31, 0.30, 0.29, 0.30], "roofline_step_ms": 5.0}
+    for key, seconds in {"llama": 0.08, "llama_f32": 0.16}.items():
+        llama.update({f"{key}_bytes_per_token": 1e6, f"{key}_tokens_per_s": 8 / seconds,
+                      f"{key}_step_ms": 1.0, f"{key}_roofline_step_ms": 1.0,
+                      f"{key}_roofline_ratio": 1.0,
+                      f"{key}_generate_reps_s": [seconds * f for f in (0.99, 1, 1.01, 1, 1)]})
+    row = {**base, "metrics": {**base["metrics"], **llama}}
+    bench_decode.report([row], tmp_path)
+    page = (tmp_path / "decode_speed.md").read_text()
+    assert "llama.cpp on the same float32 weights: not met** (tiny 0.80 [0.7" in page
+    assert "| tiny | decodelab | float32 (dequantized by decodelab) | 8 | 40 [39" in page
+    assert "| 0.39 / 0.4 / 0.41 |" in page  # the latency table's min / median / max
+
+
+def test_step_targets_are_judged_by_the_interval_of_the_step_ratio(rows, tmp_path):
+    # Steps: (median whole - median prefill) / 7. Greedy 0.40 - 0.30, sampled 0.50 - 0.30: the
+    # sampled step is 2x the greedy one, well past the 1.25x target. max_len 400's step equals
+    # max_len 40's: 1.00x, its interval inside 1.15x.
+    base = rows[0]
+    greedy = dict(generate_reps_s=[0.39, 0.40, 0.41, 0.40, 0.40],
+                  prefill_reps_s=[0.30, 0.31, 0.30, 0.29, 0.30])
+    sampled = dict(sampled_generate_reps_s=[0.49, 0.50, 0.51, 0.50, 0.50],
+                   sampled_prefill_reps_s=[0.30, 0.31, 0.30, 0.29, 0.30],
+                   sampled_vs_greedy=2.0)
+    main = {**base, "config": {**base["config"], "batch_size": 8},
+            "metrics": {**base["metrics"], "batch_size": 8, **greedy, **sampled}}
+    lengths = [{**base, "config": {**base["config"], "study": "max_len"},
+                "metrics": {**base["metrics"], "study": "max_len", "max_len": S, **greedy}}
+               for S in (40, 400)]
+    bench_decode.report([main, *lengths], tmp_path)
+    page = (tmp_path / "decode_speed.md").read_text()
+    assert ("within 25% of greedy step time at batch 8: not met** (sampled / greedy step: tiny "
+            "2.00 [") in page
+    assert "(tiny, batch 2, the same live tokens): met** (" in page
 
 
 def test_the_report_writes_the_page_tables_and_plot(rows, tmp_path):

@@ -249,23 +249,26 @@ def test_metrics_are_converted_to_plain_json_values(tmp_path):
     assert type(row["metrics"]["i"]) is int
 
 
-def test_a_list_metric_keeps_one_value_per_item(tmp_path):
-    """A point may report a value per item (e.g. per request, for a bootstrap): a list of numbers
-    and Nones, NumPy scalars converted."""
-    def per_item(config, ctx):
-        return {"latency_s": [np.float32(0.5), None, 2], "n": 3}
+def test_per_unit_values_are_kept_as_lists_of_numbers(tmp_path):
+    def per_unit(config, ctx):
+        return {"window_nll": np.array([1.5, 2.0], np.float32),
+                "per_prompt": {"tokens": (np.int64(3), 4), "hits": [0.5, 1]},
+                "tpot_s": [np.float32(0.5), None, 2]}
 
-    (row,) = experiment.run(toy_config(), [{}], per_item, tmp_path, progress=False)
-    assert row["metrics"] == {"latency_s": [0.5, None, 2], "n": 3}
-    assert experiment.read_rows(tmp_path)[0]["metrics"]["latency_s"] == [0.5, None, 2]
+    (row,) = experiment.run(toy_config(), [{}], per_unit, tmp_path, progress=False)
+    assert row["metrics"] == {"window_nll": [1.5, 2.0],
+                              "per_prompt": {"tokens": [3, 4], "hits": [0.5, 1]},
+                              "tpot_s": [0.5, None, 2]}
+    assert experiment.read_rows(tmp_path)[0]["metrics"] == row["metrics"]
 
 
 @pytest.mark.parametrize("metrics, message", [
     ([1.0], "point_fn must return a dict of metrics, got list"),
     ({"loss": math.inf}, "metric 'loss' must be finite, got inf"),
-    ({"loss": [1, "2"]}, "metric 'loss' must be numbers or None, got str"),
-    ({"loss": {"a": 1}}, "metric 'loss' must be a number, str, bool, None or a list of numbers, "
-                         "got dict"),
+    ({"loss": {1, 2}}, "metric 'loss' must be a number, str, bool or None .*, got set"),
+    ({"loss": [1, "a"]}, "metric 'loss' holds per-unit values, which must all be numbers or None"),
+    ({"loss": [1.0, math.nan]}, "metric 'loss' must be finite, got nan"),
+    ({"per": {"tokens": [[1]]}}, "metric 'per.tokens' must be a number, str, bool or None"),
 ])
 def test_bad_metrics_are_refused_and_nothing_is_written(tmp_path, metrics, message):
     with pytest.raises(ValueError, match=message):

@@ -71,6 +71,15 @@ def test_sliding_scores_only_the_last_stride_positions_of_each_window():
     assert result["loss"] == pytest.approx(np.mean(np.log([6, 7, 8])), rel=1e-6)
 
 
+def test_window_nll_gives_each_window_its_scored_sum_in_stream_order():
+    # The sliding case above: each of the 14 windows scores positions 5-7, -log(1/6 1/7 1/8)
+    # nats; with batch_size 4 the last batch holds 2 windows and 2 padding rows (not returned).
+    result = metrics.perplexity(one_in_position_plus_one, np.zeros(50, np.int32), 8,
+                                mode="sliding", stride=3, batch_size=4)
+    assert result["window_nll"] == pytest.approx([math.log(6 * 7 * 8)] * 14, rel=1e-6)
+    assert sum(result["window_nll"]) / result["tokens"] == pytest.approx(result["loss"], rel=1e-12)
+
+
 def test_sliding_with_stride_equal_to_the_context_is_chunks(model, stream):
     chunks = metrics.perplexity(model, stream, 32, batch_size=8)
     sliding = metrics.perplexity(model, stream, 32, mode="sliding", stride=32, batch_size=8)

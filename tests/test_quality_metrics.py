@@ -229,3 +229,30 @@ def test_quality_row_of_greedy_samples_marks_them_identical_and_all_top1(tiny):
                               batch_size=4)
     assert row["self_bleu"] is None and row["identical_samples"] is None
     assert row["ppl_scorer"] == pytest.approx(row["ppl_generator"], rel=1e-9)
+
+
+def test_quality_row_keeps_per_prompt_sums_whose_ratios_are_the_row(tiny):
+    from decodelab import quality
+
+    prompts = [quality.HeldOutPrompt("x", [5, 6, 7], [8, 9, 10, 11]),
+               quality.HeldOutPrompt("y", [20], [21, 22, 23, 24])]
+    sampled = quality.Sampled(dl.SamplingParams(temperature=1.0))
+    samples = sampled.continuations(tiny, prompts, new_tokens=6, samples=3, seed=0, eos_id=0)
+    row = quality.quality_row(prompts, samples, tokenizer=Chars(), generator=tiny, scorer=tiny,
+                              params=sampled.params, batch_size=4)
+    per = {name: np.asarray(values) for name, values in row["per_prompt"].items()}
+    assert all(len(values) == 2 for values in per.values())
+    assert per["samples"].tolist() == [3.0, 3.0]
+    ratio = lambda top, bottom: per[top].sum() / per[bottom].sum()  # noqa: E731
+    assert row["ppl_generator"] == pytest.approx(math.exp(ratio("nll_generator", "tokens")),
+                                                 rel=1e-12)
+    assert row["ppl_scorer"] == pytest.approx(math.exp(ratio("nll_scorer", "tokens")), rel=1e-12)
+    assert row["mean_length"] == pytest.approx(ratio("tokens", "samples"), rel=1e-12)
+    assert row["eos_rate"] == pytest.approx(ratio("eos", "samples"), abs=1e-12)
+    assert row["top1_rate"] == pytest.approx(ratio("top1", "tokens"), rel=1e-12)
+    assert row["improbable_rate"] == pytest.approx(ratio("improbable", "tokens"), abs=1e-12)
+    assert row["distinct_2"] == pytest.approx(ratio("distinct_2", "ngram_samples_2"), rel=1e-12)
+    assert row["repetition_4"] == pytest.approx(1 - ratio("distinct_4", "ngram_samples_4"),
+                                                abs=1e-12)
+    assert row["self_bleu"] == pytest.approx(per["self_bleu"].mean(), rel=1e-12)
+    assert row["identical_samples"] == pytest.approx(per["identical"].mean(), abs=1e-12)

@@ -13,6 +13,7 @@ from ml_collections import config_dict
 
 import experiments
 from decodelab import experiment, results
+from decodelab.stats import Interval
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -77,6 +78,41 @@ def test_csv_keeps_full_precision_and_leaves_missing_cells_empty():
     assert table.to_markdown() == "| a | b |\n|---|---|\n| 0.3333 | n/a |\n| x,y | 2 |\n"
 
 
+def test_an_interval_cell_reads_value_and_bounds_and_its_csv_gives_bounds_columns():
+    table = results.Table(["encoding", "ppl"], [["rope", Interval(56.12, 54.98, 57.31, units=64)],
+                                                ["alibi", 58.7], ["nope", None]])
+    assert table.to_markdown("{:.1f}").splitlines()[2:] == [
+        "| rope | 56.1 [55.0, 57.3] |", "| alibi | 58.7 |", "| nope | n/a |"]
+    assert table.to_csv() == ("encoding,ppl,ppl_low,ppl_high\nrope,56.12,54.98,57.31\n"
+                              "alibi,58.7,,\nnope,,,\n")
+
+
+def test_a_verdict_is_called_only_when_the_interval_excludes_the_threshold():
+    def judge(interval, **kwargs):
+        return results.verdict(interval, above="better", below="worse", units="prompts",
+                               **kwargs)
+    assert judge(Interval(0.3, 0.1, 0.5, units=40)).text == "better"
+    assert judge(Interval(-0.3, -0.5, -0.1, units=40)).side == -1
+    straddles = judge(Interval(0.1, -0.1, 0.3, units=100))
+    assert (straddles.side, straddles.text) == (0, "not distinguishable at this sample size "
+                                                   "(about 400 prompts would be needed)")
+    assert str(judge(Interval(0.95, 0.85, 0.99, units=50), threshold=0.9)) == (
+        "not distinguishable at this sample size (about 200 prompts would be needed)")
+    assert judge(Interval(1e-6, -0.1, 0.1, units=20)).text == (
+        "not distinguishable at this sample size (over 100 times these 20 prompts would be "
+        "needed)")
+    assert judge(None, missing="the rows carry no per-prompt values").text == (
+        "not judged (the rows carry no per-prompt values)")
+    with pytest.raises(ValueError, match="interval must be an Interval or None, got float"):
+        judge(0.3)
+
+
+def test_points_table_leaves_out_per_unit_lists():
+    row = {"overrides": {"x": 1}, "config": {"x": 1}, "metrics": {
+        "ppl": 3.0, "window_nll": [1.0], "per_prompt": {"tokens": [4.0]}}, "wall_time_s": 2.0}
+    assert results.points_table([row]).columns == ["x", "ppl", "wall_time_s"]
+
+
 def test_keys_resolve_to_config_metrics_then_row_fields():
     row = {"config": {"model": {"position": "rope"}, "loss": 1}, "metrics": {"loss": 2.0, "ppl": 3},
            "wall_time_s": 4.0}
@@ -102,6 +138,30 @@ def test_line_plot_writes_a_png(rows, tmp_path):
     path = results.line_plot(rows, tmp_path / "ppl.png", x="eval.length", y="perplexity",
                              group="model.position", logx=True, logy=True, title="toy")
     assert path.read_bytes().startswith(PNG_MAGIC)
+
+
+def test_line_plot_draws_an_interval_as_an_error_bar(rows, tmp_path, monkeypatch):
+    figures = []
+
+    class Recorded(results.Figure):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            figures.append(self)
+
+    monkeypatch.setattr(results, "Figure", Recorded)
+    carried = [results.with_metrics(row, perplexity=Interval(row["metrics"]["perplexity"],
+                                                             row["metrics"]["perplexity"] - 1.0,
+                                                             row["metrics"]["perplexity"] + 2.0,
+                                                             units=8))
+               for row in rows if row["metrics"]["perplexity"] is not None]
+    path = results.line_plot(carried, tmp_path / "ppl.png", x="eval.length", y="perplexity",
+                             group="model.position", where={"model.position": "rope"})
+    assert path.read_bytes().startswith(PNG_MAGIC)
+    (ax,) = figures[0].axes
+    (bars,) = ax.collections
+    assert [tuple(segment[:, 1]) for segment in bars.get_segments()] == [
+        (55.0, 58.0), (71.0, 74.0), (103.0, 106.0)]
+    assert rows[0]["metrics"]["perplexity"] == 104.0  # with_metrics copies
 
 
 def test_line_plot_refuses_a_non_numeric_y(rows, tmp_path):

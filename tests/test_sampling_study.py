@@ -3,6 +3,7 @@ and numbers read from the rows. Synthetic rows; no model is trained."""
 
 import csv
 import importlib.util
+import math
 import pathlib
 
 import matplotlib.colors
@@ -40,7 +41,35 @@ def _metrics(name: str, **changes) -> dict:
                    "compiles_beam_loop", "compiles_scoring", "compiles_token_stats"):
         m[metric] = 0
     m.update(changes)
+    m["per_prompt"] = _per_prompt(m)
     return m
+
+
+def _per_prompt(m: dict, prompts: int = 24) -> dict:
+    """Per-prompt sums (quality.quality_row) whose ratios are exactly the row's metrics, each
+    prompt off by a little zero-sum jitter (so intervals have a width)."""
+    jitter = np.random.default_rng(len(m["strategy"])).normal(size=prompts)
+    jitter = (jitter - jitter.mean()) / np.abs(jitter - jitter.mean()).max()  # in [-1, 1]
+    samples = m["samples"] / prompts
+    tokens = samples * m["mean_length"]
+
+    def around(rate: float, size: float) -> list[float]:  # sums of a rate in [0, 1] over size
+        return (size * (rate + 0.5 * min(rate, 1 - rate) * jitter)).tolist()
+
+    per = {"samples": [samples] * prompts, "tokens": [tokens] * prompts,
+           "eos": [m["eos_rate"] * samples] * prompts,
+           "nll_generator": (tokens * (math.log(m["ppl_generator"]) + 0.1 * jitter)).tolist(),
+           "nll_scorer": (tokens * (math.log(m["ppl_scorer"]) + 0.1 * jitter)).tolist(),
+           "top1": around(m["top1_rate"], tokens),
+           "improbable": around(m["improbable_rate"], tokens)}
+    for n in (1, 2, 3, 4):
+        distinct = 1 - m["repetition_4"] if n == 4 else m[f"distinct_{n}"]
+        per[f"distinct_{n}"] = around(distinct, samples)
+        per[f"ngram_samples_{n}"] = [samples] * prompts
+    if m["self_bleu"] is not None:
+        per["self_bleu"] = (100 * np.asarray(around(m["self_bleu"] / 100, 1.0))).tolist()
+        per["identical"] = [m["identical_samples"]] * prompts
+    return per
 
 
 def _rows(changes: dict[str, dict]) -> list[dict]:
@@ -85,7 +114,9 @@ def test_the_page_has_one_row_per_strategy_plus_human_a_csv_and_a_plot(study, tm
 def test_claim_verdicts_follow_the_numbers(study):
     holds = study.claims(_rows({}))
     assert '"deterministic but repetitive"**: holds' in holds
-    assert "40% of its 4-grams repeat" in holds
+    assert "40% [37%, 43%] of its 4-grams repeat" in holds
+    # The same numbers at temperatures 1.0 and 1.5, prompt by prompt: nothing to call.
+    assert '"more random"**: not distinguishable at this sample size.' in holds
     assert '"adaptive"**: holds' in holds
     changed = study.claims(_rows({"greedy": dict(repetition_4=0.03),
                                   "temperature 0.3": dict(top1_rate=0.95),
@@ -95,6 +126,29 @@ def test_claim_verdicts_follow_the_numbers(study):
     assert '"almost greedy"**: holds at 0.3' in changed
     assert '"more random"**: does not hold' in changed
     assert '"adaptive"**: does not hold clearly' in changed
+
+
+def test_the_table_shows_intervals_over_prompts_and_the_csv_their_bounds(study, tmp_path):
+    study.report(_rows({}), tmp_path)
+    page = (tmp_path / "sampling.md").read_text()
+    greedy = next(line for line in page.splitlines() if line.startswith("| greedy |"))
+    assert "| 0.400 [0.37" in greedy  # rep-4 with its interval
+    assert "Brackets: 95% percentile bootstrap interval over the 24 prompts" in page
+    with open(tmp_path / "sampling.csv") as f:
+        header = next(csv.reader(f))
+    assert header[header.index("repetition_4"):header.index("repetition_4") + 3] == [
+        "repetition_4", "repetition_4_low", "repetition_4_high"]
+
+
+def test_rows_without_per_prompt_values_still_render_and_say_so(study, tmp_path):
+    rows = _rows({})
+    for row in rows:
+        del row["metrics"]["per_prompt"]
+    study.report(rows, tmp_path)
+    page = (tmp_path / "sampling.md").read_text()
+    assert "No intervals: the rows keep no per-prompt values" in page
+    assert "[" not in next(line for line in page.splitlines() if line.startswith("| greedy |"))
+    assert "(not judged (the rows keep no per-prompt values" in page
 
 
 def test_plot_labels_are_short():

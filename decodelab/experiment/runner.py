@@ -24,7 +24,7 @@ from decodelab.experiment.provenance import provenance
 from decodelab.experiment.rows import add_rows, as_workdir, check_writable, read_rows
 from decodelab.experiment.sweep import Point, expand, shard
 
-Metrics = dict[str, float | int | str | bool | None | list[float | int | None]]
+Metrics = dict[str, float | int | str | bool | None | list | dict[str, list]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,9 +50,7 @@ class PointContext:
         return tqdm(iterable, disable=not self.show_progress, **kwargs)
 
 
-def _check_value(name: str, value: Any, where: str, *, in_list: bool = False) -> Any:
-    """A metric's value as JSON: a number (finite), str, bool or None, or a list of numbers and
-    Nones (one value per item of the point, e.g. per request, for resampling)."""
+def _scalar(name: str, value: Any, where: str) -> float | int | str | bool | None:
     if hasattr(value, "item") and getattr(value, "ndim", None) == 0:
         value = value.item()  # NumPy / JAX scalars
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
@@ -63,16 +61,28 @@ def _check_value(name: str, value: Any, where: str, *, in_list: bool = False) ->
             raise ValueError(f"metric {name!r} must be finite, got {value} for {where}; return "
                              "None (not applicable) or a string instead")
         return value
-    if value is None or (not in_list and isinstance(value, (str, bool))):
-        return value
-    if not in_list and isinstance(value, (list, tuple)):
-        return [_check_value(name, v, where, in_list=True) for v in value]
-    allowed = "numbers or None" if in_list else "a number, str, bool, None or a list of numbers"
-    raise ValueError(f"metric {name!r} must be {allowed}, got {type(value).__name__} for "
-                     f"{where}")
+    if value is not None and not isinstance(value, (str, bool)):
+        raise ValueError(f"metric {name!r} must be a number, str, bool or None (or per-unit "
+                         f"numbers: a list, or a dict of lists), got {type(value).__name__} for "
+                         f"{where}")
+    return value
+
+
+def _per_unit(name: str, values: Any, where: str) -> list[float | int | None]:
+    """A list (or 1-D array) of finite numbers, one per evaluation unit; None where the quantity
+    is not defined for a unit (e.g. a request's time per output token below two tokens)."""
+    if hasattr(values, "tolist") and getattr(values, "ndim", None) == 1:
+        values = values.tolist()
+    checked = [_scalar(name, v, where) for v in values]
+    if any(isinstance(v, (str, bool)) for v in checked):
+        raise ValueError(f"metric {name!r} holds per-unit values, which must all be numbers or "
+                         f"None, got {values!r} for {where}")
+    return checked
 
 
 def _check_metrics(metrics: Any, point: Point) -> Metrics:
+    """Plain JSON values: a number, str, bool or None; or per-unit values kept for resampling
+    (``decodelab.stats``): a list of numbers, or a dict of such lists (one per column)."""
     where = f"point {point.index} {point.overrides}"
     if not isinstance(metrics, Mapping):
         raise ValueError(f"point_fn must return a dict of metrics, got {type(metrics).__name__} "
@@ -81,7 +91,13 @@ def _check_metrics(metrics: Any, point: Point) -> Metrics:
     for name, value in metrics.items():
         if not isinstance(name, str) or not name:
             raise ValueError(f"metric names must be non-empty strings, got {name!r} for {where}")
-        checked[name] = _check_value(name, value, where)
+        if isinstance(value, (list, tuple)) or getattr(value, "ndim", 0) == 1:
+            checked[name] = _per_unit(name, value, where)
+        elif isinstance(value, Mapping):
+            checked[name] = {str(column): _per_unit(f"{name}.{column}", values, where)
+                             for column, values in value.items()}
+        else:
+            checked[name] = _scalar(name, value, where)
     return checked
 
 

@@ -1,0 +1,160 @@
+"""The extrapolation study's sweep (three seeds for the encodings the claims rest on) and its page:
+intervals over windows, claims judged by them, the seed spread, and rows of an earlier version
+(no per-window values) still rendered. Synthetic rows; no model is trained."""
+
+import csv
+import importlib.util
+import math
+import pathlib
+
+import numpy as np
+import pytest
+
+from decodelab import experiment
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+WINDOWS = 40
+L = 128
+# Tail perplexity per encoding at factors 1, 2, 4, 8 (None: no value), for seed 0.
+TAIL = {"learned": (70.0, None, None, None), "sinusoidal": (64.0, 120.0, 133.0, 126.5),
+        "t5": (61.0, 65.0, 81.0, 99.0), "alibi": (58.7, 57.2, 57.6, 60.0),
+        "rope": (56.0, 66.0, 98.0, 126.0), "nope": (75.0, 81.0, 90.0, 97.0),
+        "rope+linear": (None, 83.0, 110.0, 128.0), "rope+ntk": (None, 58.0, 82.0, 129.0),
+        "rope+yarn": (None, 60.0, 66.0, 70.0)}
+
+
+def _config_module():
+    spec = importlib.util.spec_from_file_location("extrapolation_config",
+                                                  ROOT / "configs/extrapolation.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _windows(ppl: float, factor: int, label: str, seed: int) -> list[float]:
+    """Per-window NLL sums whose pooled perplexity is exactly ``ppl``: a difficulty per window
+    shared by every encoding at this factor (so pairing cancels it) plus a little of its own."""
+    shared = np.random.default_rng(factor).normal(0.0, 20.0, WINDOWS)
+    own = np.random.default_rng([factor, seed, len(label), ord(label[-1])]).normal(0.0, 2.0,
+                                                                                  WINDOWS)
+    nll = shared + own
+    return (nll - nll.mean() + L * math.log(ppl)).tolist()
+
+
+def _metrics(label: str, factor: int, seed: int, windows: bool) -> dict:
+    ppl = TAIL[label][[1, 2, 4, 8].index(factor)]
+    ppl = None if ppl is None else ppl + seed  # other seeds: one point higher per seed
+    m = dict(encoding=label, factor=factor, context_len=L * factor, tokens=WINDOWS * L,
+             perplexity=ppl, tail_perplexity=ppl, bits_per_char=None, tail_tokens=WINDOWS * L,
+             note="" if ppl else "n/a")
+    if windows and ppl is not None:
+        m.update(window_nll=_windows(ppl, factor, label, seed), window_tokens=L,
+                 tail_window_nll=_windows(ppl, factor, label, seed), tail_window_tokens=L)
+    return m
+
+
+def _rows(windows: bool = True) -> list[dict]:
+    module = _config_module()
+    points = experiment.expand(module.get_config(), module.get_sweep())
+    provenance = dict.fromkeys(experiment.PROVENANCE_FIELDS, "x")
+    rows = []
+    for p in points:
+        scaling = p.config.eval.rope_scaling
+        label = p.config.model.position + ("" if scaling == "none" else f"+{scaling}")
+        rows.append(dict(experiment="extrapolation", config_hash=p.config_hash,
+                         seed=p.config.seed, sweep_index=p.index, overrides=p.overrides,
+                         config=p.config.to_dict(),
+                         metrics=_metrics(label, p.config.eval.factor, p.config.train.seed,
+                                          windows),
+                         start_time="2026-01-01T00:00:00+00:00", wall_time_s=1.0,
+                         provenance=provenance))
+    return rows
+
+
+@pytest.fixture(scope="module")
+def study():
+    from experiments import extrapolation
+
+    return extrapolation
+
+
+@pytest.fixture(scope="module")
+def page(study, tmp_path_factory):
+    out = tmp_path_factory.mktemp("extrapolation")
+    written = study.report(_rows(), out)
+    return out, written, (out / "extrapolation.md").read_text()
+
+
+def test_the_sweep_trains_four_encodings_with_three_seeds_and_keeps_the_first_seeds_points():
+    module = _config_module()
+    points = experiment.expand(module.get_config(), module.get_sweep())
+    seeds: dict[str, set] = {}
+    for p in points:
+        seeds.setdefault(p.config.model.position, set()).add(p.config.train.seed)
+    assert seeds == {"learned": {0}, "nope": {0}, "sinusoidal": {0, 1, 2}, "t5": {0, 1, 2},
+                     "alibi": {0, 1, 2}, "rope": {0, 1, 2}}
+    # A workdir of the seed-0 sweep resumes into this one: its points come first, same hashes.
+    first = [p for p in points if p.config.train.seed == 0]
+    assert [p.index for p in first] == list(range(len(first))) and len(first) == 33
+    assert "train.seed" not in first[0].overrides
+
+
+def test_tables_show_each_value_with_its_window_interval(page):
+    out, written, text = page
+    assert {p.name for p in written} == {
+        "extrapolation.md", "extrapolation.csv", "extrapolation_tail.csv",
+        "extrapolation_growth.csv", "extrapolation_seeds.csv", "extrapolation_tail.png",
+        "extrapolation.png"}
+    line = next(line for line in text.splitlines() if line.startswith("| alibi | 58.7 ["))
+    assert line.count("[") == 4 and "n/a" not in line
+    assert next(line for line in text.splitlines() if line.startswith("| learned |")).endswith(
+        "| n/a | n/a | n/a |")
+    with open(out / "extrapolation_tail.csv") as f:
+        header, *body = list(csv.reader(f))
+    assert header[:4] == ["encoding \\ context_len", "128", "128_low", "128_high"]
+    alibi = next(r for r in body if r[0] == "alibi")
+    assert float(alibi[1]) == pytest.approx(58.7, rel=1e-12)
+    assert float(alibi[2]) < 58.7 < float(alibi[3])
+
+
+def test_claims_are_called_only_when_the_interval_excludes_the_threshold(page):
+    _, _, text = page
+    # RoPE 56 -> 126: its ratio's interval lies far above 1. ALiBi 58.7 -> 60.0: straddles 1.
+    growth = text.split("**Tail perplexity at 8L over")[1].split("CSV:")[0].splitlines()
+    assert "| rope | 56.00 | 126.00 | 2.25 [" in next(g for g in growth if "| rope |" in g)
+    assert next(g for g in growth if "| rope |" in g).endswith("| degrades |")
+    alibi = next(g for g in growth if "| alibi |" in g)
+    assert "| not distinguishable at this sample size (about " in alibi
+    assert alibi.endswith(" windows per length would be needed) |")
+    # RoPE 126 and sinusoidal 126.5 at 8L: their paired difference straddles 0.
+    same = next(line for line in text.splitlines() if "degrades as badly as sinusoidal" in line)
+    assert "rope - sinusoidal = -0.5 [" in same
+    assert "**not distinguishable at this sample size (about " in same
+    assert "(other seeds, point estimates: seed 1: -0.5, seed 2: -0.5)" in same
+    # YaRN 70 against RoPE 126 at 8L, on the same windows: called.
+    yarn = next(line for line in text.splitlines() if "YaRN recovers" in line)
+    assert "**rope+yarn is better (lower perplexity)**" in yarn
+    assert ("*The lowest tail perplexity at L*: rope (56.0), then alibi (58.7); alibi - rope = "
+            "+2.7 [") in text
+
+
+def test_the_seed_spread_sits_beside_the_window_interval(page):
+    out, _, text = page
+    with open(out / "extrapolation_seeds.csv") as f:
+        header, *body = list(csv.reader(f))
+    assert header == ["encoding", "context_len", "seeds", "mean", "min", "max", "seed range",
+                      "seed 0 window 95% width"]
+    rope_8l = next(r for r in body if r[:2] == ["rope", "1024"])
+    assert rope_8l[2:7] == ["0, 1, 2", "127.0", "126.0", "128.0", "2.0"]
+    assert float(rope_8l[7]) > 0
+    assert {r[0] for r in body} == {"sinusoidal", "t5", "alibi", "rope", "rope+linear",
+                                    "rope+ntk", "rope+yarn"}
+    assert "**Tail perplexity over training seeds**" in text
+
+
+def test_rows_without_per_window_values_still_render_and_say_so(study, tmp_path):
+    study.report(_rows(windows=False), tmp_path)
+    text = (tmp_path / "extrapolation.md").read_text()
+    assert "No intervals: the row keeps no per-window values" in text
+    assert "| alibi | 58.7 | 57.2 | 57.6 | 60.0 |" in text
+    assert "not judged (the row keeps no per-window values" in text
