@@ -126,7 +126,7 @@ def _propose_repeatedly(state, *, drafter, count):
     def body(_, total):
         # Depending on the carry keeps XLA from hoisting the (loop-invariant) proposal out.
         now = state.replace(lengths=state.lengths + jnp.minimum(total, 0))
-        proposal, _ = drafter.propose(None, now, jnp.asarray(False))
+        proposal, _ = drafter.propose(None, now)
         return total + jnp.sum(proposal.tokens)
     return jax.lax.fori_loop(0, count, body, jnp.zeros((), jnp.int32))
 

@@ -215,7 +215,7 @@ def ngram_proposal(prompt, gamma=3):
                                       dl.sampling.seed_keys(np.zeros((1,), np.uint32)),
                                       GREEDY.per_row(1, V), np.zeros((V,), bool),
                                       np.zeros((0, 1), np.int32), gamma=gamma, max_new_tokens=8)
-    proposal, _ = NgramDrafter().propose(None, state, jnp.asarray(True))
+    proposal, _ = NgramDrafter().propose(None, state)
     return proposal.tokens[0].tolist(), int(proposal.count[0])
 
 
