@@ -222,8 +222,10 @@ def _judge_sampled(drafter: Drafter, draft_weights: Any, draft_cache: KVCache | 
     normaliser = jax.nn.logsumexp(scores, axis=-1)  # [B, T]
     bad_logits = jnp.any(jnp.isnan(logits) | (logits == jnp.inf), axis=-1)  # [B, T]
     usable = ~bad_logits & (normaliser > -jnp.inf)
-    logp_proposed = (jnp.take_along_axis(scores[:, :gamma], proposal.tokens[..., None],
-                                         axis=-1)[..., 0] - normaliser[:, :gamma])  # [B, gamma]
+    # Each position's proposal (the bonus position's is a stand-in), gathered from all T rows.
+    block = jnp.pad(proposal.tokens, ((0, 0), (0, 1)))  # [B, T]
+    logp_block = jnp.take_along_axis(scores, block[..., None], axis=-1)[..., 0] - normaliser
+    logp_proposed = logp_block[:, :gamma]  # [B, gamma]
 
     positions = L[:, None] + jnp.arange(gamma, dtype=jnp.int32)[None, :]  # [B, gamma]
     keys = stream_keys(jnp.repeat(state.keys, gamma, axis=0), positions.reshape(-1), ACCEPT_STREAM)
@@ -244,8 +246,7 @@ def _judge_sampled(drafter: Drafter, draft_weights: Any, draft_cache: KVCache | 
     y = sampling.sample_tokens(log_residual, stream_keys(state.keys, L + n, TARGET_STREAM))
 
     at_y = jnp.take_along_axis(log_p_n, y[:, None], axis=1)  # [B, 1]
-    logp = jnp.where(jnp.arange(T)[None, :] < n[:, None],
-                     jnp.pad(logp_proposed, ((0, 0), (0, 1))), at_y)  # [B, T]
+    logp = jnp.where(jnp.arange(T)[None, :] < n[:, None], logp_block, at_y)  # [B, T]
     rows = scores - normaliser[..., None] if _wants_rows(state) else None
     return Verdict(n=n, next_token=y, usable=usable, bad_logits=bad_logits, logp=logp,
                    rows=rows), draft_cache
