@@ -65,7 +65,7 @@ from decodelab.sampling import RowParams, SamplingParams
 
 __all__ = ["Drafter", "ModelDrafter", "NgramDrafter", "Proposal", "SpecState", "SpeculativeOutput",
            "SpeculativeStats", "expected_tokens_per_call", "predicted_speedup",
-           "speculative_generate"]
+           "speculative_generate", "speculative_round", "verify"]
 
 
 def _accepts(u: jax.Array, p: jax.Array, q: jax.Array) -> jax.Array:
@@ -122,7 +122,7 @@ class SpecState:
 # --- One round ------------------------------------------------------------------------------------
 #
 # A round reads top to bottom: the drafter proposes (``Drafter.propose``), the target verifies the
-# proposals in one pass (``_verify``), judges them (``_judge_greedy`` or ``_judge_sampled``: how
+# proposals in one pass (``verify``), judges them (``_judge_greedy`` or ``_judge_sampled``: how
 # many it accepts and its own next token), the row keeps what the budget, an EOS or a stop
 # sequence let it (``_keep``), and one pass records the kept tokens and rewinds both caches
 # (``_commit``). Whether every row is greedy is the plan's (static) ``greedy``: a greedy round
@@ -151,8 +151,8 @@ class Kept:
     finish: jax.Array  # [B] int32, RUNNING or a finish code
 
 
-def _verify(target: nnx.Module, state: SpecState, proposal: Proposal
-            ) -> tuple[jax.Array, KVCache]:
+def verify(target: nnx.Module, state: SpecState, proposal: Proposal
+           ) -> tuple[jax.Array, KVCache]:
     """One target pass over ``[t_{L-1}, d_0, .., d_{gamma-1}]`` of each running row: ``[B, gamma
     + 1, V]`` logits for positions ``L .. L+gamma`` and the cache with all of them written."""
     last = jnp.take_along_axis(state.tokens, (state.lengths - 1)[:, None], axis=1)  # [B, 1]
@@ -340,11 +340,12 @@ def _commit(state: SpecState, drafter: Drafter, proposal: Proposal, verdict: Ver
         accepted=state.accepted + accepted.astype(jnp.int32), per_round=per_round, **record)
 
 
-def _round(target: nnx.Module, drafter: Drafter, draft_weights: Any,
-           state: SpecState) -> SpecState:
-    """Draft, verify in one target pass, judge, keep; record and rewind."""
+def speculative_round(target: nnx.Module, drafter: Drafter, draft_weights: Any,
+                      state: SpecState) -> SpecState:
+    """One round of the loop: draft, verify in one target pass, judge, keep; record and rewind.
+    (Public, with ``verify`` and ``Drafter.propose``, so a study can time each part alone.)"""
     proposal, draft_cache = drafter.propose(draft_weights, state)
-    logits, target_cache = _verify(target, state, proposal)
+    logits, target_cache = verify(target, state, proposal)
     if state.params.plan.greedy:
         verdict = _judge_greedy(state, proposal, logits)
     else:
@@ -405,7 +406,7 @@ def initial_state(target_cache: KVCache, draft_cache: KVCache | None, block: np.
 
 def _body(weights, state: SpecState, *, graphdef, drafter) -> SpecState:
     target_weights, draft_weights = weights
-    return _round(nnx.merge(graphdef, target_weights), drafter, draft_weights, state)
+    return speculative_round(nnx.merge(graphdef, target_weights), drafter, draft_weights, state)
 
 
 SPECULATIVE_LOOP = CompiledLoop("_speculative", _body, lambda weights, state: _running(state),
