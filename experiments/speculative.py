@@ -26,10 +26,10 @@ in consecutive batches of ``batch_size``; every request generates exactly ``new_
   verify pass over gamma + 1 tokens, of the drafter's proposal, and of a whole round, each timed
   alone (a compiled loop repeating it from the state the first round starts from, the caches
   rewound after each; ``round_part_seconds``), over the target's decode step.
-- ``overhead``: what an isolated round costs beyond its draft steps and its verify pass,
-  ``isolated_round_cost - gamma c - v``, in target steps: the accept test, the residual or bonus
-  draw, stop checks, recording and rewinds (and, for a model draft, its catch-up and, on a
-  sampled rejection, the step that recomputes the rejected position's q row).
+- ``overhead``: what an isolated round costs beyond its proposal and its verify pass,
+  ``isolated_round_cost - propose_cost - v``, in target steps: the accept test, the residual or
+  bonus draw, stop checks, recording and rewinds (and, for a model draft on a sampled rejection,
+  the step that recomputes the rejected position's q row).
 - ``predicted_speedup = (1 - alpha^(g+1)) / ((1 - alpha)(g c + 1))``: the theory, which charges
   a verify pass as one decode step and a round nothing else.
 - ``predicted_speedup_measured_costs = tokens_per_call / (g c + v + overhead)``: the measured
@@ -272,7 +272,8 @@ def evaluate(config, ctx) -> dict:
     c = draft_step / target_step
     verify_cost = parts["verify"] / target_step
     isolated_round_cost = parts["round"] / target_step
-    overhead = isolated_round_cost - gamma * c - verify_cost
+    propose_cost = parts["propose"] / target_step
+    overhead = isolated_round_cost - propose_cost - verify_cost
 
     stats = [out.stats for out in outputs]
     tested = sum(s.tested_by_position.sum(axis=0) for s in stats)  # [gamma]
@@ -305,7 +306,7 @@ def evaluate(config, ctx) -> dict:
         "predicted_speedup": (None if alpha is None else
                               float(speculative.predicted_speedup(alpha, gamma, c))),
         "verify_cost": verify_cost,
-        "propose_cost": parts["propose"] / target_step,
+        "propose_cost": propose_cost,
         "isolated_round_cost": isolated_round_cost,
         "overhead": overhead,
         "predicted_speedup_measured_costs": tokens_per_call / (gamma * c + verify_cost + overhead),
