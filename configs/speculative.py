@@ -1,14 +1,40 @@
 """python -m experiments.speculative --config=configs/speculative.py --workdir=runs/speculative
 
-Speculative decoding of the `small` target with three drafters: the `draft` preset trained on the
-corpus, the same preset distilled from the target (KL to its logits, DistillSpec), and model-free
-prompt lookup (n-gram). Each point is one (drafter, gamma, temperature, batch size): its acceptance
-statistics, the measured cost ratio c, the theory's tokens per call and speed-up from them, and the
-wall-clock speed-up over target-only `dl.generate` with the same prompts, parameters, seeds and
-cache size, measured in the same run (medians of interleaved repetitions after a warm-up).
-Render the page with `python -m experiments.report --workdir=runs/speculative --out=results`.
-A quick look: `--config.new_tokens=32 --config.repeats=1 --config.target.train.steps=50
---config.draft.train.steps=50`.
+Speculative decoding of the `medium` target (~27M parameters, trained exactly as in
+`configs/quantization.py`: same tokenizer, model and training sections, so the same cache key) with
+three drafters: the `draft` preset trained on the corpus, the same preset distilled from the target
+(KL to its logits, DistillSpec), and model-free prompt lookup (n-gram); plus a `small` row set with
+the same drafters for comparison (the previous study's target, each row's page of its own). Each
+point is one (target, drafter, gamma, temperature, batch size): its acceptance statistics, the
+measured cost ratio c, the verify cost v(gamma) and the per-round overhead measured alone, the
+theory's tokens per call and both predictions from them, and the wall-clock speed-up over
+target-only `dl.generate` with the same prompts, parameters, seeds and cache size, measured in the
+same run (medians of interleaved repetitions after a warm-up); the rows keep per-prompt counts and
+per-repetition seconds so that a later bootstrap can resample prompts.
+Render the pages with `python -m experiments.report --workdir=runs/speculative --out=results`
+(`results/speculative.md` for `medium`, `results/speculative_small.md` for `small`).
+
+Reusing the `medium` model trained for the quantization study: the trained models are cached per
+workdir under a key of the tokenizer, model and training sections (`decodelab.pipeline`), and these
+are the quantization study's, so copying its entries saves the training (~1000 steps):
+`mkdir -p runs/speculative && cp -r runs/quantization/tokenizers runs/quantization/models
+runs/speculative/`.
+
+Distillation against `medium`: each step runs the teacher's forward pass on 16 x 128 tokens, which
+costs far more than the draft's own step, so DISTILL_STEPS = 300 steps are used (the shared
+recipe otherwise, checkpointed every 100). Timed over 10 steps (after 2 that compile) on the 2 CPU
+cores: 3.8 s a step under a 1-minute load average of ~13 (other work running), i.e. ~19 minutes
+for the 300 steps on that busy machine, less on a quiet one; the `draft` preset's own 800 steps
+take a few minutes. The sweep: 72 `medium` points (estimated ~50 s each at batch 1 and ~20 s at
+batch 8 from `medium`'s 5.6 ms decode step in `results/decode_speed.md`: ~45 minutes) and 36
+`small` points (~10 s each).
+
+A quick look (two training steps per model; two `medium` points at temperature 0.7: the distilled
+draft at batch 1, prompt lookup at batch 8; the `small` rows set their own training steps):
+`--config.new_tokens=16 --config.repeats=1 --config.step_tokens=4 --config.target.train.steps=2
+--config.target.train.warmup_steps=0 --config.draft.train.steps=2
+--config.draft.train.warmup_steps=0 --config.distill_train.steps=2
+--config.distill_train.warmup_steps=0 --sweep_shard=31/40`.
 
 On a real target (a pretrained preset, e.g. SmolLM2-135M-Instruct), with prompt lookup and the
 `draft` preset trained on the corpus in the target's own tokens (its 49152-token vocabulary):
@@ -29,13 +55,21 @@ draft training.
 from ml_collections import config_dict
 
 from decodelab.experiment import product
-from decodelab.presets import (PRETRAINED_MODELS, check_config_arg, model_section,
-                               train_section)
+from decodelab.presets import (MODEL_PRESETS, PRETRAINED_MODELS, check_config_arg,
+                               model_section, train_section)
 
 DRAFTERS = ("draft", "distilled", "ngram")
-GAMMAS = (1, 2, 3, 4, 5, 6, 7, 8)
-TEMPERATURES = (0.0, 0.7, 1.0)
+GAMMAS = (1, 2, 3, 4, 6, 8)
+TEMPERATURES = (0.0, 0.7)
 BATCH_SIZES = (1, 8)
+# Distillation steps against `medium` (see the docstring for what they cost).
+DISTILL_STEPS = 300
+# The `small` row set: the previous study's target and recipe (800 steps, the draft distilled for
+# as many), at batch 1.
+SMALL_TARGET = {**{f"target.model.{k}": v for k, v in MODEL_PRESETS["small"].items()},
+                "target.train.steps": 800, "target.train.checkpoint_every": 200,
+                "distill_train.steps": 800, "distill_train.checkpoint_every": 200}
+SMALL_BATCH_SIZES = (1,)
 # The sweep of a pretrained target (its decode steps are ~30x dearer than `small`'s).
 PRETRAINED_DRAFTERS = ("draft", "ngram")
 PRETRAINED_GAMMAS = (1, 2, 4, 6)
@@ -52,13 +86,15 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
     config.seed = 0
     # Tokenizer trained on the training plays, shared by every model.
     config.tokenizer = config_dict.ConfigDict(dict(vocab_size=4096, model_type="bpe"))
-    # The target: `small` with the shared recipe, shortened to fit the study's time budget.
+    # The target: `medium` trained exactly as in configs/quantization.py (the same cache key).
     config.target = config_dict.ConfigDict(dict(
-        model=model_section("small"), train=train_section(steps=800, checkpoint_every=200)))
+        model=model_section("medium"), train=train_section(steps=1000, checkpoint_every=250)))
     # The draft model (~3.7x fewer parameters), trained on the corpus; the distilled draft has the
     # same architecture and budget but learns the target's distributions.
     config.draft = config_dict.ConfigDict(dict(
         model=model_section("draft"), train=train_section(steps=800, checkpoint_every=200)))
+    # Distillation: the same preset trained on the target's distributions, with this schedule.
+    config.distill_train = train_section(steps=DISTILL_STEPS, checkpoint_every=100)
     # Distillation: the temperature of both distributions in the KL.
     config.distill_temperature = 1.0
     # Prompt lookup: longest and shortest n-gram searched for.
@@ -105,5 +141,8 @@ def get_sweep(arg: str | None = None) -> list[dict]:
                         "batch_size": list(PRETRAINED_BATCH_SIZES),
                         "temperature": list(PRETRAINED_TEMPERATURES),
                         "gamma": list(PRETRAINED_GAMMAS)})
-    return product({"drafter": list(DRAFTERS), "batch_size": list(BATCH_SIZES),
-                    "temperature": list(TEMPERATURES), "gamma": list(GAMMAS)})
+    medium = product({"drafter": list(DRAFTERS), "batch_size": list(BATCH_SIZES),
+                      "temperature": list(TEMPERATURES), "gamma": list(GAMMAS)})
+    small = product({"drafter": list(DRAFTERS), "batch_size": list(SMALL_BATCH_SIZES),
+                     "temperature": list(TEMPERATURES), "gamma": list(GAMMAS)})
+    return medium + [{**SMALL_TARGET, **point} for point in small]

@@ -1,9 +1,11 @@
 """Drafters for speculative decoding: what proposes the tokens a target model then verifies.
 
-A drafter proposes up to ``gamma`` tokens per row and the distributions ``q`` they were drawn
-from (``Proposal``); ``speculative`` verifies them against the target. ``ModelDrafter`` samples
-from a draft Transformer with the target's sampling parameters; ``NgramDrafter`` looks the
-continuation up in the row's own context (model-free, one-hot ``q``).
+A drafter proposes up to ``gamma`` tokens per row and, for each, the probability ``q`` it was
+drawn with (``Proposal``); ``speculative`` verifies them against the target. Only when a sampled
+row rejects a proposal does the rule need a whole distribution, the ``q`` row at that position:
+the drafter gives it then (``rejected_logq``), so a round never holds a ``[B, gamma, V]`` block.
+``ModelDrafter`` samples from a draft Transformer with the target's sampling parameters;
+``NgramDrafter`` looks the continuation up in the row's own context (model-free, one-hot ``q``).
 
 Randomness: the draw for position ``pos`` of a request uses ``fold_in(fold_in(request key, pos),
 stream)`` with one stream each for the draft sample, the acceptance test and the target's sample
@@ -38,25 +40,36 @@ def stream_keys(keys: jax.Array, positions: jax.Array, stream: int) -> jax.Array
     return jax.vmap(lambda k: jax.random.fold_in(k, stream))(row)
 
 
-def draw(logprobs: jax.Array, greedy: jax.Array, keys) -> jax.Array:
-    """``[B]`` tokens from ``logprobs: [B, V]``; when every row is greedy (every distribution is
-    one-hot) the argmax, without generating random numbers. ``keys()`` gives the ``[B]`` keys."""
-    return jax.lax.cond(greedy, lambda: sampling.argmax(logprobs),
-                        lambda: sampling.sample_tokens(logprobs, keys()))
+def greedy_choice(logits: jax.Array, params: sampling.RowParams,
+                  history: sampling.History) -> tuple[jax.Array, jax.Array]:
+    """``[..., V]`` logits of a greedy plan -> ``([...] argmax, [...] usable)``: the argmax of the
+    scores before temperature (``sampling.greedy_scores``), with no softmax; usable where the
+    logits are finite and leave an allowed token (as in ``decode``)."""
+    shape, V = logits.shape[:-1], logits.shape[-1]
+    flat = logits.reshape(-1, V)
+    scores = sampling.greedy_scores(flat, params, history)  # [B', V]
+    best = jnp.max(scores, axis=-1)  # NaN if the row holds NaN
+    if len(sampling.planned(params.plan)) == 1:  # temperature alone: the scores are the logits
+        bad_logits = jnp.isnan(best) | (best == jnp.inf)
+    else:  # a ban may have hidden a NaN
+        bad_logits = jnp.any(jnp.isnan(flat) | (flat == jnp.inf), axis=-1)
+    usable = ~bad_logits & (best > -jnp.inf)
+    return sampling.argmax(scores).reshape(shape), usable.reshape(shape)
 
 
-def usable(logits: jax.Array, logprobs: jax.Array) -> jax.Array:
-    """``[...]`` bool: finite logits that leave at least one allowed token."""
-    return ~jnp.any(jnp.isnan(logits) | (logits == jnp.inf), axis=-1) & jnp.any(
-        logprobs > -jnp.inf, axis=-1)
+def usable(logits: jax.Array, log_normaliser: jax.Array) -> jax.Array:
+    """``[...]`` bool: finite logits that leave at least one allowed token (``log_normaliser``:
+    the logsumexp of the processed logits, -inf when none is allowed)."""
+    return ~jnp.any(jnp.isnan(logits) | (logits == jnp.inf), axis=-1) & (log_normaliser > -jnp.inf)
 
 
 @struct.dataclass(kw_only=True)
 class Proposal:
-    """What a drafter proposes for each row in one round."""
+    """What a drafter proposes for each row in one round: the tokens and the probability of each
+    under the distribution it was drawn from, nothing vocabulary-wide."""
 
     tokens: jax.Array  # [B, gamma] int32, for positions L .. L+gamma-1
-    logq: jax.Array  # [B, gamma, V] float32, the distribution each was drawn from
+    logq: jax.Array  # [B, gamma] float32, log q_j(tokens[:, j]); 0 for a one-hot draw
     count: jax.Array  # [B] int32 in [0, gamma]: only the first `count` are proposals
     buffer: jax.Array  # [B, S] int32, the state's tokens with the proposals at L .. L+gamma-1
 
@@ -65,10 +78,11 @@ class Proposal:
 
 
 class Drafter(abc.ABC):
-    """Proposes up to ``gamma`` tokens per row, with the distributions they were drawn from.
+    """Proposes up to ``gamma`` tokens per row, with the probability each was drawn with.
 
     A drafter is a hashable frozen dataclass (it is a static argument of the compiled loop); what
-    it learns (weights) comes in as the traced ``weights`` pytree.
+    it learns (weights) comes in as the traced ``weights`` pytree. What it draws follows
+    ``state.params.plan``: under a greedy plan every proposal is an argmax (``logq`` 0).
     """
 
     @abc.abstractmethod
@@ -77,9 +91,22 @@ class Drafter(abc.ABC):
         """The drafter's cache after the prompt block ``[B, T]`` (``num_valid[b]`` real tokens)."""
 
     @abc.abstractmethod
-    def propose(self, weights: Any, state: SpecState, greedy: jax.Array
-                ) -> tuple[Proposal, KVCache | None]:
+    def propose(self, weights: Any, state: SpecState) -> tuple[Proposal, KVCache | None]:
         """``state.gamma`` proposals per running row and the drafter's cache after them."""
+
+    def rejected_logq(self, weights: Any, state: SpecState, proposal: Proposal,
+                      cache: KVCache | None, n: jax.Array, rejected: jax.Array
+                      ) -> tuple[jax.Array, KVCache | None]:
+        """``[B, V]`` log q_n, the distribution proposal ``n[b]`` was drawn from, for the rows in
+        ``rejected`` (``[B]`` bool; other rows' values are ignored), and the cache after it.
+        Called only for sampled plans, after the target rejected proposal ``n``. The default is a
+        one-hot ``q`` at the proposal (a model-free drafter's)."""
+        del weights
+        V = state.eos_mask.shape[0]
+        token = jnp.take_along_axis(proposal.tokens, jnp.minimum(n, proposal.tokens.shape[1] - 1)
+                                    [:, None], axis=1)  # [B, 1]
+        vocab = jnp.arange(V, dtype=jnp.int32)[None, :]  # [1, V]
+        return jnp.where((vocab == token) & rejected[:, None], 0.0, -jnp.inf), cache
 
     def rewind(self, cache: KVCache | None, lengths: jax.Array) -> KVCache | None:
         return None if cache is None else cache.rewind(lengths)
@@ -88,7 +115,11 @@ class Drafter(abc.ABC):
 @dataclasses.dataclass(frozen=True)
 class ModelDrafter(Drafter):
     """A draft Transformer sampling autoregressively on its own cache with the target's
-    sampling parameters (``speculative_generate`` builds it from a draft model)."""
+    sampling parameters (``speculative_generate`` builds it from a draft model).
+
+    The ``q`` row of a rejected proposal is computed again when it is needed (one draft step of
+    one token, from the cache the proposals left) rather than kept for every proposal: a round
+    that rejects pays one more draft step instead of holding ``[B, gamma, V]`` float32."""
 
     graphdef: Any
     kv_cache: str | None = None  # the draft cache's kind (kvquant)
@@ -99,38 +130,31 @@ class ModelDrafter(Drafter):
         _, cache = model(block, cache=cache, num_valid=num_valid)
         return cache
 
-    def propose(self, weights, state, greedy):
+    def propose(self, weights, state):
         model = nnx.merge(self.graphdef, weights)
-        B, S = state.tokens.shape
+        B = state.tokens.shape[0]
         L, running = state.lengths, ~state.done
         rows = jnp.arange(B)
-        # Catch up: feed the one or two tokens the cache lacks, ending with the last token (a
-        # block of one unless some row is two behind: a one-token pass is cheaper).
-        behind = jnp.where(running, L - state.draft_cache.lengths, 0)  # [B] in {0, 1, 2}
+        logits, cache = self._catch_up(model, state)
+        gamma = state.gamma
 
-        def catch_up(width):
-            def run(cache):
-                index = jnp.clip(cache.lengths[:, None] + jnp.arange(width, dtype=jnp.int32)[None],
-                                 0, S - 1)
-                logits, cache = model(jnp.take_along_axis(state.tokens, index, axis=1),
-                                      cache=cache, num_valid=behind)  # [B, width, V]
-                last = jnp.clip(behind - 1, 0, width - 1)[:, None, None]
-                return jnp.take_along_axis(logits, last, axis=1)[:, 0], cache  # [B, V]
-            return run
-
-        logits, cache = jax.lax.cond(jnp.any(behind == 2), catch_up(2), catch_up(1),
-                                     state.draft_cache)
-        gamma, V = state.gamma, logits.shape[-1]
-
-        def sample(j, carry):
-            logits, buffer = carry["logits"], carry["buffer"]
-            logq = sampling.processed_logprobs(logits, state.params,
-                                               state.history(buffer, L + j))  # [B, V]
-            token = draw(logq, greedy, lambda: stream_keys(state.keys, L + j, DRAFT_STREAM))
-            return token, dict(carry, buffer=buffer.at[rows, L + j].set(token, mode="drop"),
+        def sample(j, carry):  # d_j and log q_j(d_j) from the logits for position L + j
+            history = state.history(carry["buffer"], L + j)
+            if state.params.plan.greedy:
+                token, ok = greedy_choice(carry["logits"], state.params, history)
+                logq = jnp.zeros((B,), jnp.float32)
+            else:
+                scores = sampling.process_logits(carry["logits"], state.params, history)
+                normaliser = jax.nn.logsumexp(scores, axis=-1)  # [B]
+                token = sampling.sample_tokens(scores - normaliser[:, None],
+                                               stream_keys(state.keys, L + j, DRAFT_STREAM))
+                logq = jnp.take_along_axis(scores, token[:, None], axis=1)[:, 0] - normaliser
+                ok = usable(carry["logits"], normaliser)
+            return token, dict(carry, buffer=carry["buffer"].at[rows, L + j].set(token,
+                                                                                mode="drop"),
                                tokens=carry["tokens"].at[:, j].set(token),
                                logq=carry["logq"].at[:, j].set(logq),
-                               usable=carry["usable"].at[:, j].set(usable(logits, logq)))
+                               usable=carry["usable"].at[:, j].set(ok))
 
         def step(j, carry):  # sample d_j and feed it for the next logits
             token, carry = sample(j, carry)
@@ -142,12 +166,50 @@ class ModelDrafter(Drafter):
         # with gamma. The last proposal is not fed (the next round's first block does that).
         carry = dict(logits=logits, cache=cache, buffer=state.tokens,
                      tokens=jnp.zeros((B, gamma), jnp.int32),
-                     logq=jnp.zeros((B, gamma, V), jnp.float32), usable=jnp.zeros((B, gamma), bool))
+                     logq=jnp.zeros((B, gamma), jnp.float32), usable=jnp.zeros((B, gamma), bool))
         carry = jax.lax.fori_loop(0, gamma - 1, step, carry)
         _, carry = sample(gamma - 1, carry)
         count = jnp.sum(jnp.cumprod(carry["usable"], axis=1), axis=1)
         return Proposal(tokens=carry["tokens"], logq=carry["logq"], count=count.astype(jnp.int32),
                         buffer=carry["buffer"]), carry["cache"]
+
+    @staticmethod
+    def _catch_up(model, state) -> tuple[jax.Array, KVCache]:
+        """Feed the one or two tokens the draft cache lacks, ending with the row's last token:
+        ``[B, V]`` logits for position L and the cache (a block of one unless some row is two
+        behind: a one-token pass is cheaper)."""
+        S = state.tokens.shape[1]
+        behind = jnp.where(~state.done, state.lengths - state.draft_cache.lengths, 0)  # {0, 1, 2}
+
+        def catch_up(width):
+            def run(cache):
+                index = jnp.clip(cache.lengths[:, None] + jnp.arange(width, dtype=jnp.int32)[None],
+                                 0, S - 1)
+                logits, cache = model(jnp.take_along_axis(state.tokens, index, axis=1),
+                                      cache=cache, num_valid=behind)  # [B, width, V]
+                last = jnp.clip(behind - 1, 0, width - 1)[:, None, None]
+                return jnp.take_along_axis(logits, last, axis=1)[:, 0], cache  # [B, V]
+            return run
+
+        return jax.lax.cond(jnp.any(behind == 2), catch_up(2), catch_up(1), state.draft_cache)
+
+    def rejected_logq(self, weights, state, proposal, cache, n, rejected):
+        # The proposals left the cache at L + gamma - 1; a rejected row goes back to L + n - 1
+        # and feeds the token there again, which leaves it where the round's rewind wants it.
+        model = nnx.merge(self.graphdef, weights)
+        L = state.lengths
+        before = jnp.take_along_axis(proposal.buffer, (L + n - 1)[:, None], axis=1)  # [B, 1]
+
+        def recompute(cache):
+            cache = cache.rewind(jnp.where(rejected, L + n - 1, cache.lengths))
+            logits, cache = model(before, cache=cache, num_valid=rejected.astype(jnp.int32))
+            return sampling.processed_logprobs(logits[:, 0], state.params,
+                                               state.history(proposal.buffer, L + n)), cache
+
+        def nothing(cache):
+            return jnp.full((L.shape[0], state.eos_mask.shape[0]), -jnp.inf), cache
+
+        return jax.lax.cond(jnp.any(rejected), recompute, nothing, cache)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,7 +220,7 @@ class NgramDrafter(Drafter):
     Hugging Face's prompt lookup and vLLM's n-gram proposer do; except that a continuation
     shorter than ``gamma`` (a match close to the end) is repeated: the tokens since the match are
     one period of a repeat, so a row caught in a loop gets ``gamma`` proposals. Each proposal's
-    ``q`` is one-hot."""
+    ``q`` is one-hot (``logq`` 0), and so is the ``q`` row of a rejected one."""
 
     max_ngram: int = 3
     min_ngram: int = 1
@@ -174,11 +236,11 @@ class NgramDrafter(Drafter):
     def prefill(self, weights, block, num_valid, max_len):
         return None
 
-    def propose(self, weights, state, greedy):
-        del weights, greedy
+    def propose(self, weights, state):
+        del weights
         tokens, L = state.tokens, state.lengths
         B, S = tokens.shape
-        V, gamma = state.eos_mask.shape[0], state.gamma
+        gamma = state.gamma
         slot = jnp.arange(S, dtype=jnp.int32)[None, :]  # [1, S]: where an earlier n-gram ends
         found, end = jnp.zeros((B,), bool), jnp.zeros((B,), jnp.int32)
         # An n-gram and an earlier match need n + 1 slots: longer n cannot match in S slots.
@@ -198,8 +260,7 @@ class NgramDrafter(Drafter):
         proposed = jnp.take_along_axis(
             tokens, jnp.clip(end[:, None] + 1 + offsets % period, 0, S - 1), axis=1)  # [B, gamma]
         count = jnp.where(found & ~state.done, gamma, 0)
-        logq = jnp.where(jax.nn.one_hot(proposed, V, dtype=bool), 0.0, -jnp.inf)  # [B, gamma, V]
         rows = jnp.broadcast_to(jnp.arange(B)[:, None], (B, gamma))
         buffer = tokens.at[rows, L[:, None] + offsets].set(proposed, mode="drop")
-        return Proposal(tokens=proposed, logq=logq, count=count.astype(jnp.int32),
-                        buffer=buffer), None
+        return Proposal(tokens=proposed, logq=jnp.zeros((B, gamma), jnp.float32),
+                        count=count.astype(jnp.int32), buffer=buffer), None

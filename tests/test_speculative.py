@@ -215,7 +215,7 @@ def ngram_proposal(prompt, gamma=3):
                                       dl.sampling.seed_keys(np.zeros((1,), np.uint32)),
                                       GREEDY.per_row(1, V), np.zeros((V,), bool),
                                       np.zeros((0, 1), np.int32), gamma=gamma, max_new_tokens=8)
-    proposal, _ = NgramDrafter().propose(None, state, jnp.asarray(True))
+    proposal, _ = NgramDrafter().propose(None, state)
     return proposal.tokens[0].tolist(), int(proposal.count[0])
 
 
@@ -278,17 +278,19 @@ def pair():
     return dl.Transformer(cfg, rngs=nnx.Rngs(3)), dl.Transformer(cfg, rngs=nnx.Rngs(4))
 
 
-def exact_two_token_distribution(target, prompt, params):
+def exact_two_token_distribution(target, prompt, params, eos_ids=()):
     """``[V, V]``: P(first two output tokens = (a, b)) under ``target`` with ``params``'
-    processors, from its logits: p(a | prompt) * p(b | prompt + a)."""
+    processors (``eos_ids`` the ids min-new-tokens bans), from its logits:
+    p(a | prompt) * p(b | prompt + a)."""
     rows = np.asarray([prompt + [a] for a in range(SMALL_V)], np.int32)  # [V, P + 1]
     logits = target(jnp.asarray(rows))  # [V, P + 1, V], no cache
     P = len(prompt)
+    eos_mask = jnp.zeros((SMALL_V,), bool).at[jnp.asarray(eos_ids, jnp.int32)].set(True)
 
     def processed(logits_at, lengths, tokens):
         history = dl.sampling.History(
             tokens=jnp.asarray(tokens), prompt_lengths=jnp.full((SMALL_V,), P, jnp.int32),
-            lengths=jnp.asarray(lengths, jnp.int32), eos_mask=jnp.zeros((SMALL_V,), bool))
+            lengths=jnp.asarray(lengths, jnp.int32), eos_mask=eos_mask)
         return np.exp(np.asarray(dl.sampling.processed_logprobs(
             logits_at, params.per_row(SMALL_V, SMALL_V), history), np.float64))
 
@@ -297,12 +299,12 @@ def exact_two_token_distribution(target, prompt, params):
     return first[:, None] * second
 
 
-def first_two_tokens(target, draft, prompt, params, seed0):
+def first_two_tokens(target, draft, prompt, params, seed0, **kwargs):
     out = speculative.speculative_generate(target, draft, [prompt] * SAMPLES, params, 2, 2,
-                                           seed=seed0)
+                                           seed=seed0, **kwargs)
     assert (out.lengths == 2).all()
     return np.bincount(out.tokens[:, 0] * SMALL_V + out.tokens[:, 1],
-                       minlength=SMALL_V * SMALL_V)
+                       minlength=SMALL_V * SMALL_V), out.stats
 
 
 def chi_square_pvalue(counts, probabilities):
@@ -331,7 +333,7 @@ def test_first_two_tokens_are_distributed_exactly_as_the_target(pair, name):
     0..19,999, one batch), gamma 2, against p(a) p(b | a) from the target's logits; fails with
     probability SIGNIFICANCE when the sampler is exact."""
     target, draft = pair
-    counts = first_two_tokens(target, draft, PROMPT, SETTINGS[name], seed0=0)
+    counts, _ = first_two_tokens(target, draft, PROMPT, SETTINGS[name], seed0=0)
     exact = exact_two_token_distribution(target, PROMPT, SETTINGS[name])
     assert chi_square_pvalue(counts, exact) > SIGNIFICANCE
 
@@ -344,11 +346,75 @@ def test_the_distribution_test_fails_when_every_proposal_is_accepted(pair, monke
     try:
         target, draft = pair
         params = SETTINGS["temperature 1"]
-        counts = first_two_tokens(target, draft, PROMPT, params, seed0=0)
+        counts, _ = first_two_tokens(target, draft, PROMPT, params, seed0=0)
         exact = exact_two_token_distribution(target, PROMPT, params)
         assert chi_square_pvalue(counts, exact) < SIGNIFICANCE
     finally:
         jax.clear_caches()
+
+
+REPEATING_PROMPT = [1, 5, 2, 1, 5]  # prompt lookup finds "1 5" and proposes 2, 1
+
+
+def test_ngram_drafts_are_distributed_exactly_as_the_target(pair):
+    """Prompt lookup's one-hot q: a proposal x is kept with probability p(x), and after a
+    rejection the token is drawn from p without x. Chi-square as above, at temperature 1."""
+    target, _ = pair
+    params = SETTINGS["temperature 1"]
+    counts, stats = first_two_tokens(target, NgramDrafter(), REPEATING_PROMPT, params, seed0=0)
+    assert stats.tested.sum() >= SAMPLES and 0 < stats.overall_alpha < 1  # proposals were judged
+    exact = exact_two_token_distribution(target, REPEATING_PROMPT, params)
+    assert chi_square_pvalue(counts, exact) > SIGNIFICANCE
+
+
+EOS_ID = 4
+HISTORY_SETTING = dl.SamplingParams(temperature=1.0, repetition_penalty=2.0,
+                                    no_repeat_ngram_size=2, min_new_tokens=2)
+
+
+@pytest.mark.parametrize("drafter", ["model", "ngram"])
+def test_history_dependent_processors_are_exact_at_every_verified_position(pair, drafter):
+    """Repetition penalty, no-repeat-2-gram and min-new-tokens read the history, which inside a
+    round includes the proposals before each position: the first two tokens (EOS banned for both
+    by min-new-tokens, the second penalised and banned by the first) are distributed as the
+    target's processed p(a) p(b | a)."""
+    target, draft = pair
+    draft = draft if drafter == "model" else NgramDrafter()
+    counts, stats = first_two_tokens(target, draft, REPEATING_PROMPT, HISTORY_SETTING, seed0=0,
+                                     eos_ids=[EOS_ID])
+    assert stats.tested.sum() > 0
+    exact = exact_two_token_distribution(target, REPEATING_PROMPT, HISTORY_SETTING,
+                                         eos_ids=[EOS_ID])
+    assert exact[EOS_ID].sum() == exact[:, EOS_ID].sum() == 0
+    assert chi_square_pvalue(counts, exact) > SIGNIFICANCE
+
+
+class LetterTokenizer:
+    """Token t is the letter ``"abcdefgh"[t]``."""
+
+    def encode(self, text):
+        return ["abcdefgh".index(c) for c in text]
+
+    def decode(self, ids):
+        return "".join("abcdefgh"[i] for i in ids)
+
+
+def test_stop_strings_keep_the_distribution_exact(pair):
+    """With the stop string "c" (token 2), an output is (a, b) with a != 2, or (2,) alone, with
+    the target's probabilities p(a) p(b | a) and p(2): the round stops inside its kept tokens."""
+    target, draft = pair
+    params = SETTINGS["temperature 1"]
+    out = speculative.speculative_generate(target, draft, [PROMPT] * SAMPLES, params, 2, 2,
+                                           seed=0, stop_strings=["c"], tokenizer=LetterTokenizer())
+    stopped = out.tokens[:, 0] == 2
+    assert (out.lengths == np.where(stopped, 1, 2)).all()
+    assert [out.finish_reason[i] for i in np.flatnonzero(stopped)] == ["stop"] * stopped.sum()
+    cells = np.where(stopped, SMALL_V * SMALL_V, out.tokens[:, 0] * SMALL_V + out.tokens[:, 1])
+    counts = np.bincount(cells, minlength=SMALL_V * SMALL_V + 1)
+    joint = exact_two_token_distribution(target, PROMPT, params)
+    exact = np.r_[np.where(np.arange(SMALL_V)[:, None] == 2, 0.0, joint).reshape(-1),
+                  joint[2].sum()]
+    assert chi_square_pvalue(counts, exact) > SIGNIFICANCE
 
 
 # --- Bad input ------------------------------------------------------------------------------------
