@@ -44,11 +44,10 @@ in consecutive batches of ``batch_size``; every request generates exactly ``new_
   steps: above 1 where verifying ``g + 1`` tokens, the bookkeeping of a round or a batch waiting
   for its slowest row costs more than the theory says.
 - ``load_1min``: the machine's 1-minute load average when the point started.
-- Per prompt and per repetition, for a bootstrap over prompts (strings, as a row's metrics are
-  scalars): ``accepted_per_prompt``, ``tested_per_prompt``, ``generated_per_prompt``,
-  ``rounds_per_prompt`` ("n0 n1 ...", prompt order), and ``target_seconds_per_batch`` /
-  ``speculative_seconds_per_batch`` (each repetition's seconds of each batch, "s0 s1 ...",
-  repetitions separated by "; "; at batch 1 a batch is one prompt).
+- Per prompt and per repetition, for a bootstrap over prompts: ``accepted_per_prompt``,
+  ``tested_per_prompt``, ``generated_per_prompt``, ``rounds_per_prompt`` (lists in prompt order),
+  and ``target_seconds_per_batch`` / ``speculative_seconds_per_batch`` (``{"r<i>": [seconds of
+  each batch]}`` for repetition i; at batch 1 a batch is one prompt).
 """
 
 from __future__ import annotations
@@ -286,11 +285,11 @@ def evaluate(config, ctx) -> dict:
     with np.errstate(invalid="ignore", divide="ignore"):
         by_position = accepted / tested
 
-    def per_prompt(field):  # prompt order, batch after batch: "n0 n1 ..."
-        return " ".join(str(int(v)) for s in stats for v in getattr(s, field))
+    def per_prompt(field):  # prompt order, batch after batch
+        return [int(v) for s in stats for v in getattr(s, field)]
 
-    def per_repetition(times):  # "batch seconds ...; next repetition ..."
-        return "; ".join(" ".join(f"{t:.6f}" for t in batch) for batch in times)
+    def per_repetition(times):  # repetition -> each batch's seconds
+        return {f"r{i}": [float(t) for t in batch] for i, batch in enumerate(times)}
 
     row = {
         "drafter": config.drafter,
