@@ -27,7 +27,7 @@ from decodelab.cache import KVCache
 from decodelab.checks import check_size
 
 if TYPE_CHECKING:
-    from decodelab.speculative import SpecState
+    from decodelab.spec_round import SpecState
 
 # Random streams: the key of a draw is fold_in(row key at the position, stream).
 DRAFT_STREAM, ACCEPT_STREAM, TARGET_STREAM = 0, 1, 2

@@ -12,7 +12,7 @@ import decodelab as dl
 from decodelab import compiles, experiment, serving
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-PROGRAMS = ("_prefill_rows", "_advance_loop", "_harvest", "_replan")
+PROGRAMS = ("prefill_rows", "_advance_loop", "_harvest", "_replan")
 
 
 def _config_module():

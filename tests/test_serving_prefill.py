@@ -13,7 +13,7 @@ from flax import nnx
 
 import decodelab as dl
 from decodelab.serving import Request, SlotEngine
-from decodelab.serving import engine as engine_module
+from decodelab.serving import slot_prefill
 from test_step_structure import aliased_parameters, large_ops, parameters
 
 S = 64  # slot capacity
@@ -70,13 +70,13 @@ def test_the_prompts_waiting_at_a_call_are_prefilled_in_one_call(tiny, reference
     of two; the padding row's index, 4, is past the slots and writes nothing) and 64 columns
     (37 rounded up)."""
     calls = []
-    prefill_rows = engine_module._prefill_rows
+    prefill_rows = slot_prefill.prefill_rows
 
     def spy(weights, state, chunk, **static):
         calls.append((chunk.block.shape, chunk.rows.tolist(), chunk.counts.tolist(), static))
         return prefill_rows(weights, state, chunk, **static)
 
-    monkeypatch.setattr(engine_module, "_prefill_rows", spy)
+    monkeypatch.setattr(slot_prefill, "prefill_rows", spy)
     engine = SlotEngine(tiny, 4, S)
     for request in long_requests()[:3]:
         engine.insert(request)
@@ -116,13 +116,13 @@ def prefill_hlo(model, num_slots: int, max_len: int, prompt: int, chunk: int | N
 
     engine = SlotEngine(model, num_slots, max_len, prefill_chunk=chunk)
     engine.insert(Request(id=0, prompt=list(range(1, prompt + 1)), max_new_tokens=4), slot=2)
-    prefill_rows = engine_module._prefill_rows
-    engine_module._prefill_rows = capture
+    prefill_rows = slot_prefill.prefill_rows
+    slot_prefill.prefill_rows = capture
     try:
         for _ in range(call):
             engine.prefill()
     finally:
-        engine_module._prefill_rows = prefill_rows
+        slot_prefill.prefill_rows = prefill_rows
     weights, state, chunk, static = captured[-1]
     return prefill_rows.lower(weights, state, chunk, **static).compile().as_text()
 

@@ -16,7 +16,7 @@ import scipy.stats
 from flax import nnx
 
 import decodelab as dl
-from decodelab import experiment, speculative
+from decodelab import experiment, spec_round, speculative
 from decodelab.speculative import NgramDrafter
 
 GREEDY = dl.SamplingParams.greedy()
@@ -341,7 +341,7 @@ def test_first_two_tokens_are_distributed_exactly_as_the_target(pair, name):
 def test_the_distribution_test_fails_when_every_proposal_is_accepted(pair, monkeypatch):
     """The same test, with the acceptance rule replaced by "always accept": the output is then
     the draft's, and the test rejects it."""
-    monkeypatch.setattr(speculative, "_accepts", lambda u, p, q: jnp.ones_like(u, bool))
+    monkeypatch.setattr(spec_round, "_accepts", lambda u, p, q: jnp.ones_like(u, bool))
     jax.clear_caches()  # the loop must be traced again with the broken rule
     try:
         target, draft = pair

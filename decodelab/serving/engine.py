@@ -7,9 +7,9 @@ Conventions (every caller relies on them):
   its prompt is prefilled by the next ``prefill`` (the first thing ``step`` does), which runs the
   prompts of every slot waiting then as one ``[R, T]`` block (``R`` and ``T`` rounded up to powers
   of two, so a new count or length rarely compiles) through the model, in one compiled call
-  (``_prefill_rows``). Keys and values go straight into those slots' rows of the shared cache
-  (a ``cache.RowView``: no fresh cache, no copy of a row; a quantized cache copies the rows it
-  prefills), and every other per-row field of the slot (tokens, lengths, sampling parameters,
+  (``slot_prefill.prefill_rows``). Keys and values go straight into those slots' rows of the
+  shared cache (a ``cache.RowView``: no fresh cache, no copy of a row; a quantized cache copies
+  the rows it prefills), and every other per-row field of the slot (tokens, lengths, sampling parameters,
   seed key, stop sequences, budget, log-probs) is rewritten: nothing of the slot's previous
   request is read again (its stale cache slots past the new length are never attended).
 - With ``prefill_chunk=C`` a prompt enters C tokens per engine call (Sarathi-style chunked
@@ -50,22 +50,16 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx, struct
+from flax import nnx
 
 from decodelab import decode, kvquant, sampling
-from decodelab.cache import KVCache, RowView
 from decodelab.checks import check_memory, check_model, check_size, is_int, nbytes, position_limit
 from decodelab.decode import DecodeState
 from decodelab.loop import CompiledLoop
+from decodelab.serving import slot_prefill
 from decodelab.request import (FINISH_REASONS, LENGTH, RUNNING, bucket_length, check_eos,
                                check_seed, decode_buffers)
 from decodelab.sampling import SamplingParams
-
-# Fields of DecodeState with a leading slot axis (the cache's k and v have it second).
-ROW_FIELDS = ("tokens", "prompt_lengths", "lengths", "finish", "logits", "keys", "params",
-              "stop_ids", "budgets", "logprobs", "top_logprobs", "top_ids", "entropy",
-              "output_counts", "seen")
-
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Request:
@@ -166,98 +160,6 @@ def _replan(state: DecodeState, *, plan: sampling.Plan) -> DecodeState:
     vocab_size = state.logits.shape[-1]
     return state.replace(params=state.params.with_plan(plan),
                          **decode.carried_counts(state.history, plan, vocab_size))
-
-
-@struct.dataclass(kw_only=True)
-class PrefillChunk:
-    """The next chunk of the prompts of ``R`` slots, and each slot's request fields.
-
-    Row ``i`` holds prompt tokens ``offsets[i] .. offsets[i] + counts[i] - 1`` of the request in
-    slot ``rows[i]``, left-aligned in ``block``; ``rows`` increase, and a padding row (there to
-    round ``R`` up to a power of two) has a row index ``>= num_slots`` of its own and writes
-    nothing."""
-
-    block: jax.Array  # [R, T] int32, padded with 0
-    rows: jax.Array  # [R] int32
-    offsets: jax.Array  # [R] int32, prompt tokens already in the slot's cache
-    counts: jax.Array  # [R] int32, tokens of this chunk (<= T)
-    prompt_lengths: jax.Array  # [R] int32
-    keys: jax.Array  # [R, ...] uint32, each request's key data
-    params: tuple[sampling.RowParams, ...]  # R one-row values, under the engine's plan
-    stop_ids: jax.Array  # [R, M, W] int32
-    budgets: jax.Array  # [R] int32
-
-
-def _rows_of(cache, rows: jax.Array, offsets: jax.Array, reach: int):
-    """The slots ``rows`` of ``cache`` as a cache of ``R`` rows at lengths ``offsets``: a float
-    cache as a ``RowView`` (no copy); another kind as a copy of those rows, emptied where the
-    offset is 0 (a quantized cache's scales and float tail start afresh with a prompt)."""
-    if isinstance(cache, KVCache):
-        return RowView.of(cache, rows, offsets, reach)
-    copy = cache.take_rows(jnp.minimum(rows, cache.batch_size - 1))
-    fresh = offsets == 0  # [R]
-
-    def empty(x):
-        if x.ndim == 1:
-            return x
-        return jnp.where(fresh.reshape((1, -1) + (1,) * (x.ndim - 2)), jnp.zeros_like(x), x)
-
-    return jax.tree.map(empty, copy).rewind(offsets)
-
-
-def _merge_rows(cache, rows_cache, rows: jax.Array):
-    """``cache`` with ``rows_cache`` (from ``_rows_of``) written back into slots ``rows``."""
-    if isinstance(rows_cache, RowView):
-        return rows_cache.merged_into(cache)
-    # lengths [B] have the slot axis first; keys, values (and a quantized cache's scales) second
-    return jax.tree.map(lambda big, part: big.at[(slice(None),) * (big.ndim > 1) + (rows,)].set(
-        part.astype(big.dtype), mode="drop"), cache, rows_cache)
-
-
-@functools.partial(jax.jit, static_argnames=("graphdef", "reach"), donate_argnames=("state",))
-def _prefill_rows(weights, state: DecodeState, chunk: PrefillChunk, *, graphdef,
-                  reach: int) -> DecodeState:
-    """Run one chunk of ``R`` slots' prompts through the model, writing keys and values straight
-    into those slots' rows of the state's cache, and (re)write every per-row field of the slots.
-    A slot whose prompt this chunk completes is running, with the logits of its last prompt
-    token; a slot with prompt left stays not running (finish "length"), its cache holding the
-    prompt so far. ``reach``: the cache slots the chunk's attention spans: the block width when
-    every chunk starts at slot 0 (a prompt sees only itself), else the whole row (``max_len``)."""
-    model = nnx.merge(graphdef, weights)
-    R, T = chunk.block.shape
-    S, V = state.tokens.shape[1], state.logits.shape[-1]
-    rows = chunk.rows
-    part = _rows_of(state.cache, rows, chunk.offsets, reach)
-    logits, part = model(chunk.block, cache=part, num_valid=chunk.counts)  # [R, T, V]
-    last = jnp.take_along_axis(logits, jnp.maximum(chunk.counts - 1, 0)[:, None, None],
-                               axis=1)[:, 0]  # [R, V]
-    # The slot's tokens: the prompt before this chunk kept, this chunk written, the rest zero.
-    slot = jnp.arange(S, dtype=jnp.int32)[None, :]  # [1, S]
-    kept = state.tokens[jnp.minimum(rows, state.tokens.shape[0] - 1)]  # [R, S]
-    tokens = jnp.where(slot < chunk.offsets[:, None], kept, 0)
-    j = jnp.arange(T, dtype=jnp.int32)[None, :]  # [1, T]
-    at = jnp.where(j < chunk.counts[:, None], chunk.offsets[:, None] + j, S)  # [R, T]
-    tokens = tokens.at[jnp.arange(R)[:, None], at].set(chunk.block, mode="drop")
-    filled = chunk.offsets + chunk.counts  # [R]
-    final = filled >= chunk.prompt_lengths
-    lengths = jnp.where(final, chunk.prompt_lengths, filled)
-    N = state.max_new_tokens
-    params = jax.tree.map(lambda *rows: jnp.concatenate(rows), *chunk.params)  # [R] per field
-    fields = dict(
-        tokens=tokens, prompt_lengths=chunk.prompt_lengths, lengths=lengths,
-        finish=jnp.where(final, RUNNING, LENGTH).astype(jnp.int32), logits=last,
-        keys=chunk.keys, params=params, stop_ids=chunk.stop_ids, budgets=chunk.budgets,
-        logprobs=jnp.full((R, N), jnp.nan, jnp.float32),
-        top_logprobs=jnp.zeros((R,) + state.top_logprobs.shape[1:], jnp.float32),
-        top_ids=jnp.zeros((R,) + state.top_ids.shape[1:], jnp.int32),
-        entropy=jnp.zeros((R,) + state.entropy.shape[1:], jnp.float32))
-    history = sampling.History(tokens=tokens, prompt_lengths=chunk.prompt_lengths,
-                               lengths=lengths, eos_mask=state.eos_mask)
-    fields.update(decode.carried_counts(history, state.params.plan, V))
-    put = lambda big, one: big.at[rows].set(one.astype(big.dtype), mode="drop")  # noqa: E731
-    updated = {name: jax.tree.map(put, getattr(state, name), fields[name])
-               for name in ROW_FIELDS if fields.get(name) is not None}
-    return state.replace(cache=_merge_rows(state.cache, part, rows), **updated)
 
 
 @functools.partial(jax.jit, static_argnames=("n",))
@@ -495,7 +397,7 @@ class SlotEngine:
             block[r, :count] = request.prompt[offset:offset + count]
             for m, s in enumerate(request.stop_sequences):
                 stops[r, m, self.max_stop_width - len(s):] = s
-        chunk = PrefillChunk(
+        chunk = slot_prefill.PrefillChunk(
             block=block,
             rows=np.asarray(slots + list(range(self.num_slots, self.num_slots + pad)), np.int32),
             offsets=np.asarray(offsets + [0] * pad, np.int32),
@@ -505,8 +407,8 @@ class SlotEngine:
             params=tuple(self._row_params[i].with_plan(self._plan)
                          for i in slots + [slots[0]] * pad), stop_ids=stops,
             budgets=np.asarray([r.max_new_tokens for r in requests], np.int32))
-        self._state = _prefill_rows(self._weights, self._state, chunk, graphdef=self._graphdef,
-                                    reach=reach)
+        self._state = slot_prefill.prefill_rows(self._weights, self._state, chunk,
+                                                graphdef=self._graphdef, reach=reach)
         for i, count in zip(slots, counts):
             self._prefilled[i] += count
         return len(self.prefilling)

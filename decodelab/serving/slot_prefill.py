@@ -1,0 +1,115 @@
+"""The slot engine's prefill: one compiled call runs the next chunk of the prompts of ``R`` slots
+through the model, writing keys and values straight into those slots' rows of the engine's cache
+(a float cache through a ``cache.RowView``: no fresh cache and no copy of a row; a quantized cache
+copies the rows it prefills), and rewrites every per-row field of the slots (``engine`` module
+docstring)."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+from decodelab import decode, sampling
+from decodelab.cache import KVCache, RowView
+from decodelab.decode import DecodeState
+from decodelab.request import LENGTH, RUNNING
+
+# Fields of DecodeState with a leading slot axis (the cache's k and v have it second).
+ROW_FIELDS = ("tokens", "prompt_lengths", "lengths", "finish", "logits", "keys", "params",
+              "stop_ids", "budgets", "logprobs", "top_logprobs", "top_ids", "entropy",
+              "output_counts", "seen")
+
+
+@struct.dataclass(kw_only=True)
+class PrefillChunk:
+    """The next chunk of the prompts of ``R`` slots, and each slot's request fields.
+
+    Row ``i`` holds prompt tokens ``offsets[i] .. offsets[i] + counts[i] - 1`` of the request in
+    slot ``rows[i]``, left-aligned in ``block``; ``rows`` increase, and a padding row (there to
+    round ``R`` up to a power of two) has a row index ``>= num_slots`` of its own and writes
+    nothing."""
+
+    block: jax.Array  # [R, T] int32, padded with 0
+    rows: jax.Array  # [R] int32
+    offsets: jax.Array  # [R] int32, prompt tokens already in the slot's cache
+    counts: jax.Array  # [R] int32, tokens of this chunk (<= T)
+    prompt_lengths: jax.Array  # [R] int32
+    keys: jax.Array  # [R, ...] uint32, each request's key data
+    params: tuple[sampling.RowParams, ...]  # R one-row values, under the engine's plan
+    stop_ids: jax.Array  # [R, M, W] int32
+    budgets: jax.Array  # [R] int32
+
+
+def rows_of(cache, rows: jax.Array, offsets: jax.Array, reach: int):
+    """The slots ``rows`` of ``cache`` as a cache of ``R`` rows at lengths ``offsets``: a float
+    cache as a ``RowView`` (no copy); another kind as a copy of those rows, emptied where the
+    offset is 0 (a quantized cache's scales and float tail start afresh with a prompt)."""
+    if isinstance(cache, KVCache):
+        return RowView.of(cache, rows, offsets, reach)
+    copy = cache.take_rows(jnp.minimum(rows, cache.batch_size - 1))
+    fresh = offsets == 0  # [R]
+
+    def empty(x):
+        if x.ndim == 1:
+            return x
+        return jnp.where(fresh.reshape((1, -1) + (1,) * (x.ndim - 2)), jnp.zeros_like(x), x)
+
+    return jax.tree.map(empty, copy).rewind(offsets)
+
+
+def merge_rows(cache, rows_cache, rows: jax.Array):
+    """``cache`` with ``rows_cache`` (from ``rows_of``) written back into slots ``rows``."""
+    if isinstance(rows_cache, RowView):
+        return rows_cache.merged_into(cache)
+    # lengths [B] have the slot axis first; keys, values (and a quantized cache's scales) second
+    return jax.tree.map(lambda big, part: big.at[(slice(None),) * (big.ndim > 1) + (rows,)].set(
+        part.astype(big.dtype), mode="drop"), cache, rows_cache)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "reach"), donate_argnames=("state",))
+def prefill_rows(weights, state: DecodeState, chunk: PrefillChunk, *, graphdef,
+                  reach: int) -> DecodeState:
+    """Run one chunk of ``R`` slots' prompts through the model, writing keys and values straight
+    into those slots' rows of the state's cache, and (re)write every per-row field of the slots.
+    A slot whose prompt this chunk completes is running, with the logits of its last prompt
+    token; a slot with prompt left stays not running (finish "length"), its cache holding the
+    prompt so far. ``reach``: the cache slots the chunk's attention spans: the block width when
+    every chunk starts at slot 0 (a prompt sees only itself), else the whole row (``max_len``)."""
+    model = nnx.merge(graphdef, weights)
+    R, T = chunk.block.shape
+    S, V = state.tokens.shape[1], state.logits.shape[-1]
+    rows = chunk.rows
+    part = rows_of(state.cache, rows, chunk.offsets, reach)
+    logits, part = model(chunk.block, cache=part, num_valid=chunk.counts)  # [R, T, V]
+    last = jnp.take_along_axis(logits, jnp.maximum(chunk.counts - 1, 0)[:, None, None],
+                               axis=1)[:, 0]  # [R, V]
+    # The slot's tokens: the prompt before this chunk kept, this chunk written, the rest zero.
+    slot = jnp.arange(S, dtype=jnp.int32)[None, :]  # [1, S]
+    kept = state.tokens[jnp.minimum(rows, state.tokens.shape[0] - 1)]  # [R, S]
+    tokens = jnp.where(slot < chunk.offsets[:, None], kept, 0)
+    j = jnp.arange(T, dtype=jnp.int32)[None, :]  # [1, T]
+    at = jnp.where(j < chunk.counts[:, None], chunk.offsets[:, None] + j, S)  # [R, T]
+    tokens = tokens.at[jnp.arange(R)[:, None], at].set(chunk.block, mode="drop")
+    filled = chunk.offsets + chunk.counts  # [R]
+    final = filled >= chunk.prompt_lengths
+    lengths = jnp.where(final, chunk.prompt_lengths, filled)
+    N = state.max_new_tokens
+    params = jax.tree.map(lambda *rows: jnp.concatenate(rows), *chunk.params)  # [R] per field
+    fields = dict(
+        tokens=tokens, prompt_lengths=chunk.prompt_lengths, lengths=lengths,
+        finish=jnp.where(final, RUNNING, LENGTH).astype(jnp.int32), logits=last,
+        keys=chunk.keys, params=params, stop_ids=chunk.stop_ids, budgets=chunk.budgets,
+        logprobs=jnp.full((R, N), jnp.nan, jnp.float32),
+        top_logprobs=jnp.zeros((R,) + state.top_logprobs.shape[1:], jnp.float32),
+        top_ids=jnp.zeros((R,) + state.top_ids.shape[1:], jnp.int32),
+        entropy=jnp.zeros((R,) + state.entropy.shape[1:], jnp.float32))
+    history = sampling.History(tokens=tokens, prompt_lengths=chunk.prompt_lengths,
+                               lengths=lengths, eos_mask=state.eos_mask)
+    fields.update(decode.carried_counts(history, state.params.plan, V))
+    put = lambda big, one: big.at[rows].set(one.astype(big.dtype), mode="drop")  # noqa: E731
+    updated = {name: jax.tree.map(put, getattr(state, name), fields[name])
+               for name in ROW_FIELDS if fields.get(name) is not None}
+    return state.replace(cache=merge_rows(state.cache, part, rows), **updated)
