@@ -6,6 +6,7 @@ accelerator; XLA compiles with its LLVM backend at -O0 (below).
 """
 
 import os
+import tempfile
 
 # XLA's LLVM backend at -O0 (set before the CPU backend starts; subprocesses inherit it): the
 # suite compiles hundreds of tiny programs and runs each a few times, so LLVM's optimisation
@@ -13,6 +14,15 @@ import os
 # level; float results differ from -O2's by rounding only (a few ulps).
 os.environ["XLA_FLAGS"] = " ".join(
     f for f in ("--xla_backend_optimization_level=0", os.environ.get("XLA_FLAGS")) if f)
+
+# One persistent compilation cache for every process of a run (pytest-xdist's workers and the
+# subprocesses tests start inherit the variable): a program compiled in one process is read, not
+# compiled again, in the others. Entries are keyed by the program, the flags and the jax version;
+# a run on a fresh machine starts empty.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(
+    tempfile.gettempdir(), f"decodelab-tests-xla-cache-{os.getuid()}"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
@@ -28,6 +38,20 @@ from decodelab.config import ModelConfig  # noqa: E402  (after the config update
 # (4 query heads share 2 kv heads).
 TINY = dict(vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=256,
             max_seq_len=64)
+
+
+# The longest files first: pytest-xdist hands files to its workers in collection order, so a long
+# file collected last would run alone while the other worker waits (longest-first balances the
+# two). The rest keep their order.
+LONGEST_FIRST = ("test_sharding.py", "test_convert.py", "test_speculative.py", "test_experiment.py",
+                 "test_model.py", "test_decode.py", "test_kvquant.py", "test_serving_engine.py",
+                 "test_quantize.py", "test_train.py", "test_multihost.py", "test_pipeline.py",
+                 "test_serving_prefill.py", "test_sampling_structure.py", "test_bench_decode.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
 @pytest.fixture(scope="session")
