@@ -1,25 +1,15 @@
 """The batching study's pieces: its long-prompt trace, its warm-up (after which a timed replay
 compiles none of the engine's programs) and the per-request values its rows keep."""
 
-import importlib.util
-import pathlib
-
 import pytest
 from flax import nnx
 from ml_collections import config_dict
 
 import decodelab as dl
 from decodelab import compiles, experiment, serving
+from study_config import config_module
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 PROGRAMS = ("prefill_rows", "_advance_loop", "_harvest", "_replan")
-
-
-def _config_module():
-    spec = importlib.util.spec_from_file_location("batching_config", ROOT / "configs/batching.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +18,7 @@ def tiny(tiny_config):
 
 
 def test_the_long_prompt_points_are_continuous_with_whole_and_chunked_prefill():
-    module = _config_module()
+    module = config_module("batching")
     points = experiment.expand(module.get_config(), module.get_sweep())
     long = [p.config for p in points if p.config.trace.prompts == "long"]
     assert sorted((c.engine.prefill_chunk, c.trace.rate) for c in long) == [

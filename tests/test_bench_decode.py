@@ -5,7 +5,6 @@ is."""
 import importlib.util
 import math
 import os
-import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -18,24 +17,17 @@ import requires
 from decodelab import experiment, presets, roofline
 from decodelab.config import ModelConfig
 from decodelab.model import Transformer
+from study_config import config_module
 from experiments import bench_decode
 
-CONFIG_FILE = pathlib.Path(__file__).parents[1] / "configs" / "bench_decode.py"
 # In CI the test extra installs the peer, so its tests run there (and fail if it is missing).
 HAS_PEER = bool(os.environ.get("CI")) or all(importlib.util.find_spec(m)
                                              for m in ("torch", "transformers"))
 
 
-def config_module():
-    spec = importlib.util.spec_from_file_location("bench_decode_config", CONFIG_FILE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def small_config(**changes):
     """The tiny preset, batch 2, 8 new tokens, one repetition, small probes, no peer."""
-    config = config_module().get_config("tiny")
+    config = config_module("bench_decode").get_config("tiny")
     overrides = {"preset": "tiny", "batch_size": 2, "new_tokens": 8, "repeats": 1,
                  "roofline.bandwidth_mib": 4, "roofline.matmul_n": 64, "roofline.repeats": 1,
                  "nocache.lengths": 2, "nocache.repeats": 1, "peer.enabled": False, **changes}
@@ -54,7 +46,7 @@ def metrics(rows):
 
 
 def test_the_sweep_covers_three_presets_at_three_batch_sizes_with_their_fields():
-    module = config_module()
+    module = config_module("bench_decode")
     points = experiment.expand(module.get_config(), module.get_sweep())
     assert [(p.config.preset, p.config.batch_size) for p in points] == [
         (p, b) for p in ("tiny", "small", "medium") for b in (1, 8, 32)]
@@ -64,7 +56,7 @@ def test_the_sweep_covers_three_presets_at_three_batch_sizes_with_their_fields()
 
 
 def test_the_max_len_sweep_runs_small_at_batch_8_in_three_cache_sizes_without_peers():
-    module = config_module()
+    module = config_module("bench_decode")
     points = experiment.expand(module.get_config("max_len"), module.get_sweep("max_len"))
     assert [(p.config.preset, p.config.batch_size, p.config.max_len) for p in points] == [
         ("small", 8, 288), ("small", 8, 1024), ("small", 8, 4096)]
@@ -76,7 +68,7 @@ def test_the_max_len_sweep_runs_small_at_batch_8_in_three_cache_sizes_without_pe
 
 
 def test_the_breakdown_sweep_splits_small_at_batch_1_8_and_32():
-    module = config_module()
+    module = config_module("bench_decode")
     points = experiment.expand(module.get_config("breakdown"), module.get_sweep("breakdown"))
     assert [(p.config.preset, p.config.batch_size) for p in points] == [
         ("small", 1), ("small", 8), ("small", 32)]
@@ -84,7 +76,7 @@ def test_the_breakdown_sweep_splits_small_at_batch_1_8_and_32():
 
 
 def test_the_main_sweep_times_sampled_decoding_beside_greedy():
-    config = config_module().get_config()
+    config = config_module("bench_decode").get_config()
     assert (config.study, config.max_len, config.breakdown.enabled) == ("speed", 0, False)
     assert (config.sampled.enabled, config.sampled.temperature, config.sampled.top_p) == (
         True, 0.8, 0.95)
@@ -389,7 +381,7 @@ def test_the_peer_runs_decodelabs_weights(tiny_config, tie):
 
 
 def test_a_pretrained_preset_sweeps_batch_1_and_8_with_its_own_weights(smollm2_installed):
-    module = config_module()
+    module = config_module("bench_decode")
     points = experiment.expand(module.get_config("smollm2-135m"), module.get_sweep("smollm2-135m"))
     assert [p.config.batch_size for p in points] == [1, 8]
     assert {(p.config.preset, p.config.model.pretrained) for p in points} == {

@@ -3,16 +3,14 @@ intervals over windows, claims judged by them, the seed spread, and rows of an e
 (no per-window values) still rendered. Synthetic rows; no model is trained."""
 
 import csv
-import importlib.util
 import math
-import pathlib
 
 import numpy as np
 import pytest
 
 from decodelab import experiment
+from study_config import config_module
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 WINDOWS = 40
 L = 128
 # Tail perplexity per encoding at factors 1, 2, 4, 8 (None: no value), for seed 0.
@@ -21,14 +19,6 @@ TAIL = {"learned": (70.0, None, None, None), "sinusoidal": (64.0, 120.0, 133.0, 
         "rope": (56.0, 66.0, 98.0, 126.0), "nope": (75.0, 81.0, 90.0, 97.0),
         "rope+linear": (None, 83.0, 110.0, 128.0), "rope+ntk": (None, 58.0, 82.0, 129.0),
         "rope+yarn": (None, 60.0, 66.0, 70.0)}
-
-
-def _config_module():
-    spec = importlib.util.spec_from_file_location("extrapolation_config",
-                                                  ROOT / "configs/extrapolation.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _windows(ppl: float, factor: int, label: str, seed: int) -> list[float]:
@@ -54,7 +44,7 @@ def _metrics(label: str, factor: int, seed: int, windows: bool) -> dict:
 
 
 def _rows(windows: bool = True) -> list[dict]:
-    module = _config_module()
+    module = config_module("extrapolation")
     points = experiment.expand(module.get_config(), module.get_sweep())
     provenance = dict.fromkeys(experiment.PROVENANCE_FIELDS, "x")
     rows = []
@@ -86,7 +76,7 @@ def page(study, tmp_path_factory):
 
 
 def test_the_sweep_trains_four_encodings_with_three_seeds_and_keeps_the_first_seeds_points():
-    module = _config_module()
+    module = config_module("extrapolation")
     points = experiment.expand(module.get_config(), module.get_sweep())
     seeds: dict[str, set] = {}
     for p in points:

@@ -2,22 +2,10 @@
 renders from rows alone (targets read from the rows, the llama.cpp rows with their KV cache and a
 note where the peer was not installed). Synthetic rows; no model is trained."""
 
-import importlib.util
-import pathlib
-
 import pytest
 
 from decodelab import experiment
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-
-
-def _config_module():
-    spec = importlib.util.spec_from_file_location("quantization_config",
-                                                  ROOT / "configs/quantization.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from study_config import config_module
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +23,7 @@ def _board(kl: float, same: float) -> dict:
 
 
 def _rows(arg: str | None) -> list[dict]:
-    module = _config_module()
+    module = config_module("quantization")
     points = experiment.expand(module.get_config(arg), module.get_sweep(arg))
     provenance = dict.fromkeys(experiment.PROVENANCE_FIELDS, "x")
     rows = []
@@ -62,7 +50,7 @@ def _rows(arg: str | None) -> list[dict]:
 
 
 def test_the_pretrained_sweep_adds_the_llama_cpp_rows_after_the_self_draft_row():
-    module = _config_module()
+    module = config_module("quantization")
     trained, pretrained = module.get_sweep(), module.get_sweep("smollm2-135m")
     assert len(trained) == 22 and len(pretrained) == 24
     assert pretrained[-3:] == [{"self_draft": True}, {"peer": "llama.cpp"},
@@ -88,7 +76,7 @@ def test_the_page_shows_the_llama_cpp_rows_beside_the_targets(study, tmp_path):
 
 
 def test_a_llama_cpp_row_needs_a_pretrained_model_before_any_model_is_made(study):
-    config = _config_module().get_config()
+    config = config_module("quantization").get_config()
     config.peer = "llama.cpp"
     with pytest.raises(ValueError, match=r"config.peer='llama.cpp' needs a pretrained model's "
                                          r"GGUF file"):

@@ -2,9 +2,7 @@
 and numbers read from the rows. Synthetic rows; no model is trained."""
 
 import csv
-import importlib.util
 import math
-import pathlib
 
 import matplotlib.colors
 import matplotlib.image
@@ -12,15 +10,7 @@ import numpy as np
 import pytest
 
 from decodelab import experiment
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-
-
-def _config_module():
-    spec = importlib.util.spec_from_file_location("sampling_config", ROOT / "configs/sampling.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from study_config import config_module
 
 
 def _metrics(name: str, **changes) -> dict:
@@ -73,7 +63,7 @@ def _per_prompt(m: dict, prompts: int = 24) -> dict:
 
 
 def _rows(changes: dict[str, dict]) -> list[dict]:
-    module = _config_module()
+    module = config_module("sampling")
     points = experiment.expand(module.get_config(), module.get_sweep())
     provenance = dict.fromkeys(experiment.PROVENANCE_FIELDS, "x")
     return [dict(experiment="sampling", config_hash=p.config_hash, seed=0, sweep_index=p.index,
@@ -96,7 +86,7 @@ def test_the_page_has_one_row_per_strategy_plus_human_a_csv_and_a_plot(study, tm
     assert {p.name for p in written} == {"sampling.md", "sampling.csv", "sampling.png"}
     page = (tmp_path / "sampling.md").read_text()
     table = [line for line in page.splitlines() if line.startswith("| ") and "64.0" in line]
-    assert len(table) == len(rows) == len(_config_module().STRATEGIES)
+    assert len(table) == len(rows) == len(config_module("sampling").STRATEGIES)
     assert table[0].startswith("| **human** |")
     with open(tmp_path / "sampling.csv") as f:
         assert len(list(csv.reader(f))) == len(rows) + 1
@@ -108,7 +98,6 @@ def test_the_page_has_one_row_per_strategy_plus_human_a_csv_and_a_plot(study, tm
     for colour in ("tab:blue", "crimson"):
         rgb = np.asarray(matplotlib.colors.to_rgb(colour))
         assert (np.abs(pixels - rgb).max(axis=-1) < 0.02).any(), colour
-
 
 
 def test_claim_verdicts_follow_the_numbers(study):
@@ -161,12 +150,12 @@ def test_plot_labels_are_short():
 
 def test_an_unknown_config_argument_is_refused():
     with pytest.raises(ValueError, match="config argument must be empty or a pretrained model"):
-        _config_module().get_config("medium")
+        config_module("sampling").get_config("medium")
 
 
 @pytest.fixture
 def pretrained_config(smollm2_installed):
-    return _config_module().get_config(smollm2_installed)
+    return config_module("sampling").get_config(smollm2_installed)
 
 
 def test_the_pretrained_variant_generates_and_scores_with_the_real_model_from_chat_prompts(
@@ -174,14 +163,14 @@ def test_the_pretrained_variant_generates_and_scores_with_the_real_model_from_ch
     config = pretrained_config
     assert config.generator.model.pretrained == config.scorer.model.pretrained == "smollm2-135m"
     assert config.generator.to_dict() == config.scorer.to_dict()
-    assert config.prompts.instruction == _config_module().INSTRUCTION
-    assert "instruction" not in _config_module().get_config().prompts
+    assert config.prompts.instruction == config_module("sampling").INSTRUCTION
+    assert "instruction" not in config_module("sampling").get_config().prompts
 
 
 def test_the_pretrained_variants_page_names_the_model_and_its_chat_prompts(study, tmp_path,
                                                                            pretrained_config):
     config = pretrained_config
-    module = _config_module()
+    module = config_module("sampling")
     points = experiment.expand(config, module.get_sweep())
     provenance = dict.fromkeys(experiment.PROVENANCE_FIELDS, "x")
     rows = [dict(experiment="sampling", config_hash=p.config_hash, seed=0, sweep_index=p.index,

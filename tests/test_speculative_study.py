@@ -6,33 +6,19 @@ page of its own."""
 from __future__ import annotations
 
 import copy
-import importlib.util
-import pathlib
 
 import pytest
 
 from decodelab import experiment, presets
 from experiments import speculative as study
-
-CONFIG_FILE = pathlib.Path(__file__).parents[1] / "configs" / "speculative.py"
-
-
-def config_module():
-    spec = importlib.util.spec_from_file_location("speculative_config", CONFIG_FILE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from study_config import config_module
 
 
-spec_config = config_module()
+spec_config = config_module("speculative")
 
 
 def quantization_config():
-    spec = importlib.util.spec_from_file_location("quantization_config",
-                                                  CONFIG_FILE.parent / "quantization.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
+    return config_module("quantization").get_config()
 
 
 def test_the_default_sweep_is_medium_with_a_small_row_set():
