@@ -20,9 +20,10 @@ Conventions (every caller relies on them):
   that stores something else (quantized values, beams sharing a prompt: ``beam.BeamCache``) works
   wherever this one does if it has this class's public methods and properties other than ``k`` and
   ``v``: ``write``, ``read``, ``advance``, ``positions``, ``check_room``, ``take_rows``,
-  ``rewind``, ``lengths``, ``batch_size``, ``max_len`` (and ``gather`` to hold beams). A cache that keeps its newest slots in
-  float beside quantized ones (``kvquant.KiviKVCache``) also has ``float_tail`` and
-  ``read_quantized``, which attention uses instead of ``read`` (``model/attention.py``).
+  ``rewind``, ``lengths``, ``batch_size``, ``max_len`` (and ``gather`` to hold beams). A cache
+  that keeps its newest slots in float beside quantized ones (``kvquant.KiviKVCache``) also has
+  ``float_tail`` and ``read_quantized``, which attention uses instead of ``read``
+  (``model/attention.py``).
 - ``RowView`` is some rows of a cache seen as a cache of their own, for one forward pass: the
   serving engine prefills the rows of new requests through it, writing straight into the shared
   cache's buffers.

@@ -17,7 +17,8 @@ What ``perplexity`` counts, exactly:
   context. The first ``L - S`` targets of the stream are not scored. ``S = L`` is ``"chunks"``.
 - Both modes use the ``K = (N - L - 1) // S + 1`` windows that fit (``S = L`` for chunks); the
   remaining tail (fewer than ``S`` targets) is not scored. ``tokens = K * S`` targets are scored.
-- ``loss`` is the mean negative log-likelihood in nats per scored target; ``perplexity = exp(loss)``.
+- ``loss`` is the mean negative log-likelihood in nats per scored target;
+  ``perplexity = exp(loss)``.
 - ``bits_per_char = loss * (N - 1) / num_chars / ln 2``: the mean loss per target, charged to all
   ``N - 1`` targets of the stream, over the ``num_chars`` characters the stream encodes. When every
   target is scored this is exactly the total nats / ln 2 / ``num_chars``; when a head or a tail is

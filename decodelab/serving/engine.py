@@ -9,9 +9,9 @@ Conventions (every caller relies on them):
   of two, so a new count or length rarely compiles) through the model, in one compiled call
   (``slot_prefill.prefill_rows``). Keys and values go straight into those slots' rows of the
   shared cache (a ``cache.RowView``: no fresh cache, no copy of a row; a quantized cache copies
-  the rows it prefills), and every other per-row field of the slot (tokens, lengths, sampling parameters,
-  seed key, stop sequences, budget, log-probs) is rewritten: nothing of the slot's previous
-  request is read again (its stale cache slots past the new length are never attended).
+  the rows it prefills), and every other per-row field of the slot (tokens, lengths, sampling
+  parameters, seed key, stop sequences, budget, log-probs) is rewritten: nothing of the slot's
+  previous request is read again (its stale cache slots past the new length are never attended).
 - With ``prefill_chunk=C`` a prompt enters C tokens per engine call (Sarathi-style chunked
   prefill): each call runs one chunk of every waiting prompt, then the decode rounds of the
   running slots; a slot is running (decoding) once its last chunk is in.
