@@ -19,8 +19,8 @@ SmolLM2's width (576) is not a multiple of 128, so its "g128" rows use groups of
 A quick look (tiny model, a few training steps, one point):
 `--config.model.d_model=64 --config.model.n_layers=2 --config.model.n_heads=4
 --config.model.n_kv_heads=2 --config.model.d_ff=256 --config.model.max_seq_len=128
---config.train.steps=20 --config.num_windows=2 --config.new_tokens=8 --config.repeats=1
---sweep_shard=0/22`.
+--config.train.steps=20 --config.train.warmup_steps=5 --config.num_windows=2 --config.new_tokens=8
+--config.repeats=2 --sweep_shard=0/22`.
 """
 
 from ml_collections import config_dict
@@ -82,13 +82,14 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
     config.batch_sizes = (1, 8)
     config.prompt_tokens = 32
     config.new_tokens = 64
-    config.repeats = 3
+    config.repeats = 5
     if arg is not None:
         # The pretrained model is the reference (its training section is not used).
         config.tokenizer = config_dict.ConfigDict(dict(pretrained=arg))
         config.model = model_section(arg)
         config.num_windows = 16
         config.new_tokens = 32
+        config.repeats = 3
     return config
 
 
