@@ -48,6 +48,11 @@ in consecutive batches of ``batch_size``; every request generates exactly ``new_
   ``tested_per_prompt``, ``generated_per_prompt``, ``rounds_per_prompt`` (lists in prompt order),
   and ``target_seconds_per_batch`` / ``speculative_seconds_per_batch`` (``{"r<i>": [seconds of
   each batch]}`` for repetition i; at batch 1 a batch is one prompt).
+
+The page shows alpha and tokens per call with a 95% bootstrap interval over the prompts, the
+speed-up with one over the timed batches (``_speedup``; none when all prompts ran as one batch),
+and judges the targets and the distillation claim by ``results.verdict``; rows without the
+per-unit values (an earlier version of the study) render with plain numbers, not judged.
 """
 
 from __future__ import annotations
@@ -71,6 +76,7 @@ from decodelab.model import param_count
 from decodelab.presets import MODEL_PRESETS
 from decodelab.request import bucket_length
 from decodelab.sampling import SamplingParams
+from decodelab.stats import RESAMPLES, Interval, bootstrap, bootstrap_difference, ratio_of_sums
 
 _FLAGS = experiment.define_flags("configs/speculative.py")
 
@@ -337,6 +343,11 @@ def evaluate(config, ctx) -> dict:
 
 # --- The page -------------------------------------------------------------------------------------
 
+NO_UNITS = "the row keeps no per-prompt values, written by an earlier version of the study"
+# How alpha and tokens per call are recomputed from a row's per-prompt counts (ratio of sums).
+RESAMPLED = {"alpha": ("accepted_per_prompt", "tested_per_prompt"),
+             "tokens_per_call": ("generated_per_prompt", "rounds_per_prompt")}
+
 
 def _m(row, name):
     return row["metrics"][name]
@@ -347,9 +358,90 @@ def _where(rows, **conditions):
                                    for k, v in conditions.items())]
 
 
-def _ratio(row, error_field):
-    error = row["metrics"].get(error_field)
-    return None if error is None else 1.0 + error
+def _columns(row, metric: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """The per-prompt (numerator, denominator) counts of ``metric``, or None (an old row)."""
+    m = row["metrics"]
+    if m.get(metric) is None or any(len(m.get(name) or ()) < 2 for name in RESAMPLED[metric]):
+        return None
+    return tuple(np.asarray(m[name], np.float64) for name in RESAMPLED[metric])
+
+
+def _rate(row, metric: str) -> Interval | None:
+    """alpha (accepted / tested) or tokens per call (output tokens / target calls) with its
+    interval over the prompts, a ratio of sums as the row's number is. The prompt is the unit at
+    every batch size: each batch row drafts, tests and counts its target calls on its own."""
+    columns = _columns(row, metric)
+    try:
+        return None if columns is None else bootstrap(ratio_of_sums, columns)
+    except ValueError:  # nothing tested on half the resamples
+        return None
+
+
+def _batch_seconds(row, key: str) -> list[np.ndarray] | None:
+    """Each repetition's seconds of each batch (``{"r<i>": [...]}``, repetitions in order)."""
+    per = row["metrics"].get(key)
+    return None if not per else [np.asarray(per[k], np.float64)
+                                 for k in sorted(per, key=lambda k: int(k[1:]))]
+
+
+def _speedup_statistic(*columns: np.ndarray) -> np.ndarray:
+    """The row's speed-up from per-batch seconds: the target's columns (one per repetition,
+    ``[..., batches]``), then the speculative ones; the median over repetitions of the total over
+    batches, target over speculative."""
+    def median_total(cols):
+        return np.median(np.stack([np.sum(c, axis=-1) for c in cols]), axis=0)
+
+    half = len(columns) // 2
+    return median_total(columns[:half]) / median_total(columns[half:])
+
+
+def _speedup(row) -> Interval | None:
+    """The speed-up with its interval over the timed batches, each batch's target and speculative
+    seconds (every repetition) drawn together: paired, as the same batches ran both. The statistic
+    is the row's own (median over repetitions of all batches' total, target over speculative), so
+    the estimate is the measured ``speedup``; the sum of per-batch medians would differ from it by
+    how the median is taken. None for an old row or a single batch (``_no_interval``)."""
+    target = _batch_seconds(row, "target_seconds_per_batch")
+    ours = _batch_seconds(row, "speculative_seconds_per_batch")
+    if not target or not ours or len(target) != len(ours) or len(target[0]) < 2:
+        return None
+    return bootstrap(_speedup_statistic, tuple(target + ours))
+
+
+def _no_interval(row) -> str:
+    """Why a row's speed-up has no interval."""
+    if not row["metrics"].get("speculative_seconds_per_batch"):
+        return NO_UNITS
+    return (f"its {row['config']['num_prompts']} prompts ran as one batch: one timed unit, "
+            "nothing to resample")
+
+
+def _speed_units(row) -> str:
+    batch = row["config"]["batch_size"]
+    return "prompts" if batch == 1 else f"batches of {batch} prompts"
+
+
+def _over(speedup, predicted: float | None) -> Interval | float | None:
+    """measured / predicted: the speed-up (and its interval) over the prediction, which is taken
+    as fixed: the interval carries the timing's spread, not the prediction's own (through alpha
+    and the measured costs)."""
+    if predicted is None:
+        return None
+    if isinstance(speedup, Interval) and predicted > 0:
+        return Interval(speedup.value / predicted, speedup.low / predicted,
+                        speedup.high / predicted, speedup.units)
+    return speedup / predicted
+
+
+def _cells(row) -> dict:
+    """The row's numbers as the page shows them: an Interval where the row keeps per-unit values,
+    otherwise the plain number."""
+    speedup = _speedup(row) or _m(row, "speedup")
+    return {"alpha": _rate(row, "alpha") or _m(row, "alpha"),
+            "tokens_per_call": _rate(row, "tokens_per_call") or _m(row, "tokens_per_call"),
+            "speedup": speedup,
+            "predicted": _over(speedup, _m(row, "predicted_speedup")),
+            "measured_costs": _over(speedup, _m(row, "predicted_speedup_measured_costs"))}
 
 
 def _points_table(rows) -> results.Table:
@@ -361,14 +453,14 @@ def _points_table(rows) -> results.Table:
     for r in sorted(rows, key=lambda r: (list(DRAFTER_LABELS).index(_m(r, "drafter")),
                                          r["config"]["batch_size"], r["config"]["temperature"],
                                          r["config"]["gamma"])):
+        cells = _cells(r)
         body.append([DRAFTER_LABELS[_m(r, "drafter")], r["config"]["batch_size"],
-                     r["config"]["temperature"], r["config"]["gamma"], _m(r, "alpha"),
-                     _m(r, "tokens_per_call"), _m(r, "expected_tokens_per_call"), _m(r, "c"),
-                     _m(r, "verify_cost"), _m(r, "overhead"), _m(r, "speedup"),
-                     _m(r, "predicted_speedup"), _ratio(r, "prediction_error"),
-                     _m(r, "predicted_speedup_measured_costs"),
-                     _ratio(r, "prediction_error_measured_costs"), _m(r, "round_cost"),
-                     _m(r, "acceptance_by_position")])
+                     r["config"]["temperature"], r["config"]["gamma"], cells["alpha"],
+                     cells["tokens_per_call"], _m(r, "expected_tokens_per_call"), _m(r, "c"),
+                     _m(r, "verify_cost"), _m(r, "overhead"), cells["speedup"],
+                     _m(r, "predicted_speedup"), cells["predicted"],
+                     _m(r, "predicted_speedup_measured_costs"), cells["measured_costs"],
+                     _m(r, "round_cost"), _m(r, "acceptance_by_position")])
     return results.Table(columns, body)
 
 
@@ -390,20 +482,22 @@ def _best_table(rows) -> results.Table:
                 best = _best(rows, drafter, batch, temperature)
                 if best is None:
                     continue
+                cells = _cells(best)
                 body.append([DRAFTER_LABELS[drafter], batch, temperature,
-                             best["config"]["gamma"], _m(best, "alpha"), _m(best, "c"),
+                             best["config"]["gamma"], cells["alpha"], _m(best, "c"),
                              _m(best, "verify_cost"), _m(best, "overhead"),
-                             _m(best, "tokens_per_call"), _m(best, "speedup"),
-                             _m(best, "predicted_speedup"), _ratio(best, "prediction_error"),
+                             cells["tokens_per_call"], cells["speedup"],
+                             _m(best, "predicted_speedup"), cells["predicted"],
                              _m(best, "predicted_speedup_measured_costs"),
-                             _ratio(best, "prediction_error_measured_costs")])
+                             cells["measured_costs"]])
     return results.Table(columns, body)
 
 
 def _grid_plot(rows, path, measured: str, predicted: str, ylabel: str, title: str,
                measured_costs: str | None = None):
-    """One panel per (batch, temperature): ``measured`` (solid), ``predicted`` (dashed) and
-    ``measured_costs`` (dotted, when given) against gamma, one colour per drafter."""
+    """One panel per (batch, temperature): ``measured`` (solid, with its interval as an error bar
+    where the row has one), ``predicted`` (dashed) and ``measured_costs`` (dotted, when given)
+    against gamma, one colour per drafter."""
     batches = sorted({r["config"]["batch_size"] for r in rows})
     temperatures = sorted({r["config"]["temperature"] for r in rows})
     fig = Figure(figsize=(4.0 * len(temperatures), 3.3 * len(batches)), layout="constrained")
@@ -418,8 +512,13 @@ def _grid_plot(rows, path, measured: str, predicted: str, ylabel: str, title: st
                 if not group:
                     continue
                 gammas = [r["config"]["gamma"] for r in group]
-                ax.plot(gammas, [_m(r, measured) for r in group], marker="o",
-                        color=colours[drafter], label=f"{label}, measured")
+                values = [_cells(r)[measured] for r in group]
+                spans = [(v.value, v.low, v.high) if isinstance(v, Interval) else (v, v, v)
+                         for v in values]
+                ys = [y for y, _, _ in spans]
+                bars = [[y - low for y, low, _ in spans], [high - y for y, _, high in spans]]
+                ax.errorbar(gammas, ys, yerr=bars, marker="o", capsize=3,
+                            color=colours[drafter], label=f"{label}, measured")
                 pairs = [(g, _m(r, predicted)) for g, r in zip(gammas, group)
                          if _m(r, predicted) is not None]
                 ax.plot([g for g, _ in pairs], [v for _, v in pairs], marker="x", linestyle="--",
@@ -458,44 +557,128 @@ def _spread(rows, error_field) -> float:
     return float(np.median(logs)) if logs else float("nan")
 
 
+def _target(row, value, threshold: float, strict: bool = False) -> results.Verdict:
+    """``value`` (a cell of ``row``) against a target: ``results.verdict`` on its interval (met
+    when the whole interval lies above ``threshold``); without an interval, on the median alone
+    (met at or above the threshold, or only above it if ``strict``), saying why it has none."""
+    if isinstance(value, Interval):
+        return results.verdict(value, threshold=threshold, above="met", below="not met",
+                               units=_speed_units(row))
+    met = value > threshold or (value == threshold and not strict)
+    unjudged = results.verdict(None, above="met", below="not met", missing=_no_interval(row))
+    return results.Verdict(1 if met else -1,
+                           f"{'met' if met else 'not met'} on the median alone; {unjudged}")
+
+
+def _times(speedup) -> str:
+    """``2.00x`` or, with its interval, ``2.00x [1.90, 2.10]``."""
+    if isinstance(speedup, Interval):
+        return f"{speedup.value:.2f}x [{speedup.low:.2f}, {speedup.high:.2f}]"
+    return f"{speedup:.2f}x"
+
+
+def _measured_costs_target(bests, targets: bool) -> str:
+    """measured / predicted (measured costs) at each best point, against the target: the
+    speed-up's interval over the fixed prediction (``_over``), judged point by point; the target
+    is met when every point is, not met when one is not, otherwise undecided."""
+    ratios = [1 + _m(b, "prediction_error_measured_costs") for b in bests]
+    within = sum(r >= MEASURED_COSTS_TARGET for r in ratios)
+    reach = (f"{within} of {len(ratios)} best points reach {MEASURED_COSTS_TARGET} (range "
+             f"{min(ratios):.2f} to {max(ratios):.2f})")
+    if not targets:
+        return f"- {reach}."
+    cells = [_cells(b)["measured_costs"] for b in bests]
+    judged = [_target(b, cell, MEASURED_COSTS_TARGET) for b, cell in zip(bests, cells)]
+    overall = ("not met" if any(v.side < 0 for v in judged) else
+               "met" if all(v.side > 0 for v in judged) else "undecided")
+    undecided = "".join(f"; {DRAFTER_LABELS[_m(b, 'drafter')]}, batch {b['config']['batch_size']}"
+                        f", temperature {b['config']['temperature']:g}: {v}"
+                        for b, v in zip(bests, judged) if not v.side)
+    alone = [_no_interval(b) for b, cell in zip(bests, cells) if not isinstance(cell, Interval)]
+    return (f"- **measured / predicted (measured costs) >= {MEASURED_COSTS_TARGET} at the best "
+            f"gamma of each drafter, batch and temperature: {overall}** — {reach}{undecided}"
+            + (f"; {len(alone)} judged on the median alone ({'; '.join(sorted(set(alone)))})"
+               if alone else "") + ".")
+
+
+def _mean_alpha(*columns: np.ndarray) -> np.ndarray:
+    """The mean over gammas of each gamma's alpha: columns accepted, tested of the first gamma,
+    then of the next, ... (``[..., prompts]`` each)."""
+    return np.mean([ratio_of_sums(a, t) for a, t in zip(columns[::2], columns[1::2])], axis=0)
+
+
+def _distillation(rows, temperature: float) -> str | None:
+    """The distillation claim at ``temperature`` (batch 1): alpha with the distilled draft minus
+    alpha with the trained one, each the mean over the gammas both ran of that gamma's alpha (as
+    the page said before intervals, every gamma weighted equally), with a paired bootstrap over the
+    prompts. Pooled over gammas rather than one claim per gamma: the same prompts (and seeds) run
+    at every gamma, so a prompt's counts at all gammas are resampled together as one unit, and one
+    claim per temperature rests on all the proposals. Judged by ``results.verdict``."""
+    by_gamma = {d: {r["config"]["gamma"]: r for r in _where(
+        rows, drafter=d, temperature=temperature, batch_size=1) if _m(r, "alpha") is not None}
+                for d in ("draft", "distilled")}
+    gammas = sorted(set(by_gamma["draft"]) & set(by_gamma["distilled"]))
+    if not gammas:
+        return None
+    means, columns = {}, {}
+    for drafter, group in by_gamma.items():
+        means[drafter] = statistics.mean(_m(group[g], "alpha") for g in gammas)
+        found = [_columns(group[g], "alpha") for g in gammas]
+        columns[drafter] = (None if None in found or len({len(c[0]) for c in found}) > 1 else
+                            tuple(c for pair in found for c in pair))
+    difference = means["distilled"] - means["draft"]
+    if columns["draft"] and columns["distilled"] and len(columns["draft"][0]) == len(
+            columns["distilled"][0]):
+        means = {d: bootstrap(_mean_alpha, columns[d]) for d in means}
+        difference = bootstrap_difference(_mean_alpha, columns["distilled"], columns["draft"])
+    judged = results.verdict(difference if isinstance(difference, Interval) else None,
+                             above="distillation raises acceptance",
+                             below="distillation lowers acceptance", units="prompts",
+                             missing=NO_UNITS)
+    prompts = (f" (paired over the {difference.units} prompts)"
+               if isinstance(difference, Interval) else "")
+    return (f"- Temperature {temperature:g}, batch 1, mean over gamma "
+            f"{', '.join(map(str, gammas))}: alpha "
+            f"{results.format_value(means['draft'], '{:.3f}')} with the trained draft, "
+            f"{results.format_value(means['distilled'], '{:.3f}')} with the distilled one; "
+            f"distilled minus trained {results.format_value(difference, '{:+.3f}')}{prompts}: "
+            f"{judged}.")
+
+
 def _summary(rows, targets: bool) -> str:
     """The reading of the rows, computed from them: the targets (on the default study's page),
-    the best points, and which prediction the measurements follow."""
+    judged by their intervals, the best points, which prediction the measurements follow and the
+    distillation claim."""
     lines = []
     for label, drafter, batch, temperature, least in (SPEED_TARGETS if targets else ()):
         best = _best(rows, drafter, batch, temperature)
         if best is None:
             lines.append(f"- **>= {least:g}x with {label}: no rows.**")
             continue
-        met = _m(best, "speedup") >= least
+        cells = _cells(best)
         lines.append(
-            f"- **>= {least:g}x with {label}: {'met' if met else 'not met'}** — "
-            f"{_m(best, 'speedup'):.2f}x at gamma {best['config']['gamma']} "
+            f"- **>= {least:g}x with {label}: {_target(best, cells['speedup'], least)}** — "
+            f"{_times(cells['speedup'])} at gamma {best['config']['gamma']} "
             f"({_m(best, 'speculative_tokens_per_s'):.0f} vs {_m(best, 'target_tokens_per_s'):.0f}"
-            f" tokens/s; alpha {_m(best, 'alpha'):.3f}, {_m(best, 'tokens_per_call'):.2f} tokens "
-            f"per call, c = {_m(best, 'c'):.3f}, v = {_m(best, 'verify_cost'):.2f}, overhead "
+            f" tokens/s; alpha {results.format_value(cells['alpha'], '{:.3f}')}, "
+            f"{results.format_value(cells['tokens_per_call'], '{:.2f}')} tokens per call, "
+            f"c = {_m(best, 'c'):.3f}, v = {_m(best, 'verify_cost'):.2f}, overhead "
             f"{_m(best, 'overhead'):.2f} target steps).")
     groups = [(d, b, t) for d in DRAFTER_LABELS for b in sorted({r["config"]["batch_size"]
                                                                  for r in rows})
               for t in sorted({r["config"]["temperature"] for r in rows})]
     bests = [best for best in (_best(rows, *g) for g in groups) if best is not None]
-    ratios = [1 + _m(b, "prediction_error_measured_costs") for b in bests]
-    within = sum(r >= MEASURED_COSTS_TARGET for r in ratios)
-    lines.append(
-        (f"- **measured / predicted (measured costs) >= {MEASURED_COSTS_TARGET} at the best gamma "
-         f"of each drafter, batch and temperature: "
-         f"{'met' if within == len(ratios) else 'not met'}** — " if targets else "- ")
-        + f"{within} of {len(ratios)} best points reach {MEASURED_COSTS_TARGET} (range "
-        f"{min(ratios):.2f} to {max(ratios):.2f}).")
+    lines.append(_measured_costs_target(bests, targets))
     batch8 = [b for b in bests if b["config"]["batch_size"] == 8
               and b["config"]["temperature"] == 0.0]
     if targets and batch8:
         top = max(batch8, key=lambda r: _m(r, "speedup"))
+        speedup = _cells(top)["speedup"]
         lines.append(
             f"- **batch 8, temperature 0, faster than `generate` with the best drafter: "
-            f"{'met' if _m(top, 'speedup') > 1 else 'not met'}** — "
+            f"{_target(top, speedup, 1.0, strict=True)}** — "
             f"{DRAFTER_LABELS[_m(top, 'drafter')]} at gamma {top['config']['gamma']}: "
-            f"{_m(top, 'speedup'):.2f}x.")
+            f"{_times(speedup)}.")
     lines.append("")
     theory = _spread(rows, "prediction_error")
     measured = _spread(rows, "prediction_error_measured_costs")
@@ -513,17 +696,9 @@ def _summary(rows, targets: bool) -> str:
         f" What the second prediction still misses is what an isolated round does not show: at "
         f"batch > 1 a batch runs as many rounds as its slowest row.")
     for temperature in sorted({r["config"]["temperature"] for r in rows}):
-        pairs = []
-        for drafter in ("draft", "distilled"):
-            group = _where(rows, drafter=drafter, temperature=temperature, batch_size=1)
-            alphas = [_m(r, "alpha") for r in group if _m(r, "alpha") is not None]
-            if alphas:
-                pairs.append(statistics.mean(alphas))
-        if len(pairs) == 2:
-            lines.append(f"- Temperature {temperature:g}: alpha {pairs[0]:.3f} with the trained "
-                         f"draft, {pairs[1]:.3f} with the distilled one (mean over gamma, batch 1)"
-                         f": distillation {'raises' if pairs[1] > pairs[0] else 'does not raise'} "
-                         f"acceptance by {pairs[1] - pairs[0]:+.3f}.")
+        line = _distillation(rows, temperature)
+        if line is not None:
+            lines.append(line)
     loads = [_m(r, "load_1min") for r in rows]
     lines.append("")
     lines.append(f"The machine's 1-minute load average at the start of the points was "
@@ -592,7 +767,29 @@ def _intro(rows) -> str:
         f"((1 - a)(g c + 1)) from the measured alpha and c; beside it, the prediction with "
         f"measured costs, tokens per call / (g c + v(g) + overhead), where v(g) is the target's "
         f"verify pass over g + 1 tokens and the overhead the rest of a round, each timed alone, in "
-        f"target decode steps. See `experiments/speculative.py` for exactly what is timed.")
+        f"target decode steps. See `experiments/speculative.py` for exactly what is timed."
+        + _brackets(rows))
+
+
+def _brackets(rows) -> str:
+    """What the page's brackets are, and which rows have none."""
+    kept = sum("accepted_per_prompt" in r["metrics"] for r in rows)
+    if not kept:
+        return (" No intervals: the rows keep no per-prompt values (an earlier version of the "
+                "study wrote them).")
+    n = rows[0]["config"]["num_prompts"]
+    one_batch = sorted({r["config"]["batch_size"] for r in rows
+                        if r["config"]["batch_size"] == r["config"]["num_prompts"]})
+    return (f" Brackets: 95% percentile bootstrap interval ({RESAMPLES:,} resamples, fixed "
+            f"seed; `decodelab.stats`): alpha and tokens per call over the prompts; the speed-up "
+            f"over the timed batches (at batch 1, the prompts), each batch's target and "
+            f"speculative seconds drawn together, its estimate the measured speed-up; measured / "
+            f"predicted, the speed-up's interval over the prediction, taken as fixed. The best "
+            f"gamma is the one of largest measured speed-up, so its interval leans high."
+            + "".join(f" At batch {b} the {n} prompts run as one batch: its speed-ups have no "
+                      f"interval." for b in one_batch)
+            + (" Rows that keep no per-prompt values (an earlier version of the study) show "
+               "plain numbers." if kept < len(rows) else ""))
 
 
 def report(rows, out_dir) -> list[pathlib.Path]:
@@ -621,13 +818,14 @@ def _page(rows, out_dir: pathlib.Path, name: str) -> list[pathlib.Path]:
                        "speed-up).")
     speedup = _grid_plot(rows, out_dir / f"{name}_speedup.png", "speedup",
                          "predicted_speedup", "speed-up over target only",
-                         "Speed-up against gamma: measured (solid), theory (dashed), with "
-                         "measured costs (dotted)",
+                         "Speed-up against gamma: measured (solid; bars: 95% interval), theory "
+                         "(dashed), with measured costs (dotted)",
                          measured_costs="predicted_speedup_measured_costs")
     page.image(speedup, "speed-up against gamma, measured and predicted")
     calls = _grid_plot(rows, out_dir / f"{name}_tokens_per_call.png", "tokens_per_call",
                        "expected_tokens_per_call", "tokens per target call",
-                       "Tokens per target call: measured (solid) and (1-a^(g+1))/(1-a) (dashed)")
+                       "Tokens per target call: measured (solid; bars: 95% interval) and "
+                       "(1-a^(g+1))/(1-a) (dashed)")
     page.image(calls, "tokens per target call against gamma, measured and expected")
     page.table(_points_table(rows), out_dir / f"{name}.csv", number_format="{:.3g}",
                caption="**Every point.** `round cost`: measured time per round over the "

@@ -1,15 +1,18 @@
 """The speculative-decoding study's configs and page: the default sweep is `medium` (the
 quantization study's model) with a `small` row set, the pretrained-target config sweeps prompt
-lookup and a draft trained on the target's tokenizer, and the page renders each target's rows on a
-page of its own."""
+lookup and a draft trained on the target's tokenizer, the page renders each target's rows on a
+page of its own, and it shows intervals and judges its claims by them where the rows keep
+per-unit values."""
 
 from __future__ import annotations
 
 import copy
+import re
 
+import numpy as np
 import pytest
 
-from decodelab import experiment, presets
+from decodelab import experiment, presets, results, stats
 from experiments import speculative as study
 from study_config import config_module
 
@@ -114,16 +117,25 @@ def test_the_page_renders_each_targets_rows_on_its_own_page(tmp_path):
     comparison = (tmp_path / "speculative_small.md").read_text()
     real = (tmp_path / "speculative_smollm2-135m.md").read_text()
     assert main.startswith("# Speculative decoding\n") and "Target: `medium`" in main
+    # Rows without per-unit values: plain numbers, targets on the medians, nothing judged.
+    old = ("not judged (the row keeps no per-prompt values, written by an earlier version of "
+           "the study)")
+    assert "No intervals: the rows keep no per-prompt values" in main
+    assert "_low" not in (tmp_path / "speculative_best.csv").read_text()
     # The fake rows: speed-up 1.2 + 0.01 gamma, so 1.22 at the best gamma (2) of every group.
-    assert ("- **>= 2x with distilled draft, batch 1, temperature 0: not met** — 1.22x at "
-            "gamma 2") in main
-    assert "- **>= 1.5x with prompt lookup, batch 1, temperature 0: not met**" in main
+    assert (f"- **>= 2x with distilled draft, batch 1, temperature 0: not met on the median "
+            f"alone; {old}** — 1.22x at gamma 2") in main
+    assert (f"- **>= 1.5x with prompt lookup, batch 1, temperature 0: not met on the median "
+            f"alone; {old}**") in main
     # measured / predicted with measured costs at gamma 2: 1.22 * 1.9 / 1.5 = 1.545.
     assert ("- **measured / predicted (measured costs) >= 0.85 at the best gamma of each drafter, "
             "batch and temperature: met** — 12 of 12 best points reach 0.85 (range 1.55 to "
-            "1.55).") in main
-    assert ("- **batch 8, temperature 0, faster than `generate` with the best drafter: met** — "
-            "draft (trained) at gamma 2: 1.22x.") in main
+            "1.55); 12 judged on the median alone (the row keeps no per-prompt values, written by "
+            "an earlier version of the study).") in main
+    assert (f"- **batch 8, temperature 0, faster than `generate` with the best drafter: met on "
+            f"the median alone; {old}** — draft (trained) at gamma 2: 1.22x.") in main
+    assert (f"- Temperature 0, batch 1, mean over gamma 1, 2: alpha 0.700 with the trained draft, "
+            f"0.700 with the distilled one; distilled minus trained +0.000: {old}.") in main
     assert "the same preset distilled from the target for 300 steps" in main
     assert "at batch 1 the prompts run one after another, at batch 8 together" in main
     assert comparison.startswith("# Speculative decoding of `small` (comparison rows)\n")
@@ -133,3 +145,120 @@ def test_the_page_renders_each_targets_rows_on_its_own_page(tmp_path):
     assert "trained on the corpus in the target's tokens" in real
     assert "plain text in the target's tokens" in real
     assert (tmp_path / "speculative_smollm2-135m.csv").read_text().count("\n") == 1 + 8
+
+
+def with_units(row: dict, accepted: list[int], target_s: list[float],
+               speculative_s: list[float]) -> dict:
+    """``row`` keeping per-unit values as the study writes them: ``accepted`` of 10 tested
+    proposals per prompt (120 tokens in 80 target calls each), and each batch's seconds, the same
+    in each of 3 repetitions; its alpha, tokens per call and speed-up recomputed from them."""
+    m, n = row["metrics"], len(accepted)
+    m.update(accepted_per_prompt=list(accepted), tested_per_prompt=[10] * n,
+             generated_per_prompt=[120] * n, rounds_per_prompt=[80] * n,
+             target_seconds_per_batch={f"r{i}": list(target_s) for i in range(3)},
+             speculative_seconds_per_batch={f"r{i}": list(speculative_s) for i in range(3)},
+             alpha=sum(accepted) / (10 * n), tokens_per_call=1.5,
+             speedup=sum(target_s) / sum(speculative_s))
+    m["prediction_error"] = m["speedup"] / m["predicted_speedup"] - 1
+    m["prediction_error_measured_costs"] = (m["speedup"] / m["predicted_speedup_measured_costs"]
+                                            - 1)
+    return row
+
+
+# Batch 1 seconds of each prompt (target, speculative): a speed-up of 2.22 whose interval lies
+# above 2; one of 1.6 whose interval straddles 1.5; a constant 1.25.
+ABOVE = [1.0] * 8, [0.4, 0.5] * 4
+STRADDLING = [0.96] * 8, [0.4, 0.8] * 4
+CONSTANT = [1.0] * 8, [0.8] * 8
+
+
+def paired_speedup(seconds) -> stats.Interval:
+    """The speed-up's interval written another way: with equal repetitions, the median of the
+    totals is the total, so it is the ratio of mean seconds over the same batches, paired."""
+    return stats.bootstrap_ratio(stats.mean, *map(np.asarray, seconds), paired=True)
+
+
+def scaled(interval: stats.Interval, factor: float) -> stats.Interval:
+    return stats.Interval(interval.value * factor, interval.low * factor,
+                          interval.high * factor, interval.units)
+
+
+def test_the_page_shows_intervals_and_judges_the_targets_by_them(tmp_path):
+    default = spec_config.get_config().to_dict()
+
+    def row(drafter, temperature, batch):
+        accepted = [5] * 8 if drafter == "ngram" else [7] * 8
+        seconds = ([8.0], [6.4]) if batch == 8 else (
+            ABOVE if (drafter, temperature) == ("distilled", 0.0) else
+            STRADDLING if (drafter, temperature) == ("distilled", 0.7) else CONSTANT)
+        return with_units(fake_row(default, drafter, 1, temperature, batch), accepted, *seconds)
+
+    rows = [row(d, t, b) for d in ("draft", "distilled", "ngram") for t in (0.0, 0.7)
+            for b in (1, 8)]
+    study.report(rows, tmp_path)
+    main = (tmp_path / "speculative.md").read_text()
+    above, straddling = paired_speedup(ABOVE), paired_speedup(STRADDLING)
+    assert (above.low > 2.0, straddling.low < 1.5 < straddling.high) == (True, True)
+    assert ("- **>= 2x with distilled draft, batch 1, temperature 0: met** — "
+            f"{above.value:.2f}x [{above.low:.2f}, {above.high:.2f}] at gamma 1 (120 vs 100 "
+            "tokens/s; alpha 0.700 [0.700, 0.700], 1.50 [1.50, 1.50] tokens per call") in main
+    undecided = results.verdict(straddling, threshold=1.5, above="met", below="not met",
+                                units="prompts").text
+    assert re.fullmatch(r"not distinguishable at this sample size \(about \d+ prompts would be "
+                        r"needed\)", undecided)
+    assert (f"- **>= 1.5x with distilled draft, batch 1, temperature 0.7: {undecided}** — "
+            f"{straddling.value:.2f}x [{straddling.low:.2f}, {straddling.high:.2f}]") in main
+    assert ("- **>= 1.5x with prompt lookup, batch 1, temperature 0: not met** — 1.25x "
+            "[1.25, 1.25] at gamma 1") in main
+    # measured / predicted with measured costs at gamma 1: speed-up * 1.8 / 1.5; batch 8 has one
+    # batch, so no interval.
+    one_batch = "its 8 prompts ran as one batch: one timed unit, nothing to resample"
+    assert ("- **measured / predicted (measured costs) >= 0.85 at the best gamma of each drafter, "
+            "batch and temperature: met** — 12 of 12 best points reach 0.85 (range 1.50 to "
+            f"2.67); 6 judged on the median alone ({one_batch}).") in main
+    assert ("- **batch 8, temperature 0, faster than `generate` with the best drafter: met on "
+            f"the median alone; not judged ({one_batch})** — draft (trained) at gamma 1: "
+            "1.25x.") in main
+    assert "At batch 8 the 8 prompts run as one batch: its speed-ups have no interval." in main
+    # The best table: measured / predicted is the speed-up's interval over the prediction (1.3,
+    # and 1.5 / 1.8 with measured costs).
+    cells = [results.format_value(x, "{:.3g}")
+             for x in (above, scaled(above, 1 / 1.3), scaled(above, 1.8 / 1.5))]
+    assert (f"| draft (distilled) | 1 | 0 | 1 | 0.7 [0.7, 0.7] | 0.1 | 1.5 | 0.2 | 1.5 [1.5, 1.5] "
+            f"| {cells[0]} | 1.3 | {cells[1]} | 0.833 | {cells[2]} |") in main
+    assert ("| draft (trained) | 8 | 0 | 1 | 0.7 [0.7, 0.7] | 0.1 | 1.5 | 0.2 | 1.5 [1.5, 1.5] | "
+            "1.25 | 1.3 | 0.962 | 0.833 | 1.5 |") in main
+    header = (tmp_path / "speculative_best.csv").read_text().splitlines()[0]
+    assert "speed-up,speed-up_low,speed-up_high" in header
+
+
+def test_the_distillation_claim_is_judged_by_a_paired_bootstrap_over_prompts(tmp_path):
+    default = spec_config.get_config().to_dict()
+    trained = [5, 6, 7, 8, 5, 6, 7, 8]
+    distilled = {0.0: [a + 1 for a in trained],  # one more accepted proposal on every prompt
+                 0.7: [6, 5, 8, 7, 5, 6, 7, 9]}  # noise: +1 in total over 8 prompts
+    rows = [with_units(fake_row(default, d, g, t, 1),
+                       trained if d == "draft" else distilled[t], *CONSTANT)
+            for d in ("draft", "distilled") for g in (1, 2) for t in (0.0, 0.7)]
+    study.report(rows, tmp_path)
+    main = (tmp_path / "speculative.md").read_text()
+    tested = np.full(8, 10.0)
+
+    def alpha(accepted):  # both gammas hold the same counts: their mean is either one
+        return results.format_value(
+            stats.bootstrap(stats.ratio_of_sums, (np.asarray(accepted, float), tested)), "{:.3f}")
+
+    assert (f"- Temperature 0, batch 1, mean over gamma 1, 2: alpha {alpha(trained)} with the "
+            f"trained draft, {alpha(distilled[0.0])} with the distilled one; distilled minus "
+            f"trained +0.100 [+0.100, +0.100] (paired over the 8 prompts): distillation raises "
+            f"acceptance.") in main
+    noise = stats.bootstrap_difference(stats.ratio_of_sums,
+                                       (np.asarray(distilled[0.7], float), tested),
+                                       (np.asarray(trained, float), tested))
+    judged = results.verdict(noise, above="raises", below="lowers", units="prompts").text
+    assert re.fullmatch(r"not distinguishable at this sample size \(about \d+ prompts would be "
+                        r"needed\)", judged)
+    assert (f"- Temperature 0.7, batch 1, mean over gamma 1, 2: alpha {alpha(trained)} with the "
+            f"trained draft, {alpha(distilled[0.7])} with the distilled one; distilled minus "
+            f"trained {results.format_value(noise, '{:+.3f}')} (paired over the 8 prompts): "
+            f"{judged}.") in main
