@@ -192,6 +192,15 @@ def test_chunked_prefill_that_lowers_ttft_by_a_constant_meets_its_target(tmp_pat
     assert ("trace): **met** (chunks of 16: p99 TTFT); 4 comparisons, each at 95%") in page
 
 
+def test_rows_of_different_requests_are_not_paired(tmp_path):
+    # One request fewer tokens under static: request i is no longer the same request.
+    records = _records()
+    records[0].tokens = records[0].tokens[:-1]
+    page = _page(_rows({STATIC_LONG: records}), tmp_path)
+    assert ("(paired difference not judged (the two rows do not hold the same completed "
+            "requests));") in _line(page, "- **long_tail**")
+
+
 def test_rows_without_per_request_values_still_render_plain_and_not_judged(tmp_path):
     rows = _rows({STATIC_LONG: _records(scale=2.5)})
     for row in rows:
