@@ -13,6 +13,13 @@ of prompts and prompt block, see ``warm_up``); its time is reported as ``warmup_
 also keeps every completed request's latency, TTFT, TPOT, longest time between tokens and output
 length (``per_request_*`` lists, trace order), so intervals can be bootstrapped over requests.
 
+The page (``report``) shows 95% bootstrap intervals over each point's completed requests and
+judges its claims by them (``results.verdict``): a latency percentile's interval resamples the
+requests; two points of the same trace (continuous against static, chunked against whole
+prefill) are compared request by request, a paired bootstrap; output tokens/s, a total over one
+replay's makespan, is resampled through ``service_shares``, whose docstring states what that
+holds fixed. Rows without the per-request lists (older runs) show plain numbers, not judged.
+
 The model has random weights. Speed does not depend on the weights' values (the same shapes run
 the same operations), and output lengths come from the trace: there is no EOS, each request runs
 exactly its budget. A trained model would only change which tokens come out.
@@ -20,17 +27,19 @@ exactly its budget. A trained model would only change which tokens come out.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
 import pathlib
 import time
 
+import numpy as np
 from absl import app
 from flax import nnx
 
 import decodelab as dl
-from decodelab import experiment, presets, results, serving
+from decodelab import experiment, presets, results, serving, stats
 from decodelab.request import bucket_length
 
 _FLAGS = experiment.define_flags("configs/batching.py")
@@ -111,6 +120,182 @@ def evaluate(config, ctx) -> dict:
 
 # --- Report --------------------------------------------------------------------------------------
 
+NO_REQUESTS = "no per-request values in the rows"
+NOT_PAIRED = "the two rows do not hold the same completed requests"
+TOO_FEW = "fewer than 2 requests have a value in both rows"
+_PER_REQUEST = ("latency_s", "ttft_s", "tpot_s", "max_tbt_s", "tokens")
+
+
+def percentile(q: float) -> stats.Statistic:
+    """The ``q``-th percentile over the last axis (``[..., n] -> [...]``) with NumPy's linear
+    interpolation, as the rows' summaries compute it (serving/metrics.py): a ``stats`` statistic,
+    so all resamples are taken in one call."""
+
+    def statistic(x: np.ndarray) -> np.ndarray:
+        return np.percentile(x, q, axis=-1)
+
+    return statistic
+
+
+def service_shares(latency: np.ndarray, ttft: np.ndarray, makespan: float) -> np.ndarray:
+    """Each completed request's share of the replay's makespan, ``[n]`` seconds summing to it:
+    the makespan apportioned in proportion to the request's streaming time (first token to last,
+    latency - TTFT), the time it holds a slot and is decoded. NaN where no request streams.
+
+    Output tokens/s (tokens / makespan) is one number of one replay, not a sum over requests, so
+    a bootstrap over requests needs a per-request denominator. With these shares, tokens/s is
+    ``stats.ratio_of_sums(tokens, shares)`` exactly on the row's requests, and on a resample it is
+    the tokens/s of another draw of requests at the replay's mean number of streaming requests
+    (total streaming time / makespan), which it holds fixed. The interval shows how much the
+    number depends on which requests the trace drew (their lengths and per-token speeds). It
+    leaves out how that concurrency would change with other requests, the interference between
+    requests, and the run-to-run timing noise of a single replay on a shared machine: read it as
+    a lower bound on the uncertainty. Paired (two policies on the same requests) the tokens
+    cancel: the ratio of two throughputs varies only with how each request's streaming time
+    differs between the two replays, and the ratio of their concurrencies is held fixed."""
+    streaming = np.asarray(latency, np.float64) - np.asarray(ttft, np.float64)  # [n]
+    total = streaming.sum()
+    if not total > 0:
+        return np.full_like(streaming, np.nan)
+    return makespan * streaming / total
+
+
+# How each resampled metric is computed from a row's per-request values: metric -> (statistic,
+# the per-request columns it takes). ``max_tbt_p99_s`` is the page's own (the rows' ``tbt_p99_s``
+# pools every gap of every request, which the rows do not keep).
+RESAMPLED = {
+    "latency_p50_s": (percentile(50), ("latency_s",)),
+    "latency_p99_s": (percentile(99), ("latency_s",)),
+    "ttft_p50_s": (percentile(50), ("ttft_s",)),
+    "ttft_p99_s": (percentile(99), ("ttft_s",)),
+    "tpot_p50_s": (percentile(50), ("tpot_s",)),
+    "max_tbt_p99_s": (percentile(99), ("max_tbt_s",)),
+    "output_tokens_per_s": (stats.ratio_of_sums, ("tokens", "share_s")),
+}
+
+
+def _units(m) -> dict[str, np.ndarray] | None:
+    """The row's per-request values, ``[n]`` each in trace order (NaN where a request has none:
+    TPOT below 2 tokens, longest gap below 2 deliveries), and each one's service share; None for
+    a row without them."""
+    if any(f"per_request_{name}" not in m for name in _PER_REQUEST):
+        return None
+    units = {name: np.array([np.nan if v is None else v for v in m[f"per_request_{name}"]],
+                            np.float64) for name in _PER_REQUEST}
+    units["share_s"] = service_shares(units["latency_s"], units["ttft_s"], m["makespan_s"])
+    return units
+
+
+def _kept(columns: list[np.ndarray]) -> tuple[np.ndarray, ...]:
+    """The columns at the requests where every column has a value."""
+    keep = np.logical_and.reduce([np.isfinite(c) for c in columns])
+    return tuple(c[keep] for c in columns)
+
+
+def interval(m, metric: str) -> stats.Interval | None:
+    """The 95% interval of ``metric`` over the row's completed requests; None without
+    per-request values or with fewer than 2 requests that have one."""
+    units = _units(m)
+    if units is None:
+        return None
+    statistic, names = RESAMPLED[metric]
+    try:
+        return stats.bootstrap(statistic, _kept([units[name] for name in names]))
+    except ValueError:
+        return None
+
+
+def _unpaired(a, b) -> str | None:
+    """Why rows ``a`` and ``b`` cannot be compared request by request, or None if they can: both
+    keep per-request values, every request completed in both, and the output lengths agree in
+    trace order (there is no EOS, so the same request gives the same length under any policy)."""
+    if _units(a) is None or _units(b) is None:
+        return NO_REQUESTS
+    if (a["completed"] != a["requests"] or b["completed"] != b["requests"]
+            or a["per_request_tokens"] != b["per_request_tokens"]):
+        return NOT_PAIRED
+    return None
+
+
+def paired(a, b, metric: str, *, ratio: bool = False) -> stats.Interval | None:
+    """``metric`` of row ``a`` minus (or over) that of row ``b``, paired request by request:
+    both replay the same trace, so request i is the same request in both. Requests without a
+    value in either row are left out. None where ``_unpaired`` gives a reason, or with fewer than
+    2 requests left."""
+    if _unpaired(a, b):
+        return None
+    statistic, names = RESAMPLED[metric]
+    units_a, units_b = _units(a), _units(b)
+    columns = _kept([units_a[name] for name in names] + [units_b[name] for name in names])
+    compare = stats.bootstrap_ratio if ratio else stats.bootstrap_difference
+    try:
+        return compare(statistic, columns[:len(names)], columns[len(names):], paired=True)
+    except ValueError:
+        return None
+
+
+def _judge(a, b, interval_: stats.Interval | None, **kwargs) -> results.Verdict:
+    """``results.verdict`` over requests; without an interval it says why."""
+    return results.verdict(interval_, units="requests", missing=_unpaired(a, b) or TOO_FEW,
+                           **kwargs)
+
+
+def _overall(judged: list[tuple[int, results.Verdict]]) -> str:
+    """A target of several parts, each ``(sign, verdict)`` (sign +1: the part is met when the
+    verdict's side is +1; -1: when it is -1): met if every part is, not met if any part's interval
+    lies on the wrong side, otherwise not judged or not distinguishable."""
+    sides = [sign * v.side for sign, v in judged]
+    if any(side < 0 for side in sides):
+        return "not met"
+    if all(side > 0 for side in sides):
+        return "met"
+    missing = [v.text for _, v in judged if v.text.startswith("not judged")]
+    return missing[0] if missing else "not distinguishable at this sample size"
+
+
+def _shown(m, metric: str):
+    """``metric`` with its interval where the row allows one, else the row's plain number."""
+    found = interval(m, metric)
+    if found is not None or metric in m:
+        return found if found is not None else m[metric]
+    units = _units(m)  # a page metric (max_tbt_p99_s) of a row with a single value
+    kept = None if units is None else _kept([units[n] for n in RESAMPLED[metric][1]])[0]
+    return None if kept is None or not kept.size else float(np.percentile(kept, 99))
+
+
+def _with_intervals(row, metrics=tuple(RESAMPLED)) -> dict:
+    return results.with_metrics(row, **{name: _shown(row["metrics"], name) for name in metrics})
+
+
+def _fmt(value, number_format: str) -> str:
+    return results.format_value(value, number_format)
+
+
+def _ms(value, number_format: str = "{:.1f}") -> str:
+    """Seconds shown in milliseconds, an Interval with its bounds."""
+    if isinstance(value, stats.Interval):
+        value = dataclasses.replace(value, value=1e3 * value.value, low=1e3 * value.low,
+                                    high=1e3 * value.high)
+    elif value is not None:
+        value = 1e3 * value
+    return _fmt(value, number_format)
+
+
+def _times(ratio) -> str:
+    """A ratio as ``2.50x``, an Interval as ``2.50x [2.41, 2.58]``."""
+    if isinstance(ratio, stats.Interval):
+        return f"{ratio.value:.2f}x [{ratio.low:.2f}, {ratio.high:.2f}]"
+    return f"{ratio:.2f}x"
+
+
+def _difference(interval_: stats.Interval | None, verdict: results.Verdict, unit: str,
+                number_format: str) -> str:
+    """``-0.10 [-0.12, -0.08] s: lower``, or only the verdict where there is no interval."""
+    if interval_ is None:
+        return verdict.text
+    value = _ms(interval_, number_format) if unit == "ms" else _fmt(interval_, number_format)
+    return f"{value} {unit}: {verdict}"
+
 
 def _policy_rows(rows):
     return [r for r in rows if r["config"]["trace"]["prompts"] == "short"]
@@ -120,74 +305,99 @@ def _chunk_rows(rows):
     return [r for r in rows if r["config"]["trace"]["prompts"] == "long"]
 
 
-def _metric(rows, policy, output, rate, name):
+def _policy_metrics(rows, policy, output, rate) -> dict | None:
     for row in _policy_rows(rows):
         c = row["config"]
         if (c["policy"], c["trace"]["output"], c["trace"]["rate"]) == (policy, output, rate):
-            return row["metrics"][name]
+            return row["metrics"]
     return None
+
+
+def _against_static(cont, stat) -> dict:
+    """Continuous against static on one trace: the throughput ratio (paired over requests, or
+    the plain ratio for old rows) and the paired latency differences, continuous - static, each
+    with its verdict."""
+    ratio = paired(cont, stat, "output_tokens_per_s", ratio=True)
+    out = {"ratio": ratio if ratio is not None else (cont["output_tokens_per_s"]
+                                                    / stat["output_tokens_per_s"]),
+           "ratio_verdict": _judge(cont, stat, ratio, threshold=1.0, above="continuous higher",
+                                   below="static higher"),
+           "target": _judge(cont, stat, ratio, threshold=2.2, above="met", below="not met")}
+    for q in ("p50", "p99"):
+        difference = paired(cont, stat, f"latency_{q}_s")
+        out[q] = difference
+        out[f"{q}_verdict"] = _judge(cont, stat, difference, above="higher", below="lower")
+    return out
 
 
 def _comparison(rows) -> str:
     top = max(r["config"]["trace"]["rate"] for r in _policy_rows(rows))
-    lines = []
+    lines, long_tail = [], None
     for output in ("long_tail", "fixed"):
-        get = functools.partial(_metric, rows, output=output, rate=top)
-        cont, stat = get("continuous", name="output_tokens_per_s"), get("static",
-                                                                        name="output_tokens_per_s")
+        cont = _policy_metrics(rows, "continuous", output, top)
+        stat = _policy_metrics(rows, "static", output, top)
         if cont is None or stat is None:
             continue
-        p50c, p50s = get("continuous", name="latency_p50_s"), get("static", name="latency_p50_s")
-        occc, occs = get("continuous", name="slot_occupancy"), get("static", name="slot_occupancy")
-        tpc, tps = get("continuous", name="tpot_p50_s"), get("static", name="tpot_p50_s")
+        got = _against_static(cont, stat)
+        if output == "long_tail":
+            long_tail = (cont, stat, got)
         lines.append(
-            f"- **{output}** outputs (mean {get('static', name='mean_output_len'):.1f}, max "
-            f"{get('static', name='max_output_len')} tokens), arrival rate {top:g}/s (saturation): "
-            f"continuous {cont:.0f} vs static {stat:.0f} output tokens/s = **{cont / stat:.2f}x**; "
-            f"p50 latency {p50c:.2f} s vs {p50s:.2f} s ({'lower' if p50c < p50s else 'not lower'}"
-            f"); slot occupancy {occc:.2f} vs {occs:.2f}; p50 TPOT {1e3 * tpc:.1f} ms vs "
-            f"{1e3 * tps:.1f} ms.")
+            f"- **{output}** outputs (mean {stat['mean_output_len']:.1f}, max "
+            f"{stat['max_output_len']} tokens), arrival rate {top:g}/s (saturation): continuous "
+            f"{_fmt(_shown(cont, 'output_tokens_per_s'), '{:.0f}')} vs static "
+            f"{_fmt(_shown(stat, 'output_tokens_per_s'), '{:.0f}')} output tokens/s = "
+            f"**{_times(got['ratio'])}** ({got['ratio_verdict']}); p50 latency "
+            f"{_fmt(_shown(cont, 'latency_p50_s'), '{:.2f}')} s vs "
+            f"{_fmt(_shown(stat, 'latency_p50_s'), '{:.2f}')} s (paired difference "
+            f"{_difference(got['p50'], got['p50_verdict'], 's', '{:+.2f}')}); p99 latency "
+            f"{_fmt(_shown(cont, 'latency_p99_s'), '{:.2f}')} s vs "
+            f"{_fmt(_shown(stat, 'latency_p99_s'), '{:.2f}')} s "
+            f"({_difference(got['p99'], got['p99_verdict'], 's', '{:+.2f}')}); slot occupancy "
+            f"{cont['slot_occupancy']:.2f} vs {stat['slot_occupancy']:.2f}; p50 TPOT "
+            f"{_ms(_shown(cont, 'tpot_p50_s'))} ms vs "
+            f"{_ms(_shown(stat, 'tpot_p50_s'))} ms.")
     heading = "## Continuous over static, at saturation (computed from the rows)"
-    if not lines or not any("long_tail" in line for line in lines):
+    if long_tail is None:
         return "\n".join([heading, "", *lines, "", "Target: not measured (these rows hold no "
                            "static and continuous points of the long-tailed trace at the top "
                            "rate)."])
-    long_c = _metric(rows, "continuous", "long_tail", top, "output_tokens_per_s")
-    long_s = _metric(rows, "static", "long_tail", top, "output_tokens_per_s")
-    long_p = (_metric(rows, "continuous", "long_tail", top, "latency_p50_s"),
-              _metric(rows, "static", "long_tail", top, "latency_p50_s"))
-    long_p99 = (_metric(rows, "continuous", "long_tail", top, "latency_p99_s"),
-                _metric(rows, "static", "long_tail", top, "latency_p99_s"))
-    met = (long_c is not None and long_s is not None and long_c >= 2.2 * long_s
-           and long_p[0] < long_p[1] and long_p99[0] < long_p99[1])
-    gain = long_c / long_s if long_c and long_s else float("nan")
-    occ = (_metric(rows, "continuous", "long_tail", top, "slot_occupancy"),
-           _metric(rows, "static", "long_tail", top, "slot_occupancy"))
+    cont, stat, got = long_tail
+    overall = _overall([(1, got["target"]), (-1, got["p50_verdict"]), (-1, got["p99_verdict"])])
+    gain = got["ratio"].value if isinstance(got["ratio"], stats.Interval) else got["ratio"]
     loads = [r["metrics"]["load_avg_1m_before"] for r in rows]
-    waste = _metric(rows, "static", "long_tail", top, "static_waste_factor") or float("nan")
+    c = rows[0]["config"]["engine"]
     return "\n".join([
         heading, "", *lines, "",
         f"Target (long-tailed trace at saturation: continuous >= 2.2x static output tokens/s with "
-        f"lower p50 and p99 latency): **{'met' if met else 'not met'}** (measured {gain:.2f}x; "
-        f"p99 latency {long_p99[0]:.2f} s vs {long_p99[1]:.2f} s).", "",
+        f"lower p50 and p99 latency): **{overall}** (throughput ratio "
+        f"{_times(got['ratio'])} against 2.2: {got['target']}; p50 latency "
+        f"{_difference(got['p50'], got['p50_verdict'], 's', '{:+.2f}')}; p99 latency "
+        f"{_difference(got['p99'], got['p99_verdict'], 's', '{:+.2f}')})."
+        + (" The throughput ratio's interval holds each replay's mean number of streaming "
+           "requests fixed (see the note on throughput above): it says how much the ratio "
+           "depends on which requests the trace drew, not how much a second replay of the same "
+           "trace would move it, so its verdict holds for this replay."
+           if isinstance(got["ratio"], stats.Interval) else ""), "",
         f"The seed's \"up to 23x\" (Anyscale: OPT-13B on an A100, continuous batching in vLLM "
         f"against naive static batching in Hugging Face) and Orca's 36.9x (GPT-3-sized models, "
         f"against FasterTransformer at equal latency) are about {23 / gain:.0f}x and "
         f"{36.9 / gain:.0f}x the {gain:.2f}x measured here. The difference is what the "
-        f"comparison holds fixed. Here both policies get the same {rows[0]['config']['engine']['num_slots']} "
+        f"comparison holds fixed. Here both policies get the same {c['num_slots']} "
         f"slots of one static cache, so continuous batching can only win back the slot time "
         f"that static batching wastes: slots idle while a batch waits for its longest request "
-        f"(slot occupancy {occ[0]:.2f} vs {occ[1]:.2f} on the long-tailed trace) and requests "
-        f"idle while a full batch forms. For this trace the ideal gain at saturation is "
-        f"{waste:.2f}x: the slot-steps that full static batches hold (each row until its "
-        f"batch's longest request ends) over the slot-steps the requests need. The measured "
-        f"gain falls short of it because continuous batching is not free either: the prompts "
-        f"admitted at an engine call are prefilled together (one compiled call, written straight "
-        f"into their slots' cache rows) before that call's decode rounds, which stalls every "
-        f"running slot for that prefill, a slot freed inside a "
-        f"{rows[0]['config']['engine']['steps_per_call']}-round engine call idles until the call "
-        f"ends, and the trace drains at the end with few slots busy. With fixed lengths the "
-        f"bound is 1x and the policies tie. The large published gains include more than "
+        f"(slot occupancy {cont['slot_occupancy']:.2f} vs {stat['slot_occupancy']:.2f} on the "
+        f"long-tailed trace) and requests idle while a full batch forms. For this trace the "
+        f"ideal gain at saturation is {stat['static_waste_factor']:.2f}x: the slot-steps that "
+        f"full static batches hold (each row until its batch's longest request ends) over the "
+        f"slot-steps the requests need. The measured gain "
+        f"{'falls short of it' if gain < stat['static_waste_factor'] else 'reaches it'}. "
+        f"Continuous batching is not free either: the prompts admitted at an engine call are "
+        f"prefilled together (one compiled call, written straight into their slots' cache "
+        f"rows) before that call's decode rounds, which stalls every running slot for that "
+        f"prefill, a slot freed inside a {c['steps_per_call']}-round engine call idles until "
+        f"the call ends, and "
+        f"the trace drains at the end with few slots busy. With fixed lengths the bound is 1x "
+        f"and the policies tie. The large published gains include more than "
         f"scheduling: with paged KV memory, vLLM and Orca fit many more concurrent requests "
         f"than a padded static batch of maximal length can, so their continuous batches are much "
         f"larger than the static ones they are compared to, and on a GPU a larger decode batch "
@@ -199,6 +409,18 @@ def _comparison(rows) -> str:
     ])
 
 
+def _chunked_target(judged: list[tuple[int, str, results.Verdict]]) -> str:
+    """Chunked prefill lowers p99 TTFT or the p99 longest gap: met if some chunk size's paired
+    difference lies below 0, not met if every one lies above, otherwise undecided."""
+    lowered = [f"chunks of {chunk}: {what}" for chunk, what, v in judged if v.side < 0]
+    if lowered:
+        return f"**met** ({'; '.join(lowered)})"
+    if all(v.side > 0 for _, _, v in judged):
+        return "**not met** (chunking raises both at every chunk size)"
+    missing = [v.text for _, _, v in judged if v.text.startswith("not judged")]
+    return f"**{missing[0] if missing else 'not distinguishable at this sample size'}**"
+
+
 def _chunked_prefill(rows, out_dir, page) -> list[pathlib.Path]:
     """The long-prompt points: whole against chunked prefill, computed from the rows."""
     chosen = _chunk_rows(rows)
@@ -207,27 +429,34 @@ def _chunked_prefill(rows, out_dir, page) -> list[pathlib.Path]:
     c = chosen[0]["config"]
     top = max(r["config"]["trace"]["rate"] for r in chosen)
 
-    def get(chunk, name):
+    def at(chunk):
         for row in chosen:
             cfg = row["config"]
             if (cfg["engine"]["prefill_chunk"], cfg["trace"]["rate"]) == (chunk, top):
-                return row["metrics"][name]
+                return row["metrics"]
         return None
 
-    whole = {name: get(0, name) for name in ("ttft_p99_s", "tbt_p99_s", "latency_p99_s",
-                                             "output_tokens_per_s")}
-    lines, met = [], []
+    whole = at(0)
+    lines, judged = [], []
     for chunk in sorted({r["config"]["engine"]["prefill_chunk"] for r in chosen} - {0}):
-        ttft, tbt = get(chunk, "ttft_p99_s"), get(chunk, "tbt_p99_s")
-        tput = get(chunk, "output_tokens_per_s")
-        if None in (ttft, tbt, tput) or None in whole.values():
+        part = at(chunk)
+        if part is None or whole is None:
             continue
-        met.append(ttft < whole["ttft_p99_s"] or tbt < whole["tbt_p99_s"])
+        ttft, gap = paired(part, whole, "ttft_p99_s"), paired(part, whole, "max_tbt_p99_s")
+        ttft_v = _judge(part, whole, ttft, above="higher", below="lower")
+        gap_v = _judge(part, whole, gap, above="higher", below="lower")
+        judged += [(chunk, "p99 TTFT", ttft_v), (chunk, "p99 longest gap", gap_v)]
         lines.append(
-            f"- chunks of {chunk}: p99 TTFT {ttft:.3f} s vs {whole['ttft_p99_s']:.3f} s whole "
-            f"({ttft / whole['ttft_p99_s']:.2f}x), p99 time between tokens {1e3 * tbt:.1f} ms vs "
-            f"{1e3 * whole['tbt_p99_s']:.1f} ms ({tbt / whole['tbt_p99_s']:.2f}x), output "
-            f"{tput:.0f} vs {whole['output_tokens_per_s']:.0f} tokens/s.")
+            f"- chunks of {chunk}: p99 TTFT {_fmt(_shown(part, 'ttft_p99_s'), '{:.3f}')} s vs "
+            f"{_fmt(_shown(whole, 'ttft_p99_s'), '{:.3f}')} s whole (paired difference "
+            f"{_difference(ttft, ttft_v, 's', '{:+.3f}')}); p99 of each request's longest time "
+            f"between tokens {_ms(_shown(part, 'max_tbt_p99_s'))} ms vs "
+            f"{_ms(_shown(whole, 'max_tbt_p99_s'))} ms "
+            f"({_difference(gap, gap_v, 'ms', '{:+.1f}')}); p99 time between tokens, every gap "
+            f"pooled, {_ms(part['tbt_p99_s'])} ms vs "
+            f"{_ms(whole['tbt_p99_s'])} ms (no interval); output "
+            f"{_fmt(_shown(part, 'output_tokens_per_s'), '{:.0f}')} vs "
+            f"{_fmt(_shown(whole, 'output_tokens_per_s'), '{:.0f}')} tokens/s.")
     page.text("\n".join([
         "## Chunked prefill on long prompts (computed from the rows)", "",
         f"Continuous batching, {c['engine']['num_slots']} slots of {c['engine']['max_len']} "
@@ -237,19 +466,27 @@ def _chunked_prefill(rows, out_dir, page) -> list[pathlib.Path]:
         f"engine call that admits it, so every running slot waits for it. Chunked: each waiting "
         f"prompt enters at most that many tokens per engine call, between the decode rounds of "
         f"the running slots (Sarathi-Serve). Time between tokens: the gap between two engine "
-        f"calls that gave a request tokens, pooled over requests. At {top:g} requests/s:", "",
+        f"calls that gave a request tokens. The rows keep each request's longest gap, so the "
+        f"judged tail is the p99 over requests of that longest gap; the pooled p99 over every "
+        f"gap of every request has no interval. Differences are chunked - whole, paired "
+        f"request by request (the same trace). At {top:g} requests/s:", "",
         *lines, "",
-        f"Target (chunked prefill lowers p99 TTFT or p99 time between tokens on this trace): "
-        + (f"**{'met' if any(met) else 'not met'}** (by at least one chunk size)." if met else
+        "Target (chunked prefill lowers p99 TTFT or the p99 longest time between tokens on this "
+        "trace): "
+        + (f"{_chunked_target(judged)}; {len(judged)} comparisons, each at 95%, so one that "
+           f"barely excludes 0 is weak evidence." if judged else
            "not measured (these rows hold no whole and chunked points at the top rate).")]))
     written = []
     where = {"config.trace.prompts": "long"}
+    shown = [_with_intervals(r) for r in chosen]
     for metric, fmt, caption in (
             ("ttft_p99_s", "{:.3f}", "p99 time to first token (s)"),
-            ("tbt_p99_s", "{:.4f}", "p99 time between tokens (s)"),
+            ("max_tbt_p99_s", "{:.4f}", "p99 over requests of each request's longest time "
+                                        "between tokens (s)"),
+            ("tbt_p99_s", "{:.4f}", "p99 time between tokens, every gap pooled (s)"),
             ("latency_p99_s", "{:.2f}", "p99 end-to-end latency (s)"),
             ("output_tokens_per_s", "{:.0f}", "output tokens/s")):
-        table = results.pivot_table(rows, index="config.engine.prefill_chunk",
+        table = results.pivot_table(shown, index="config.engine.prefill_chunk",
                                     columns="config.trace.rate", values=f"metrics.{metric}",
                                     where=where)
         csv = out_dir / f"batching_chunked_{metric}.csv"
@@ -258,6 +495,31 @@ def _chunked_prefill(rows, out_dir, page) -> list[pathlib.Path]:
                            f"arrival rate (requests/s)")
         written.append(csv)
     return written
+
+
+def _brackets(rows) -> str:
+    """What the brackets on the page are, or that the rows allow none."""
+    if any(_units(r["metrics"]) is None for r in rows):
+        return ("No intervals: some rows keep no per-request values (written by an earlier "
+                "version of the study; rerun it for intervals). Their points show plain numbers "
+                "and the claims that rest on them are not judged.")
+    return (
+        f"Brackets: 95% percentile bootstrap interval over the point's completed requests (a "
+        f"trace has {rows[0]['config']['trace']['num_requests']}; 2,000 resamples, fixed seed; "
+        f"`decodelab.stats`); a percentile's interval takes that percentile of each "
+        f"resample. A p99 over this many requests interpolates between the two largest "
+        f"values and no resample exceeds the largest, so its interval is rough and its upper "
+        f"bound is at most the largest value measured. Two points on the same trace (continuous "
+        f"against static, chunked against whole prefill) are compared request by request: a "
+        f"paired bootstrap, since request i is the same request in both; a claim is called "
+        f"only when its interval excludes 0 (or the target). Output tokens/s: tokens over the "
+        f"makespan is one number of one replay, not a sum over requests, so for its interval "
+        f"each request gets a share of the makespan in proportion to its streaming time (first "
+        f"token to last) and the bootstrap resamples tokens over those shares; this equals the "
+        f"measured throughput and holds the replay's mean number of streaming requests fixed, "
+        f"so it shows how much the number depends on which requests the trace drew, and is a "
+        f"lower bound on its uncertainty. Each point is one replay on a shared machine: the "
+        f"run-to-run timing noise is in none of these intervals.")
 
 
 def report(rows, out_dir) -> list[pathlib.Path]:
@@ -288,10 +550,14 @@ def report(rows, out_dir) -> list[pathlib.Path]:
         "/ makespan (first arrival to last finish); occupancy = busy slot-seconds / (slots x "
         "makespan); time between tokens = the gap between two engine calls that gave a request "
         "tokens. Each row also holds every request's latency, TTFT, TPOT, longest gap and "
-        "output length (`per_request_*` lists in the rows), for intervals bootstrapped over "
-        "requests.")
+        "output length (`per_request_*` lists in the rows).")
+    page.text(_brackets(rows))
     page.text(_comparison(rows))
     written = _chunked_prefill(rows, out_dir, page)
+    shown = [_with_intervals(r) for r in _policy_rows(rows)]
+    # Latency against throughput: the throughput stays a plain number (the x axis).
+    latency_shown = [_with_intervals(r, ("latency_p50_s", "latency_p99_s"))
+                     for r in _policy_rows(rows)]
     for output in ("long_tail", "fixed"):
         where = {"config.trace.output": output, "config.trace.prompts": "short"}
         for metric, fmt, caption in (
@@ -301,29 +567,31 @@ def report(rows, out_dir) -> list[pathlib.Path]:
                 ("ttft_p50_s", "{:.2f}", "p50 time to first token (s)"),
                 ("tpot_p50_s", "{:.4f}", "p50 time per output token (s)"),
                 ("slot_occupancy", "{:.2f}", "slot occupancy")):
-            table = results.pivot_table(rows, index="config.policy", columns="config.trace.rate",
-                                        values=f"metrics.{metric}", where=where)
+            table = results.pivot_table(shown, index="config.policy",
+                                        columns="config.trace.rate", values=f"metrics.{metric}",
+                                        where=where)
             csv = out_dir / f"batching_{output}_{metric}.csv"
             page.table(table, csv, number_format=fmt,
                        caption=f"**{output}: {caption}**, by policy and arrival rate (requests/s)")
             written.append(csv)
-        path = results.line_plot(rows, out_dir / f"batching_{output}_throughput.png",
+        path = results.line_plot(shown, out_dir / f"batching_{output}_throughput.png",
                                  x="config.trace.rate", y="metrics.output_tokens_per_s",
                                  group="config.policy", where=where, logx=True,
                                  title=f"{output}: throughput vs arrival rate")
-        page.image(path, f"{output}: output tokens/s against arrival rate, one line per policy")
+        page.image(path, f"{output}: output tokens/s against arrival rate, one line per policy "
+                         f"(bars: 95% intervals over requests)")
         written.append(path)
         for q in ("p50", "p99"):
-            path = results.line_plot(rows, out_dir / f"batching_{output}_latency_{q}.png",
+            path = results.line_plot(latency_shown,
+                                     out_dir / f"batching_{output}_latency_{q}.png",
                                      x="metrics.output_tokens_per_s", y=f"metrics.latency_{q}_s",
                                      group="config.policy", where=where,
                                      title=f"{output}: {q} latency vs throughput")
-            page.image(path, f"{output}: {q} latency against output tokens/s, one line per policy")
+            page.image(path, f"{output}: {q} latency against output tokens/s, one line per policy "
+                             f"(bars: 95% intervals over requests)")
             written.append(path)
     # The per-request lists stay in rows.jsonl; the table holds the scalar metrics.
-    scalars = [{**r, "metrics": {k: v for k, v in r["metrics"].items()
-                                 if not isinstance(v, list)}} for r in rows]
-    everything = results.points_table(scalars)
+    everything = results.points_table(rows)
     page.table(everything, out_dir / "batching.csv", caption="**Every point**, every metric.")
     return [page.write(out_dir / "batching.md"), out_dir / "batching.csv", *written]
 

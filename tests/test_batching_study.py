@@ -1,6 +1,11 @@
 """The batching study's pieces: its long-prompt trace, its warm-up (after which a timed replay
-compiles none of the engine's programs) and the per-request values its rows keep."""
+compiles none of the engine's programs), the per-request values its rows keep, and its page:
+intervals over requests and claims judged by them, from synthetic rows (no model)."""
 
+import csv
+import re
+
+import numpy as np
 import pytest
 from flax import nnx
 from ml_collections import config_dict
@@ -49,3 +54,164 @@ def test_after_the_warm_up_a_replay_compiles_none_of_the_engine_programs(tiny, c
     values = serving.per_request(result.records)
     assert values["tokens"] == [3] * 8
     assert [len(v) for v in values.values()] == [8] * 5
+
+
+# --- The page, from synthetic rows ---------------------------------------------------------------
+
+TOKENS = [2 + (7 * i) % 23 for i in range(64)]  # output lengths 2..24, in trace order
+
+
+def _records(scale: float = 1.0, shift: float = 0.0, noise=None) -> list[serving.RequestRecord]:
+    """A replay of a burst of 64 requests, all arriving at 0: request i's first delivery at
+    0.1 + 0.01 i, then one every 0.02 s, 2 tokens each. Every delivery time is multiplied by
+    ``scale`` and moved by ``shift`` (plus ``noise[i]`` for request i)."""
+    records = []
+    for i, k in enumerate(TOKENS):
+        moved = shift + (0.0 if noise is None else noise[i])
+        times = [scale * (0.1 + 0.01 * i + 0.02 * j) + moved for j in range((k + 1) // 2)]
+        records.append(serving.RequestRecord(
+            request_id=i, arrival=0.0, status="completed", admitted=times[0] / 2,
+            first_token=times[0], finish=times[-1], tokens=[0] * k, deliveries=times))
+    return records
+
+
+def _metrics(records: list[serving.RequestRecord]) -> dict:
+    """A row's metrics as ``evaluate`` writes them (the summary and the per-request lists)."""
+    busy = 4 * max(r.finish for r in records)  # half of the 8 slots busy over the makespan
+    return {**serving.summarize(records, 8, busy), "engine_calls": 100, "mean_prompt_len": 10.0,
+            "max_prompt_len": 16, "mean_output_len": float(np.mean(TOKENS)),
+            "max_output_len": max(TOKENS), "static_waste_factor": 2.3, "replay_wall_s": 1.0,
+            "idle_skipped_s": 0.0, "warmup_s": 1.0, "load_avg_1m_before": 1.0,
+            "load_avg_1m_after": 1.0,
+            **{f"per_request_{name}": values
+               for name, values in serving.per_request(records).items()}}
+
+
+def _rows(changed: dict | None = None) -> list[dict]:
+    """Every point of the study's sweep with the replay of ``_records()``; ``changed`` maps
+    (policy, output, rate, prefill chunk) to other records. Long-prompt points have output
+    "long_tail"."""
+    module = config_module("batching")
+    points = experiment.expand(module.get_config(), module.get_sweep())
+    provenance = dict.fromkeys(experiment.PROVENANCE_FIELDS, "x")
+    rows = []
+    for p in points:
+        c = p.config
+        at = (c.policy, c.trace.output, c.trace.rate, c.engine.prefill_chunk)
+        records = (changed or {}).get(at) or _records()
+        rows.append(dict(experiment="batching", config_hash=p.config_hash, seed=0,
+                         sweep_index=p.index, overrides=p.overrides, config=c.to_dict(),
+                         metrics=_metrics(records), start_time="2026-01-01T00:00:00+00:00",
+                         wall_time_s=1.0, provenance=provenance))
+    return rows
+
+
+def _page(rows, tmp_path) -> str:
+    from experiments import batching
+
+    batching.report(rows, tmp_path)
+    return (tmp_path / "batching.md").read_text()
+
+
+def _line(page: str, start: str) -> str:
+    return next(line for line in page.splitlines() if line.startswith(start))
+
+
+STATIC_LONG = ("static", "long_tail", 64.0, 0)
+
+
+def test_the_throughput_statistic_is_the_measured_throughput_and_the_percentiles_the_rows():
+    from experiments import batching
+
+    m = _metrics(_records())
+    shares = batching.service_shares(np.asarray(m["per_request_latency_s"]),
+                                     np.asarray(m["per_request_ttft_s"]), m["makespan_s"])
+    assert shares.sum() == pytest.approx(m["makespan_s"], rel=1e-12)
+    throughput = batching.interval(m, "output_tokens_per_s")
+    assert throughput.value == pytest.approx(m["output_tokens_per_s"], rel=1e-12)
+    assert throughput.low < throughput.value < throughput.high and throughput.units == 64
+    for metric in ("latency_p50_s", "latency_p99_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s"):
+        assert batching.interval(m, metric).value == m[metric]
+
+
+def test_the_tables_show_intervals_over_requests_and_the_csv_their_bounds(tmp_path):
+    page = _page(_rows(), tmp_path)
+    p50 = page[page.index("**long_tail: p50 end-to-end latency (s)**"):]
+    cell = r"\d\.\d\d \[\d\.\d\d, \d\.\d\d\]"
+    assert re.fullmatch(rf"\| continuous \| {cell} \| {cell} \| {cell} \| {cell} \|",
+                        _line(p50, "| continuous |"))
+    tput = page[page.index("**long_tail: output tokens/s**"):]
+    assert re.fullmatch(r"\| static \| (\d+ \[\d+, \d+\] \| ){4}", _line(tput, "| static |") + " ")
+    assert "Brackets: 95% percentile bootstrap interval over the point's completed requests" in page
+    with open(tmp_path / "batching_long_tail_latency_p50_s.csv") as f:
+        assert next(csv.reader(f)) == ["policy \\ trace.rate", "2", "2_low", "2_high", "6", "6_low",
+                                       "6_high", "16", "16_low", "16_high", "64", "64_low",
+                                       "64_high"]
+
+
+def test_a_clearly_met_target_renders_met(tmp_path):
+    # Static takes 2.5x as long for everything on the same burst: 2.5x the throughput, every
+    # request sooner.
+    page = _page(_rows({STATIC_LONG: _records(scale=2.5)}), tmp_path)
+    target = _line(page, "Target (long-tailed trace at saturation")
+    assert ("lower p50 and p99 latency): **met** (throughput ratio 2.50x [2.50, 2.50] against "
+            "2.2: met; p50 latency -") in target
+    assert re.search(r"p50 latency -\d\.\d\d \[-\d\.\d\d, -\d\.\d\d\] s: lower; p99 latency "
+                     r"-\d\.\d\d \[-\d\.\d\d, -\d\.\d\d\] s: lower\)\.", target)
+    assert "= **2.50x [2.50, 2.50]** (continuous higher)" in _line(page, "- **long_tail**")
+
+
+def test_a_constant_latency_shift_is_detected_by_the_paired_difference(tmp_path):
+    # Every request finishes 0.1 s later under static: request by request the difference is
+    # exactly -0.1, though the requests' latencies spread far wider.
+    page = _page(_rows({STATIC_LONG: _records(shift=0.1)}), tmp_path)
+    line = _line(page, "- **long_tail**")
+    assert "(paired difference -0.10 [-0.10, -0.10] s: lower)" in line
+    assert "(-0.10 [-0.10, -0.10] s: lower)" in line  # p99
+    # The throughput ratio (the makespan 0.1 s longer) is far below the 2.2x target.
+    assert "2.2x static output tokens/s with lower p50 and p99 latency): **not met**" in page
+
+
+def test_noise_is_not_distinguishable_at_this_sample_size(tmp_path):
+    # Each request finishes earlier or later under static by zero-mean noise (sd 0.05 s).
+    noise = np.random.default_rng(0).normal(0.0, 0.05, size=len(TOKENS))
+    page = _page(_rows({STATIC_LONG: _records(noise=noise - noise.mean())}), tmp_path)
+    line = _line(page, "- **long_tail**")
+    assert re.search(r"\(paired difference [-+]\d\.\d\d \[-\d\.\d\d, \+\d\.\d\d\] s: not "
+                     r"distinguishable at this sample size \(about [\d,]+ requests would be "
+                     r"needed\)\)", line)
+
+
+def test_chunked_prefill_that_lowers_ttft_by_a_constant_meets_its_target(tmp_path):
+    # Chunks of 16 bring every request's first token (and every later one) 0.05 s sooner; the
+    # gaps between tokens do not change.
+    page = _page(_rows({("continuous", "long_tail", 64.0, 16): _records(shift=-0.05)}), tmp_path)
+    line = _line(page, "- chunks of 16:")
+    assert "(paired difference -0.050 [-0.050, -0.050] s: lower)" in line
+    assert "(+0.0 [+0.0, +0.0] ms: not distinguishable at this sample size (" in line
+    assert ("trace): **met** (chunks of 16: p99 TTFT); 4 comparisons, each at 95%") in page
+
+
+def test_rows_of_different_requests_are_not_paired(tmp_path):
+    # One request fewer tokens under static: request i is no longer the same request.
+    records = _records()
+    records[0].tokens = records[0].tokens[:-1]
+    page = _page(_rows({STATIC_LONG: records}), tmp_path)
+    assert ("(paired difference not judged (the two rows do not hold the same completed "
+            "requests));") in _line(page, "- **long_tail**")
+
+
+def test_rows_without_per_request_values_still_render_plain_and_not_judged(tmp_path):
+    rows = _rows({STATIC_LONG: _records(scale=2.5)})
+    for row in rows:
+        for name in [k for k in row["metrics"] if k.startswith("per_request_")]:
+            del row["metrics"][name]
+    page = _page(rows, tmp_path)
+    assert "No intervals: some rows keep no per-request values" in page
+    assert all("[" not in line for line in page.splitlines() if line.startswith("| "))
+    assert ("(paired difference not judged (no per-request values in the rows)); p99 latency "
+            "0.91 s vs 2.28 s (not judged (no per-request values in the rows));") in page
+    assert ("lower p50 and p99 latency): **not judged (no per-request values in the rows)** "
+            "(throughput ratio 2.50x against 2.2: not judged (no per-request values in the "
+            "rows); p50 latency not judged") in page
+    assert "trace): **not judged (no per-request values in the rows)**" in page
