@@ -2,7 +2,8 @@
 
 Static, dynamic and continuous batching on one slot engine: the same `small`-preset model (random
 weights: see experiments/batching.py for why), the same 8 slots, the same seeded Poisson traces, at
-several arrival rates, with fixed and with long-tailed output lengths. Then chunked prefill:
+several arrival rates, with fixed and with long-tailed output lengths; each point replays 5 traces
+(`replays`), so that its throughput has an interval over replays. Then chunked prefill:
 continuous batching on a trace with long prompts (slots of 512 tokens), each prompt prefilled
 whole or in chunks of 16 or 64 tokens between decode rounds. Render the page with
 `python -m experiments.report --workdir=runs/batching --out=results`.
@@ -24,8 +25,11 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
     config = config_dict.ConfigDict()
     # Experiment name: rows of other experiments are refused in the same workdir.
     config.experiment = "batching"
-    # Seed of the model's random weights and of every trace (the same trace for every policy).
+    # Seed of the model's random weights and of replay 0's trace (the same trace for every policy).
     config.seed = 0
+    # Each point replays `replays` traces drawn with trace seeds `seed`, `seed + 1`, ... (replay r
+    # of every policy replays the same trace); the model's random weights keep `seed`.
+    config.replays = 5
     # Model: the `small` preset (or the preset named after the colon), random weights.
     config.model = model_section(arg or "small")
     # Vocabulary of the random model (the size the `small` studies' tokenizer has).
