@@ -1,10 +1,11 @@
 """python -m experiments.quantization --config=configs/quantization.py --workdir=runs/quantization
 
 Weights stored quantized (int8; int4 in groups of 128 and of 32, absmax and min-max; GPTQ and AWQ
-int4 g128), each crossed with a float32, int8 or int4 KV cache, judged by `dl.compare` against the
-float32 model on held-out windows (KL divergence, same top token, perplexity, bytes) and timed
-against it (decode tokens/s at batch 1 and 8); plus one row of speculative decoding that drafts
-with the int4 g32 copy of the model itself. The model is `medium` trained on the corpus.
+int4 g128; int8 with int8 activations, W8A8), each crossed with a float32, int8 or int4 KV cache,
+judged by `dl.compare` against the float32 model on held-out windows (KL divergence, same top
+token, perplexity, bytes) and timed against it (decode tokens/s at batch 1 and 8); plus one row of
+speculative decoding that drafts with the int4 g32 copy of the model itself. The model is `medium`
+trained on the corpus.
 Render the page with `python -m experiments.report --workdir=runs/quantization --out=results`.
 
 On SmolLM2-135M-Instruct (reference: its GGUF file dequantized to float32), plus two rows of
@@ -20,7 +21,7 @@ A quick look (tiny model, a few training steps, one point):
 `--config.model.d_model=64 --config.model.n_layers=2 --config.model.n_heads=4
 --config.model.n_kv_heads=2 --config.model.d_ff=256 --config.model.max_seq_len=128
 --config.train.steps=20 --config.train.warmup_steps=5 --config.num_windows=2 --config.new_tokens=8
---config.repeats=2 --sweep_shard=0/22`.
+--config.repeats=2 --sweep_shard=0/25`.
 """
 
 from ml_collections import config_dict
@@ -28,15 +29,17 @@ from ml_collections import config_dict
 from decodelab.experiment import product
 from decodelab.presets import PRETRAINED_MODELS, check_config_arg, model_section, train_section
 
-# (weights, group_size (0: one scale per output channel), scheme, method): the weight rows.
+# (weights, group_size (0: one scale per output channel), scheme, method, activations ("": float,
+# "int8": W8A8)): the weight rows.
 WEIGHT_ROWS = (
-    ("f32", 0, "absmax", "rtn"),
-    ("int8", 0, "absmax", "rtn"),
-    ("int4", 128, "absmax", "rtn"),
-    ("int4", 32, "absmax", "rtn"),
-    ("int4", 32, "minmax", "rtn"),
-    ("int4", 128, "absmax", "gptq"),
-    ("int4", 128, "absmax", "awq"),
+    ("f32", 0, "absmax", "rtn", ""),
+    ("int8", 0, "absmax", "rtn", ""),
+    ("int4", 128, "absmax", "rtn", ""),
+    ("int4", 32, "absmax", "rtn", ""),
+    ("int4", 32, "minmax", "rtn", ""),
+    ("int4", 128, "absmax", "gptq", ""),
+    ("int4", 128, "absmax", "awq", ""),
+    ("int8", 0, "absmax", "rtn", "int8"),
 )
 KV_CACHES = ("f32", "int8", "int4")
 PEERS = ("llama.cpp", "llama.cpp-f32")
@@ -62,6 +65,9 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
     config.scheme = "absmax"
     # "rtn" (round to nearest), "gptq" or "awq" (calibrated on training windows).
     config.method = "rtn"
+    # "" (float inputs) or "int8": each token's input to a projection rounded to int8 and an
+    # integer dot (W8A8, `dl.quantize(activations="int8")`).
+    config.activations = ""
     # KV cache of the candidate: "f32", "int8" or "int4".
     config.kv_cache = "f32"
     # True: the speculative row (the reference drafting with its own int4 g32 copy).
@@ -98,9 +104,10 @@ def get_sweep(arg: str | None = None) -> list[dict]:
     pretrained model, the llama.cpp rows)."""
     big_group = 64 if arg in PRETRAINED_MODELS else 128
     points = []
-    for weights, group, scheme, method in WEIGHT_ROWS:
+    for weights, group, scheme, method, activations in WEIGHT_ROWS:
         group = big_group if group == 128 else group
+        extra = {"activations": [activations]} if activations else {}
         points += product({"weights": [weights], "group_size": [group], "scheme": [scheme],
-                           "method": [method], "kv_cache": list(KV_CACHES)})
+                           "method": [method], "kv_cache": list(KV_CACHES), **extra})
     peers = [{"peer": p} for p in PEERS] if arg in PRETRAINED_MODELS else []
     return points + [{"self_draft": True}] + peers

@@ -1,36 +1,8 @@
 """Weights stored quantized: ``quantize(model, weights="int8" | "int4", ...)`` -> a Transformer
 whose projections hold integer values and per-group scales, not float kernels.
 
-Representation. Every quantized projection is a ``QuantizedEinsum`` that replaces an
-``nnx.Einsum`` whose kernel's contracted axes come first (all of decodelab's: ``DF``, ``FD``,
-``DNH``, ``NHD``, ``DV``). The kernel is viewed as a matrix ``[In, Out]`` (In: the contracted axes
-flattened, e.g. ``N * H`` for the output projection; Out: the rest) and stored as
-
-    qvalue [In, Out] int8 | int4,  scale [G, Out],  offset [G, Out] or none,
-    weight[i, o] = qvalue[i, o] * scale[i // g, o] + offset[i // g, o],   g = In / G
-
-so one group is ``g`` consecutive input channels of one output column (``G = 1``: one scale per
-output channel). ``offset`` is the zero point in float form (``-scale * zero_point`` for min-max
-calibration, the block minimum of a GGUF Q4_1 block); symmetric (absmax) quantization has none.
-An ``input_scale [In]`` (AWQ) multiplies the input first. Tied embeddings quantized with
-``embeddings=True`` become a ``QuantizedEmbed``: the same matrix with ``In = D`` and ``Out = V``,
-read by column for lookups.
-
-The matmul, in blocks of output columns. XLA on CPU does not fuse a dequantization (convert,
-scale) into a dot's operand: the dot is a library call that reads float32 operands, so
-``x @ dequantize(qvalue)`` writes the whole float kernel and reads it back. Applying the scales to
-the output does not change that (the int8 -> float32 convert still feeds the dot; a mixed
-int8 x float32 ``dot_general`` is converted the same way), and a multiply-and-reduce fusion that
-never forms the kernel is slower than the float32 dot there. Worse, XLA keeps the dequantized
-kernels of a whole decode step alive at once (100 MB for ``medium``, as large as its float32
-weights), so the step wrote and read 4 bytes per weight on top of reading 1: int8 decoded at a
-fifth of float32's speed. So ``__call__`` loops (``lax.scan``) over blocks of output columns:
-each iteration dequantizes ``[In, C]`` (at most ``BLOCK_ELEMENTS`` weights, 512 KiB of float32,
-which stays in the core's cache) and multiplies it; a group runs along In, so a block holds whole
-groups. The compiled step then never forms a float buffer larger than one block
-(``tests/test_quantize.py`` checks the compiled text). int4 weights are the exception that stays:
-XLA on CPU converts an int4 array that enters a loop to an int8 copy first, and its int4 -> float
-convert is 3 to 4 times slower than int8's, so int4 decodes no faster than int8 there.
+The quantized modules and their matmul (int8 / int4 values, per-group scales, float or int8
+activations) are ``decodelab.qlinear``'s; this module makes them from a float model.
 
 What qwix does and what is written here. The numbers come from qwix: ``qwix.quantize`` computes
 absmax / min-max scales, zero points and int8 / int4 values for tiled (grouped) axes, and
@@ -45,8 +17,8 @@ cannot rebuild from a saved file (here the saved ``quantization`` description re
 loop in Python, so its compile time grows with the input width (170 s for a 2-layer d=64 model
 here, far more for SmolLM2): ``_gptq`` runs the same algorithm with qwix's per-group and
 per-column helpers inside a ``lax.fori_loop``. The module swap, the calibration pass that collects
-each projection's inputs (``X^T X`` for GPTQ, mean ``|X|`` for AWQ), and the grouped matmul are
-this module's own.
+each projection's inputs (``X^T X`` for GPTQ, mean ``|X|`` for AWQ) are this module's own, as
+is the grouped matmul (``decodelab.qlinear``).
 
 Bytes. ``parameter_bytes`` counts each array at its element's bit width (int4: half a byte), the
 size of the stored (packed) representation: JAX on CPU holds an int4 array in one byte per value,
@@ -57,7 +29,6 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -67,126 +38,22 @@ from flax import nnx
 
 from decodelab import optional
 from decodelab.model import Transformer
+from decodelab.qlinear import ACTIVATIONS, QuantizedEinsum, QuantizedEmbed, contracted_axes
 
 WEIGHTS = {"int8": jnp.int8, "int4": jnp.int4}
 METHODS = ("rtn", "gptq", "awq")
 SCHEMES = ("absmax", "minmax")  # symmetric, or asymmetric with a zero point (offset)
 GROUP_SIZES = (None, 32, 64, 128)
-# Weights dequantized at a time by a quantized matmul (module docstring): 512 KiB of float32.
-BLOCK_ELEMENTS = 2**17
 _DTYPES = {"int8": jnp.int8, "int4": jnp.int4, "float32": jnp.float32, "float16": jnp.float16,
            "bfloat16": jnp.bfloat16}
 
 
-def _split_equation(equation: str) -> tuple[str, str, str]:
-    inputs, out = equation.replace(" ", "").split("->")
-    lhs, kernel = inputs.split(",")
-    return lhs, kernel, out
-
-
-def contracted_axes(equation: str, kernel_shape: Sequence[int]) -> int:
-    """How many leading kernel axes ``equation`` contracts with the input's trailing axes; a
-    kernel laid out otherwise cannot be viewed as ``[In, Out]`` and is refused."""
-    lhs, kernel, _ = _split_equation(equation)
-    n = sum(letter in lhs for letter in kernel)
-    if kernel[:n] != lhs[len(lhs) - n:] or any(letter in lhs for letter in kernel[n:]):
-        raise ValueError(f"equation {equation!r} must contract the kernel's leading axes with the "
-                         "input's trailing axes in order")
-    return n
-
-
-def _dequantize(qvalue: jax.Array, scale: jax.Array, offset: jax.Array | None,
-                dtype) -> jax.Array:
-    """``qvalue [In, ...]`` with ``scale`` / ``offset [G, ...]`` -> float ``[In, ...]``."""
-    G = scale.shape[0]
-    grouped = qvalue.astype(dtype).reshape(G, -1, *qvalue.shape[1:])  # [G, g, ...]
-    w = grouped * scale.astype(dtype)[:, None]
-    if offset is not None:
-        w = w + offset.astype(dtype)[:, None]
-    return w.reshape(qvalue.shape)
-
-
-class QuantizedEinsum(nnx.Module):
-    """An ``nnx.Einsum`` (same equation, same call) whose kernel is stored quantized (module
-    docstring): ``x [..., *in_dims] -> [..., *out_dims]``."""
-
-    def __init__(self, equation: str, kernel_shape: Sequence[int], qvalue: jax.Array,
-                 scale: jax.Array, offset: jax.Array | None = None, bias: jax.Array | None = None,
-                 input_scale: jax.Array | None = None, *, dtype=jnp.float32):
-        n_in = contracted_axes(equation, kernel_shape)
-        self.equation = equation
-        self.in_dims = tuple(kernel_shape[:n_in])
-        self.out_dims = tuple(kernel_shape[n_in:])
-        In, Out = math.prod(self.in_dims), math.prod(self.out_dims)
-        if qvalue.shape != (In, Out) or scale.shape[1:] != (Out,) or In % scale.shape[0]:
-            raise ValueError(f"qvalue must be [{In}, {Out}] with scale [G, {Out}] (G dividing "
-                             f"{In}), got {qvalue.shape} and {scale.shape}")
-        self.dtype = jnp.dtype(dtype)
-        self.qvalue = nnx.Param(qvalue)
-        self.scale = nnx.Param(scale)
-        self.offset = nnx.Param(offset) if offset is not None else None
-        self.bias = nnx.Param(bias) if bias is not None else None
-        self.input_scale = nnx.Param(input_scale) if input_scale is not None else None
-
-    @property
-    def group_size(self) -> int:
-        return self.qvalue.shape[0] // self.scale.shape[0]
-
-    def kernel(self) -> jax.Array:
-        """The dequantized kernel in the replaced Einsum's shape (for tests and inspection)."""
-        w = _dequantize(self.qvalue[...], self.scale[...],
-                        None if self.offset is None else self.offset[...], jnp.float32)
-        if self.input_scale is not None:
-            w = w * self.input_scale[...][:, None]
-        return w.reshape(*self.in_dims, *self.out_dims)
-
-    def columns_per_block(self) -> int:
-        """Output columns dequantized at a time by ``__call__``: the largest divisor of Out
-        whose block ``[In, columns]`` has at most ``BLOCK_ELEMENTS`` weights (module docstring)."""
-        In, Out = self.qvalue.shape
-        fits = max(BLOCK_ELEMENTS // In, 1)
-        return max(c for c in range(1, min(fits, Out) + 1) if Out % c == 0)
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        lead = x.shape[: x.ndim - len(self.in_dims)]
-        In, Out = self.qvalue.shape
-        x = x.astype(self.dtype).reshape(-1, In)  # [R, In]
-        if self.input_scale is not None:
-            x = x * self.input_scale[...].astype(self.dtype)[None, :]
-        C = self.columns_per_block()
-        offset = None if self.offset is None else self.offset[...]
-
-        def block(_, j):  # output columns j * C .. (j + 1) * C - 1: [R, C]
-            cols = lambda a: jax.lax.dynamic_slice_in_dim(a, j * C, C, axis=1)  # noqa: E731
-            w = _dequantize(cols(self.qvalue[...]), cols(self.scale[...]),
-                            None if offset is None else cols(offset), self.dtype)  # [In, C]
-            return None, x @ w
-
-        _, y = jax.lax.scan(block, None, jnp.arange(Out // C))  # [Out / C, R, C]
-        y = jnp.moveaxis(y, 0, 1).reshape(*lead, *self.out_dims)
-        if self.bias is not None:
-            y = y + self.bias[...].astype(self.dtype).reshape(*(1 for _ in lead), *self.out_dims)
-        return y
-
-
-class QuantizedEmbed(QuantizedEinsum):
-    """A tied embedding table ``[V, D]`` stored quantized as the matrix ``[In = D, Out = V]``
-    (groups along D): ``embed(tokens [B, T]) -> [B, T, D]``,
-    ``attend(x [B, T, D]) -> [B, T, V]``."""
-
-    def __call__(self, tokens: jax.Array) -> jax.Array:
-        cols = jnp.take(self.qvalue[...], tokens, axis=1)  # [D, B, T]
-        scale = jnp.take(self.scale[...], tokens, axis=1)  # [G, B, T]
-        offset = None if self.offset is None else jnp.take(self.offset[...], tokens, axis=1)
-        return jnp.moveaxis(_dequantize(cols, scale, offset, self.dtype), 0, -1)
-
-    def attend(self, x: jax.Array) -> jax.Array:
-        return QuantizedEinsum.__call__(self, x)
-
-
-def _check_args(weights, group_size, method, scheme, calibration, embeddings) -> None:
+def _check_args(weights, group_size, method, scheme, calibration, embeddings,
+                activations) -> None:
     if weights not in WEIGHTS:
         raise ValueError(f"weights must be one of {tuple(WEIGHTS)}, got {weights!r}")
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"activations must be one of {ACTIVATIONS}, got {activations!r}")
     if group_size is not None and (isinstance(group_size, bool) or not isinstance(group_size, int)
                                    or group_size <= 0):
         raise ValueError(f"group_size must be None or a positive int (e.g. {GROUP_SIZES[1:]}), "
@@ -366,13 +233,15 @@ def _quantize_matrix(w, qtype, group_size, scheme, method, stat):
 
 def quantize(model: Transformer, weights: str = "int8", group_size: int | None = None,
              method: str = "rtn", calibration=None, *, scheme: str = "absmax",
-             embeddings: bool = False) -> Transformer:
+             embeddings: bool = False, activations: str | None = None) -> Transformer:
     """A copy of ``model`` whose block projections (and with ``embeddings=True`` the head or the
     tied embedding table) are stored as ``weights`` values with one scale per ``group_size``
     input channels of each output channel (None: per output channel). ``method``: "rtn" (round to
     nearest), "gptq" or "awq", the last two calibrated on ``calibration`` tokens ``[B, T]``.
-    ``scheme``: "absmax" (symmetric) or "minmax" (asymmetric, with zero points)."""
-    _check_args(weights, group_size, method, scheme, calibration, embeddings)
+    ``scheme``: "absmax" (symmetric) or "minmax" (asymmetric, with zero points).
+    ``activations``: None (float inputs) or "int8" (each input row quantized to int8 and an
+    integer dot, W8A8: module docstring)."""
+    _check_args(weights, group_size, method, scheme, calibration, embeddings, activations)
     if not isinstance(model, Transformer):
         raise ValueError(f"model must be a decodelab Transformer, got {type(model).__name__}")
     targets = _targets(model, embeddings)
@@ -397,13 +266,15 @@ def quantize(model: Transformer, weights: str = "int8", group_size: int | None =
         bias = None if embed or module.bias is None else module.bias[...]
         cls = QuantizedEmbed if embed else QuantizedEinsum
         set_module(out, path, cls(equation, kernel_shape, qvalue, scale, offset, bias,
-                                   input_scale, dtype=module.dtype or jnp.float32))
+                                   input_scale, dtype=module.dtype or jnp.float32,
+                                   activations=activations))
     return out
 
 
 def describe(model: nnx.Module) -> dict[str, dict[str, Any]]:
     """What ``restructure`` needs to rebuild ``model``'s quantized modules from the float model:
-    ``{path: {kind, qvalue dtype, groups, scale dtype, offset dtype or None, input_scale}}``
+    ``{path: {kind, qvalue dtype, groups, scale dtype, offset dtype or None, input_scale,
+    activations}}``
     (empty for a float model). JSON-serialisable; the checkpoint stores it."""
     found = {}
     for path, module in nnx.iter_modules(model):
@@ -414,6 +285,7 @@ def describe(model: nnx.Module) -> dict[str, dict[str, Any]]:
                 "scale": str(module.scale.dtype),
                 "offset": None if module.offset is None else str(module.offset.dtype),
                 "input_scale": module.input_scale is not None,
+                "activations": module.activations,
             }
     return found
 
@@ -440,7 +312,8 @@ def restructure(model: Transformer, description: dict[str, dict[str, Any]]) -> T
             return cls(equation, kernel_shape, jnp.zeros((In, Out), _DTYPES[spec["qvalue"]]),
                        jnp.ones((G, Out), _DTYPES[spec["scale"]]), offset, bias,
                        jnp.ones((In,), jnp.float32) if spec["input_scale"] else None,
-                       dtype=module.dtype or jnp.float32)
+                       dtype=module.dtype or jnp.float32,
+                       activations=spec.get("activations"))
 
         set_module(out, path, nnx.eval_shape(build))
     return out

@@ -65,11 +65,16 @@ dot: the dot reads float32 operands, so dequantizing a whole kernel and multiply
 reads a float32 copy of every weight, and XLA keeps all of a decode step's copies alive at once.
 Applying the scales to the dot's output, or an int8 x float32 `dot_general`, compiles to the same
 convert-then-dot; a multiply-and-reduce fusion that never forms the kernel is slower than the
-float32 dot. `decodelab/quantize.py` therefore dequantizes blocks of at most 2^17 weights (512
+float32 dot. `decodelab/qlinear.py` therefore dequantizes blocks of at most 2^17 weights (512
 KiB of float32) inside a loop, so a block stays in cache (`tests/test_quantize.py` checks the
 compiled step forms no larger float buffer from integer weights). int4 gains less: XLA on CPU
 converts an int4 array entering a loop to an int8 copy, and its int4 -> float32 convert costs
-more than int8's. The speed-up columns above are this page's measurement of the result."""
+more than int8's. The one formulation that reads the int8 weights as they are is an integer dot:
+the W8A8 row (`dl.quantize(..., activations="int8")`) rounds each token's input to int8 with its
+own scale and multiplies int8 by int8 into int32 on XLA's integer GEMM, as llama.cpp does for its
+quantized dot products; it adds the activations' rounding to the weights', so it is scored as a
+scheme of its own. XLA on CPU runs a one-row integer dot on a slow path, so batch 1 pads its row
+to two. The speed-up columns above are this page's measurement of the result."""
 
 
 READING = """Why a small model can differ: a model of 135M (or 27M) parameters spreads each
@@ -118,7 +123,8 @@ def _label(config) -> str:
     group = f" g{config.group_size}" if config.group_size else ""
     extra = {"rtn": "" if config.scheme == "absmax" else " min-max", "gptq": " GPTQ",
              "awq": " AWQ"}[config.method]
-    return f"{config.weights}{group}{extra}"
+    activations = " W8A8" if config.activations == "int8" else ""
+    return f"{config.weights}{group}{extra}{activations}"
 
 
 def _seconds(fn) -> float:
@@ -201,10 +207,12 @@ def evaluate(config, ctx) -> dict:
     else:
         calibration = (_windows(tokenizer, "train", config.calibration_windows,
                                 config.window_tokens) if config.method != "rtn" else None)
-        key = (config.weights, config.group_size, config.scheme, config.method)
+        key = (config.weights, config.group_size, config.scheme, config.method,
+               config.activations)
         candidate = _candidate(key, lambda: dl.quantize(
             model, weights=config.weights, group_size=config.group_size or None,
-            method=config.method, calibration=calibration, scheme=config.scheme))
+            method=config.method, calibration=calibration, scheme=config.scheme,
+            activations=config.activations or None))
     ctx.status("scoreboard")
     windows = _windows(tokenizer, "test", config.num_windows, config.window_tokens + 1)
     board = dl.compare(model, candidate, windows, candidate_kv_cache=kv)
@@ -355,6 +363,14 @@ def _targets(rows, pretrained: str | None) -> str:
                      f"{_cell(int8, 'same_top'):.4g}% (target >= 97%: "
                      f"{_judged(int8, 'same_top', 97, False)}); speed-up at batch 1 "
                      f"{_times(_speed_cell(int8, 1))} (target >= 1.5x: {_speed_judged(int8)}).")
+    w8a8 = _find(rows, "int8 W8A8")
+    if w8a8:
+        lines.append(f"- int8 weights with int8 activations (W8A8, the integer dot): mean KLD "
+                     f"{_cell(w8a8, 'kl_mean'):.2g} (<= 0.002: "
+                     f"{_judged(w8a8, 'kl_mean', 0.002, True)}), same top {_cell(w8a8, 'same_top'):.4g}% (>= 97%: "
+                     f"{_judged(w8a8, 'same_top', 97, False)}); speed-up at batch 1 "
+                     f"{_times(_speed_cell(w8a8, 1))} (>= 1.5x: {_speed_judged(w8a8)}), at batch "
+                     f"8 {_times(_speed_cell(w8a8, 8))}.")
     kv8 = _find(rows, "f32", "int8")
     if kv8:
         lines.append(f"- int8 KV cache: mean KLD {_cell(kv8, 'kl_mean'):.2g} (target <= 0.002: "

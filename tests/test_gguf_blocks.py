@@ -8,7 +8,7 @@ from flax import nnx
 
 import decodelab as dl
 from decodelab.convert.gguf_blocks import block_parts
-from decodelab.quantize import QuantizedEinsum, QuantizedEmbed
+from decodelab.qlinear import QuantizedEinsum, QuantizedEmbed
 
 gguf = pytest.importorskip("gguf", reason="GGUF files need gguf (the real extra)")
 

@@ -52,7 +52,7 @@ def _rows(arg: str | None) -> list[dict]:
 def test_the_pretrained_sweep_adds_the_llama_cpp_rows_after_the_self_draft_row():
     module = config_module("quantization")
     trained, pretrained = module.get_sweep(), module.get_sweep("smollm2-135m")
-    assert len(trained) == 22 and len(pretrained) == 24
+    assert len(trained) == 25 and len(pretrained) == 27
     assert pretrained[-3:] == [{"self_draft": True}, {"peer": "llama.cpp"},
                                {"peer": "llama.cpp-f32"}]
     assert not any("peer" in point for point in trained)

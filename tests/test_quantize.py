@@ -1,7 +1,6 @@
 """dl.quantize: weights stored as int8 / int4 values with per-group scales; the quantized model
 runs wherever the float one does and equals the float model that holds its dequantized kernels."""
 
-import importlib
 import re
 
 import jax
@@ -11,13 +10,12 @@ import pytest
 from flax import nnx
 
 import decodelab as dl
-from decodelab import data
-from decodelab.quantize import QuantizedEinsum, QuantizedEmbed, dequantized
+from decodelab import data, qlinear
+from decodelab.qlinear import QuantizedEinsum, QuantizedEmbed
+from decodelab.quantize import dequantized
 from tests.conftest import TINY
 
 GREEDY = dl.SamplingParams.greedy()
-# The module, not the function ``dl.quantize`` that the package exports under the same name.
-quantize_module = importlib.import_module("decodelab.quantize")
 PROMPTS = [[5, 9, 13], [7, 1, 2, 3, 4, 8]]
 
 
@@ -34,6 +32,13 @@ def model(cfg):
 @pytest.fixture(scope="module")
 def tokens():
     return jax.random.randint(jax.random.key(1), (2, 16), 0, TINY["vocab_size"], jnp.int32)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory, model):
+    corpus = tmp_path_factory.mktemp("corpus") / "corpus.txt"
+    corpus.write_text(data.split_documents("train")["hamlet"], encoding="utf-8")
+    return dl.Tokenizer.train([corpus], vocab_size=model.config.vocab_size, model_type="bpe")
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +136,7 @@ SMALL_BLOCK = 32 * 64
 
 def test_blocked_matmul_equals_the_float_model_holding_the_dequantized_kernels(
         model, int4, tokens, forward, monkeypatch):
-    monkeypatch.setattr(quantize_module, "BLOCK_ELEMENTS", SMALL_BLOCK)
+    monkeypatch.setattr(qlinear, "BLOCK_ELEMENTS", SMALL_BLOCK)
     blocks = {path[-1]: m.columns_per_block() for path, m in quantized_modules(int4).items()}
     assert blocks == {"q": 32, "k": 32, "v": 32, "o": 32, "gate": 32, "up": 32, "down": 8}
     minmax = dl.quantize(model, weights="int8", scheme="minmax")
@@ -154,7 +159,7 @@ def float_buffers_from_integer_weights(compiled_text: str) -> dict[str, int]:
 @pytest.mark.parametrize("weights, group_size", [("int8", None), ("int4", 32)])
 def test_a_decode_step_never_forms_a_float_kernel_larger_than_a_block(
         cfg, model, weights, group_size, monkeypatch):
-    monkeypatch.setattr(quantize_module, "BLOCK_ELEMENTS", SMALL_BLOCK)
+    monkeypatch.setattr(qlinear, "BLOCK_ELEMENTS", SMALL_BLOCK)
     q = dl.quantize(model, weights=weights, group_size=group_size)
     graphdef, state = nnx.split(q)
     step = jax.jit(lambda state, tokens, cache: nnx.merge(graphdef, state)(tokens, cache=cache))
@@ -164,13 +169,15 @@ def test_a_decode_step_never_forms_a_float_kernel_larger_than_a_block(
     assert dequantizing and max(dequantizing.values()) <= SMALL_BLOCK
 
 
-def test_quantized_cache_path_matches_the_full_forward(cfg, int4, tokens, forward):
-    full = forward(int4, tokens)
+@pytest.mark.parametrize("quantized", ["int4", "w8a8"])
+def test_quantized_cache_path_matches_the_full_forward(cfg, quantized, tokens, forward, request):
+    model = request.getfixturevalue(quantized)  # W8A8: each token's row is rounded on its own
+    full = forward(model, tokens)
     cache = dl.KVCache.init(cfg, batch_size=2, max_len=16)
-    prefill, cache = forward(int4, tokens[:, :10], cache)
+    prefill, cache = forward(model, tokens[:, :10], cache)
     steps = [prefill]
     for t in range(10, 16):
-        logits, cache = forward(int4, tokens[:, t:t + 1], cache)
+        logits, cache = forward(model, tokens[:, t:t + 1], cache)
         steps.append(logits)
     np.testing.assert_allclose(jnp.concatenate(steps, axis=1), full, atol=1e-5, rtol=1e-5)
 
@@ -195,18 +202,63 @@ def test_beam_search_of_width_one_with_a_quantized_model_is_greedy(int4):
     assert beams == expected
 
 
-def test_checkpoint_round_trip_keeps_the_stored_values(tmp_path, model, tokens, forward):
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text(data.split_documents("train")["hamlet"], encoding="utf-8")
-    tok = dl.Tokenizer.train([corpus], vocab_size=model.config.vocab_size, model_type="bpe")
+def test_checkpoint_round_trip_keeps_the_stored_values(tmp_path, model, tokenizer, tokens,
+                                                       forward):
     q = dl.quantize(model, weights="int4", group_size=32, scheme="minmax", embeddings=True)
-    dl.save_checkpoint(tmp_path / "ckpt", q, tok)
+    dl.save_checkpoint(tmp_path / "ckpt", q, tokenizer)
     loaded, _ = dl.load_checkpoint(tmp_path / "ckpt")
     saved, restored = nnx.state(q, nnx.Param), nnx.state(loaded, nnx.Param)
     assert jax.tree.map(lambda a: a.dtype, saved) == jax.tree.map(lambda a: a.dtype, restored)
     for a, b in zip(jax.tree.leaves(saved), jax.tree.leaves(restored)):
         np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
     np.testing.assert_array_equal(forward(loaded, tokens), forward(q, tokens))
+
+
+def test_checkpoint_round_trip_keeps_integer_activations(tmp_path, w8a8, tokenizer, tokens,
+                                                         forward):
+    dl.save_checkpoint(tmp_path / "ckpt", w8a8, tokenizer)
+    loaded, _ = dl.load_checkpoint(tmp_path / "ckpt")
+    assert {m.activations for m in quantized_modules(loaded).values()} == {"int8"}
+    np.testing.assert_array_equal(forward(loaded, tokens), forward(w8a8, tokens))
+
+
+def integer_activations_reference(module, x):
+    """NumPy W8A8 of one quantized module on ``x [R, In]``: each row rounded to int8 with its own
+    absmax scale, times the dequantized kernel (float64)."""
+    x = np.asarray(x, np.float64)
+    absmax = np.abs(x).max(axis=1, keepdims=True)
+    row_scale = np.where(absmax > 0, absmax / 127, 1.0)
+    xq = np.clip(np.round(x / row_scale), -127, 127)
+    kernel = np.asarray(module.kernel(), np.float64).reshape(module.qvalue.shape)
+    return (xq * row_scale) @ kernel
+
+
+@pytest.fixture(scope="module")
+def w8a8(model):
+    return dl.quantize(model, weights="int8", activations="int8")
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_integer_activations_equal_rows_rounded_to_int8_times_the_kernel(model, w8a8, rows):
+    minmax = dl.quantize(model, weights="int4", group_size=32, scheme="minmax",
+                         activations="int8")
+    for q in (w8a8, minmax):
+        for path, module in quantized_modules(q).items():
+            x = jax.random.normal(jax.random.key(rows), (rows, *module.in_dims), jnp.float32)
+            got = nnx.jit(lambda m, x: m(x))(module, x).reshape(rows, -1)
+            np.testing.assert_allclose(
+                got, integer_activations_reference(module, x.reshape(rows, -1)), rtol=1e-5,
+                atol=1e-5, err_msg=".".join(map(str, path)))
+
+
+def test_an_integer_activations_step_multiplies_int8_by_int8_and_never_dequantizes(cfg, w8a8):
+    graphdef, state = nnx.split(w8a8)
+    step = jax.jit(lambda state, tokens, cache: nnx.merge(graphdef, state)(tokens, cache=cache))
+    cache = dl.KVCache.init(cfg, batch_size=1, max_len=16)
+    text = step.lower(state, jnp.zeros((1, 1), jnp.int32), cache).compile().as_text()
+    integer_dots = re.findall(r"= s32\[2,[0-9]+\]\{1,0\} dot\(", text)
+    assert len(integer_dots) == 7 * cfg.n_layers  # q, k, v, o, gate, up, down; one row padded to 2
+    assert float_buffers_from_integer_weights(text) == {}
 
 
 def output_error(float_model, q, calibration):
@@ -241,6 +293,7 @@ def test_gptq_and_awq_lower_the_calibration_output_error_of_round_to_nearest(mod
                                           "method='gptq'"),
     (dict(weights="int4", method="hqq"), "method must be one of ('rtn', 'gptq', 'awq')"),
     (dict(weights="int4", scheme="mse"), "scheme must be one of ('absmax', 'minmax')"),
+    (dict(activations="int4"), "activations must be one of (None, 'int8'), got 'int4'"),
 ])
 def test_bad_arguments_name_the_argument_and_what_is_allowed(model, kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):

@@ -1,4 +1,4 @@
-"""GGUF block-quantized tensors kept as stored: Q8_0, Q4_0 and Q4_1 -> ``quantize.QuantizedEinsum``.
+"""GGUF block-quantized tensors kept as stored: Q8_0, Q4_0 and Q4_1 -> ``qlinear.QuantizedEinsum``.
 
 A GGUF matrix is PyTorch's ``[out, in]`` with each row cut into blocks of 32 consecutive inputs;
 a block is a float16 scale ``d`` (Q4_1 also a float16 minimum ``m``) and 32 integers:
@@ -76,7 +76,8 @@ def load_kept(cfg, tensors, source: str, read_float, rows_to_rotate_half):
     are read as float32 by ``read_float(tensor)``."""
     from decodelab.convert import llama
     from decodelab.convert.weights import TensorSource, build_transformer
-    from decodelab.quantize import QuantizedEinsum, QuantizedEmbed, layout, set_module
+    from decodelab.qlinear import QuantizedEinsum, QuantizedEmbed
+    from decodelab.quantize import layout, set_module
 
     shape = lambda t: tuple(int(d) for d in reversed(t.shape))  # noqa: E731  (GGUF: fastest first)
     kept = {name for name, t in tensors.items() if t.tensor_type.name in KEPT}
