@@ -190,9 +190,13 @@ def test_generate_with_a_quantized_model_is_the_greedy_argmax_of_its_logits(int4
         assert new == jnp.argmax(logits[P - 1:P - 1 + len(new)], axis=-1).tolist()
 
 
-def test_greedy_speculative_with_a_quantized_target_equals_greedy_generate(int8, int4):
-    expected = dl.generate(int8, PROMPTS, GREEDY, max_new_tokens=8, seed=0).token_lists()
-    spec = dl.speculative_generate(int8, int4, PROMPTS, GREEDY, gamma=3, max_new_tokens=8, seed=0)
+@pytest.mark.parametrize("quantized", ["int8", "w8a8"])
+def test_greedy_speculative_with_a_quantized_target_equals_greedy_generate(quantized, int4,
+                                                                           request):
+    target = request.getfixturevalue(quantized)
+    expected = dl.generate(target, PROMPTS, GREEDY, max_new_tokens=8, seed=0).token_lists()
+    spec = dl.speculative_generate(target, int4, PROMPTS, GREEDY, gamma=3, max_new_tokens=8,
+                                   seed=0)
     assert spec.token_lists() == expected
 
 
