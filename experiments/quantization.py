@@ -383,6 +383,32 @@ def _targets(rows, pretrained: str | None) -> str:
     return "\n".join(lines)
 
 
+def _methods_by_kl(rows) -> str:
+    """GPTQ and AWQ against round to nearest (int4 at the larger group size, float32 KV cache) by
+    mean KL divergence, paired over the windows (each method scored on the same windows)."""
+    def per_window(suffix):
+        row = next((r for r in rows if (_m(r, "label") or "").startswith("int4 g")
+                    and (_m(r, "label") or "").endswith(suffix) and "g32" not in _m(r, "label")
+                    and r["config"]["kv_cache"] == "f32"), None)
+        found = None if row is None else _m(row, "kl_per_window")
+        return None if not found or len(found) < 2 else np.asarray(found, np.float64)
+
+    rtn = per_window(" g128" if _find(rows, "int4 g128") else " g64")
+    parts = []
+    for name in ("GPTQ", "AWQ"):
+        other = per_window(f" {name}")
+        if rtn is None or other is None or len(other) != len(rtn):
+            continue
+        difference = stats.bootstrap_difference(stats.mean, other, rtn)
+        judged = results.verdict(difference, above="higher", below="lower", units="windows")
+        parts.append(f"{name} minus round to nearest {difference:+.2g} ({judged})")
+    if not parts:
+        return ""
+    return ("- The same rows by mean KL divergence, paired over the windows: " + "; ".join(parts)
+            + ". The perplexity differences above are of the size the windows' noise moves a "
+            "perplexity; the KL divergence compares the methods token by token.")
+
+
 def _reading(rows) -> str:
     """Where this model agrees with the published anchors (``ANCHORS``) and where it differs, with
     the rows' numbers; the reasons are the page's reading, not measured here."""
@@ -420,6 +446,8 @@ def _reading(rows) -> str:
         lines.append("- int4 at the larger group size, perplexity increase over the reference: "
                      + ", ".join(f"{name} {value:+.3g}" for name, value in order)
                      + " (AWQ paper, LLaMA-7B: AWQ +0.10, round to nearest +0.28, GPTQ +0.54).")
+        lines.append(_methods_by_kl(rows))
+    lines = [line for line in lines if line]
     if not lines:
         return ""
     return ("**Against the anchors.**\n" + "\n".join(lines) + "\n\n" + READING)
