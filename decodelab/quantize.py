@@ -65,19 +65,26 @@ def _check_args(weights, group_size, method, scheme, calibration, embeddings,
     if not isinstance(embeddings, bool):
         raise ValueError(f"embeddings must be a bool, got {embeddings!r}")
     if method != "rtn":
-        if calibration is None:
-            raise ValueError(f"calibration must be a token array [B, T] for method={method!r} "
-                             "(it calibrates on the model's activations), got None")
-        calibration = np.asarray(calibration)
-        if calibration.ndim != 2 or not np.issubdtype(calibration.dtype, np.integer):
-            raise ValueError(f"calibration must be an integer token array [B, T], got shape "
-                             f"{calibration.shape} and dtype {calibration.dtype}")
+        check_calibration(calibration, f"method={method!r} (it calibrates on the model's "
+                                       "activations)")
     elif calibration is not None:
         raise ValueError("calibration is only used by method='gptq' or 'awq', got method='rtn' "
                          "with calibration tokens")
 
 
-def _targets(model: Transformer, embeddings: bool) -> list[tuple[tuple, nnx.Module]]:
+def check_calibration(calibration, needed_by: str) -> None:
+    """``calibration`` must be integer token windows ``[B, T]`` (T >= 2), as ``needed_by``
+    (e.g. "method='gptq'") needs them."""
+    if calibration is None:
+        raise ValueError(f"calibration must be a token array [B, T] for {needed_by}, got None")
+    calibration = np.asarray(calibration)
+    if (calibration.ndim != 2 or calibration.shape[1] < 2
+            or not np.issubdtype(calibration.dtype, np.integer)):
+        raise ValueError(f"calibration must be an integer token array [B, T] with T >= 2, got "
+                         f"shape {calibration.shape} and dtype {calibration.dtype}")
+
+
+def projections(model: Transformer, embeddings: bool) -> list[tuple[tuple, nnx.Module]]:
     """``(path, module)`` of what to quantize: every Einsum in the blocks, and with
     ``embeddings`` the head (or the tied embedding table)."""
     found = []
@@ -99,7 +106,7 @@ def layout(module: nnx.Module) -> tuple[str, tuple[int, ...], int]:
     return module.einsum_str, shape, math.prod(shape[:contracted_axes(module.einsum_str, shape)])
 
 
-def _as_matrix(module: nnx.Module) -> tuple[jax.Array, str, tuple[int, ...]]:
+def as_matrix(module: nnx.Module) -> tuple[jax.Array, str, tuple[int, ...]]:
     """``(w [In, Out], equation, kernel_shape)`` of an Einsum or a (tied) Embed."""
     equation, shape, In = layout(module)
     w = module.embedding[...].T if isinstance(module, nnx.Embed) else module.kernel[...]
@@ -114,7 +121,8 @@ class _Recorder(nnx.Module):
 
     def __call__(self, x):
         X = jnp.asarray(x, jnp.float32).reshape(-1, layout(self.inner)[2])  # [n, In]
-        stat = X.T @ X if self.method == "gptq" else jnp.abs(X).sum(0)
+        stat = {"gptq": lambda: X.T @ X, "awq": lambda: jnp.abs(X).sum(0),
+                "norm": lambda: jnp.square(X).sum(0)}[self.method]()
         total, count = self.sink.get(self.key, (0.0, 0))
         self.sink[self.key] = (total + stat, count + X.shape[0])
         return self.inner(x)
@@ -127,9 +135,10 @@ def set_module(root: nnx.Module, path: tuple, module: nnx.Module) -> None:
     setattr(parent, path[-1], module)
 
 
-def _calibrate(model: Transformer, targets, method: str, tokens) -> dict[tuple, Any]:
-    """Each target's input statistic over ``tokens``: ``X^T X [In, In]`` (GPTQ) or the mean
-    absolute input per channel ``[In]`` (AWQ)."""
+def calibrate(model: Transformer, targets, method: str, tokens) -> dict[tuple, Any]:
+    """Each target's (``projections``) input statistic over ``tokens``: ``X^T X [In, In]``
+    (``"gptq"``), the mean absolute input per channel ``[In]`` (``"awq"``) or the L2 norm of each
+    input channel over all tokens ``[In]`` (``"norm"``, Wanda's ``||X_j||_2``)."""
     probe = nnx.clone(model)
     sink: dict[tuple, Any] = {}
     for path, _ in targets:
@@ -138,8 +147,9 @@ def _calibrate(model: Transformer, targets, method: str, tokens) -> dict[tuple, 
         if isinstance(inner, nnx.Einsum):
             set_module(probe, path, _Recorder(inner, method, sink, path))
     probe(jnp.asarray(tokens, jnp.int32))
-    return {path: (total if method == "gptq" else total / count)
-            for path, (total, count) in sink.items()}
+    finish = {"gptq": lambda total, count: total, "awq": lambda total, count: total / count,
+              "norm": lambda total, count: jnp.sqrt(total)}[method]
+    return {path: finish(total, count) for path, (total, count) in sink.items()}
 
 
 def _qwix():
@@ -244,7 +254,7 @@ def quantize(model: Transformer, weights: str = "int8", group_size: int | None =
     _check_args(weights, group_size, method, scheme, calibration, embeddings, activations)
     if not isinstance(model, Transformer):
         raise ValueError(f"model must be a decodelab Transformer, got {type(model).__name__}")
-    targets = _targets(model, embeddings)
+    targets = projections(model, embeddings)
     for path, module in targets:
         if not isinstance(module, (nnx.Einsum, nnx.Embed)):
             raise ValueError(f"{'.'.join(map(str, path))} is already quantized; quantize the "
@@ -254,11 +264,11 @@ def quantize(model: Transformer, weights: str = "int8", group_size: int | None =
             raise ValueError(f"group_size must divide the input dimension of every quantized "
                              f"projection; {'.'.join(map(str, path))} has {In} inputs, "
                              f"got group_size={group_size}")
-    stats = _calibrate(model, targets, method, calibration) if method != "rtn" else {}
+    stats = calibrate(model, targets, method, calibration) if method != "rtn" else {}
     qtype = WEIGHTS[weights]
     out = nnx.clone(model)
     for path, module in targets:
-        w, equation, kernel_shape = _as_matrix(module)
+        w, equation, kernel_shape = as_matrix(module)
         embed = isinstance(module, nnx.Embed)
         how = "rtn" if embed else method
         qvalue, scale, offset, input_scale = _quantize_matrix(

@@ -180,6 +180,16 @@ def make_train_step(graphdef, tx: optax.GradientTransformation,
     return step
 
 
+def _masked(mask) -> optax.GradientTransformation:
+    """Updates times ``mask`` (a tree of the parameters' structure), after every other step."""
+
+    def update(updates, state, params=None):
+        del params
+        return jax.tree.map(lambda u, m: u * jnp.asarray(m, u.dtype), updates, mask), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
 @jax.jit
 def _note_nonfinite(first_bad, loss, grad_norm, step):
     """``first_bad``, or ``step`` if it is the first whose loss or gradient norm is not finite."""
@@ -253,6 +263,8 @@ def train(
     extra_meta: dict[str, Any] | None = None,
     objective: Objective = NextToken(),
     mesh: Mesh | None = None,
+    init: Transformer | None = None,
+    update_mask: Any = None,
 ) -> TrainResult:
     """Train a Transformer of ``model_cfg`` on ``train_stream`` (int token ids ``[N]``) to
     minimise ``objective`` (next-token cross-entropy by default).
@@ -268,6 +280,12 @@ def train(
     spanning all of them; each computes the same batch (a function of the seed and the step), and
     the checkpoints are written together (Orbax, to a directory every process sees).
 
+    ``init`` starts from that model's weights (its config must be ``model_cfg``) instead of a
+    fresh initialisation: fine-tuning, e.g. a pruned model's recovery. ``update_mask`` (a tree
+    like ``nnx.state(model)`` of arrays broadcastable to each parameter, e.g.
+    ``prune.update_mask``) multiplies every update, weight decay included, so a parameter where it
+    is 0 never changes: a pruned weight stays zero.
+
     A loss or gradient that stops being finite raises ``TrainingDiverged`` naming the first such
     step, at the next step that logs or saves; no checkpoint from that step on is written.
     """
@@ -280,9 +298,17 @@ def train(
                          f"position table, got {tc.seq_len}")
     if jax.process_count() > 1:
         _check_spans_processes(mesh)
+    if init is not None and init.config != model_cfg:
+        raise ValueError(f"init must be a model of model_cfg, got config {init.config}")
     batches = PackedBatches(train_stream, tc.batch_size, tc.seq_len, tc.seed)
     tx = make_optimizer(tc)
-    model = Transformer(model_cfg, rngs=nnx.Rngs(tc.seed))
+    if update_mask is not None:
+        tx = optax.chain(tx, _masked(update_mask))
+    if init is not None:  # copies: the train step donates its parameters, init keeps its own
+        init_graph, init_state = nnx.split(init)
+        model = nnx.merge(init_graph, jax.tree.map(jnp.copy, init_state))
+    else:
+        model = Transformer(model_cfg, rngs=nnx.Rngs(tc.seed))
     if mesh is not None:
         model = sharding.shard(model, mesh)
     graphdef, params = nnx.split(model)

@@ -267,9 +267,9 @@ def test_an_integer_activations_step_multiplies_int8_by_int8_and_never_dequantiz
 
 def output_error(float_model, q, calibration):
     """Sum over projections of ||X W - X W_q||^2 on the projections' calibration inputs."""
-    from decodelab.quantize import _calibrate, _targets
+    from decodelab.quantize import calibrate, projections
 
-    hessians = _calibrate(float_model, _targets(float_model, False), "gptq", calibration)
+    hessians = calibrate(float_model, projections(float_model, False), "gptq", calibration)
     floats = dict(nnx.iter_modules(float_model))
     total = 0.0
     for path, m in quantized_modules(q).items():
