@@ -13,8 +13,9 @@ from decodelab.model import Transformer, param_count
 # Real checkpoints (GGUF files, Hugging Face directories)
 from decodelab.convert import PretrainedTokenizer, load_gguf, load_hf
 
-# Compression: weights and KV caches stored quantized, judged on one scoreboard
+# Compression: weights and KV caches stored quantized, weights pruned, judged on one scoreboard
 from decodelab.compare import Scoreboard, compare
+from decodelab.prune import prune, prune_heads, prune_neurons
 from decodelab.kvquant import Kivi, KiviKVCache, QuantizedKVCache, init_cache
 from decodelab.quantize import parameter_bytes, quantize
 
@@ -46,6 +47,9 @@ __all__ = [
     "param_count",
     "parameter_bytes",
     "quantize",
+    "prune",
+    "prune_heads",
+    "prune_neurons",
     "QuantizedKVCache",
     "Kivi",
     "KiviKVCache",
