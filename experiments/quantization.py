@@ -34,25 +34,23 @@ from __future__ import annotations
 
 import os
 import pathlib
-import statistics
 import tempfile
-import time
 
-import jax
 import numpy as np
 from absl import app
 from matplotlib.figure import Figure
 
 import decodelab as dl
-from decodelab import data, experiment, optional, pipeline, presets, results, stats
+from decodelab import experiment, optional, pipeline, presets, results, stats
 from experiments import llama_peer
+from experiments.scoreboard import (cached, cell, judged, reference_key, speed_cell, speed_judged,
+                                    swap_candidate, time_decoding, timed_pair, times,
+                                    token_windows)
 
 _FLAGS = experiment.define_flags("configs/quantization.py")
 
 # config.peer -> the row's label.
 PEERS = {"llama.cpp": "llama.cpp (GGUF as stored)", "llama.cpp-f32": "llama.cpp (its float32 copy)"}
-
-_CACHE: dict = {}
 
 ANCHORS = """**Published anchors** (not rerun here). llama.cpp, LLaMA-3-8B against FP16
 (`llama-perplexity --kl-divergence`): q8_0 mean KLD 0.00136, same top token 97.67%; q4_K_M
@@ -91,30 +89,6 @@ for its integer dot products). Intervals are over the scored windows (95% bootst
 one text are not independent, so they are if anything too narrow."""
 
 
-def _cached(key, make):
-    if key not in _CACHE:
-        _CACHE[key] = make()
-    return _CACHE[key]
-
-
-def _candidate(key, make):
-    """The quantized model of ``key``, kept while consecutive points (its KV-cache rows) use it;
-    a new one drops the previous candidate and every compiled program, so a sweep's memory stays
-    that of one candidate (a process that kept them all ran out of memory on SmolLM2)."""
-    if key not in _CACHE:
-        for old in [k for k in _CACHE if k != "reference"]:
-            del _CACHE[old]
-        jax.clear_caches()
-    return _cached(key, make)
-
-
-def _windows(tokenizer, split: str, num: int, length: int) -> np.ndarray:
-    """``[num, length]``: evenly spaced windows of the split's token stream."""
-    stream = data.token_stream(tokenizer, split)
-    starts = np.linspace(0, len(stream) - length - 1, num).astype(int)
-    return np.stack([stream[s:s + length] for s in starts]).astype(np.int32)
-
-
 def _label(config) -> str:
     if config.self_draft:
         return "self-draft (int4 g32)"
@@ -125,23 +99,6 @@ def _label(config) -> str:
              "awq": " AWQ"}[config.method]
     activations = " W8A8" if config.activations == "int8" else ""
     return f"{config.weights}{group}{extra}{activations}"
-
-
-def _seconds(fn) -> float:
-    start = time.perf_counter()
-    jax.block_until_ready(fn())
-    return time.perf_counter() - start
-
-
-def _timed_pair(reference, candidate, repeats: int, B: int) -> dict:
-    """Seconds of ``repeats`` runs of ``reference()`` and ``candidate()``, interleaved after a
-    warm-up: each run's seconds and the medians (module docstring's columns, batch ``B``)."""
-    reference(), candidate()
-    pairs = [(_seconds(reference), _seconds(candidate)) for _ in range(repeats)]
-    ref, cand = [p[0] for p in pairs], [p[1] for p in pairs]
-    return {f"reference_reps_s_b{B}": ref, f"reps_s_b{B}": cand,
-            f"speedup_b{B}": statistics.median(ref) / statistics.median(cand),
-            "_median_s": statistics.median(cand)}
 
 
 def _check_peer(config) -> None:
@@ -160,7 +117,7 @@ def _peer_scoreboard(config, model, tokenizer, ctx) -> dict:
     except optional.MissingExtra:
         return {"note": "not run: llama-cpp-python is not installed (pip install -e .[llamacpp])"}
     source = presets.pretrained_path(config.model.pretrained)
-    windows = _windows(tokenizer, "test", config.num_windows, config.window_tokens + 1)
+    windows = token_windows(tokenizer, "test", config.num_windows, config.window_tokens + 1)
     ctx.status(config.peer)
     with tempfile.TemporaryDirectory() as scratch:
         path = (source if config.peer == "llama.cpp"
@@ -175,11 +132,12 @@ def _peer_scoreboard(config, model, tokenizer, ctx) -> dict:
 def evaluate(config, ctx) -> dict:
     load = os.getloadavg()[0]
     _check_peer(config)
-    model, tokenizer = _cached("reference", lambda: pipeline.model_for(
+    model, tokenizer = cached(reference_key(config), lambda: pipeline.model_for(
         config.tokenizer, config.model, config.train, ctx.workdir, progress=ctx.show_progress))
     kv = None if config.kv_cache == "f32" else config.kv_cache
     greedy = dl.SamplingParams.greedy()
-    prompts = _windows(tokenizer, "test", max(config.batch_sizes), config.prompt_tokens).tolist()
+    prompts = token_windows(tokenizer, "test", max(config.batch_sizes),
+                            config.prompt_tokens).tolist()
     N = config.new_tokens
     if config.peer:
         return {"label": PEERS.get(config.peer), "load_1min": load,
@@ -195,7 +153,7 @@ def evaluate(config, ctx) -> dict:
                                                    config.gamma, N, seed=config.seed))
             return outputs[-1].tokens
 
-        timed = _timed_pair(lambda: dl.generate(model, prompts[:1], greedy, N).tokens,
+        timed = timed_pair(lambda: dl.generate(model, prompts[:1], greedy, N).tokens,
                             run_spec, config.repeats, 1)
         return {**row, "alpha": outputs[0].stats.overall_alpha,
                 "tokens_per_s_b1": N / timed.pop("_median_s"), **timed,
@@ -205,28 +163,21 @@ def evaluate(config, ctx) -> dict:
     if config.weights == "f32":
         candidate = model
     else:
-        calibration = (_windows(tokenizer, "train", config.calibration_windows,
+        calibration = (token_windows(tokenizer, "train", config.calibration_windows,
                                 config.window_tokens) if config.method != "rtn" else None)
         key = (config.weights, config.group_size, config.scheme, config.method,
                config.activations)
-        candidate = _candidate(key, lambda: dl.quantize(
+        candidate = swap_candidate(key, lambda: dl.quantize(
             model, weights=config.weights, group_size=config.group_size or None,
             method=config.method, calibration=calibration, scheme=config.scheme,
             activations=config.activations or None))
     ctx.status("scoreboard")
-    windows = _windows(tokenizer, "test", config.num_windows, config.window_tokens + 1)
+    windows = token_windows(tokenizer, "test", config.num_windows, config.window_tokens + 1)
     board = dl.compare(model, candidate, windows, candidate_kv_cache=kv)
     row.update({k: v for k, v in board.as_dict().items()})
     row["parameter_bytes"] = board.parameter_bytes_candidate
     row["kv_bytes_per_token"] = board.kv_bytes_per_token_candidate
-    for B in config.batch_sizes:
-        ctx.status(f"decode batch {B}")
-        timed = _timed_pair(
-            lambda: dl.generate(model, prompts[:B], greedy, N).tokens,
-            lambda: dl.generate(candidate, prompts[:B], greedy, N, kv_cache=kv).tokens,
-            config.repeats, B)
-        row[f"tokens_per_s_b{B}"] = B * N / timed.pop("_median_s")
-        row.update(timed)
+    row.update(time_decoding(model, candidate, prompts, config, ctx, kv_cache=kv))
     return row
 
 
@@ -251,10 +202,10 @@ def _table(rows) -> results.Table:
               "f32" if r["config"]["self_draft"] else r["config"]["kv_cache"])
         bytes_ = _m(r, "parameter_bytes")
         body.append([_m(r, "label"), kv, None if bytes_ is None else bytes_ / 1e6,
-                     _m(r, "kv_bytes_per_token"), _cell(r, "kl_mean"), _m(r, "kl_p99"),
-                     _cell(r, "same_top"), _m(r, "rms_top_prob"), _m(r, "perplexity_candidate"),
-                     _m(r, "perplexity_diff"), _m(r, "tokens_per_s_b1"), _speed_cell(r, 1),
-                     _m(r, "tokens_per_s_b8"), _speed_cell(r, 8), _m(r, "alpha")])
+                     _m(r, "kv_bytes_per_token"), cell(r, "kl_mean"), _m(r, "kl_p99"),
+                     cell(r, "same_top"), _m(r, "rms_top_prob"), _m(r, "perplexity_candidate"),
+                     _m(r, "perplexity_diff"), _m(r, "tokens_per_s_b1"), speed_cell(r, 1),
+                     _m(r, "tokens_per_s_b8"), speed_cell(r, 8), _m(r, "alpha")])
     return results.Table(columns, body)
 
 
@@ -282,65 +233,9 @@ def _plot(rows, path: pathlib.Path) -> pathlib.Path:
     return path
 
 
-def _window_interval(row, name: str) -> stats.Interval | None:
-    """The bootstrap interval over windows of the row's ``name`` (``kl_mean`` or ``same_top``),
-    from its per-window values; None for a row without them."""
-    per_window = _m(row, {"kl_mean": "kl_per_window", "same_top": "same_top_per_window"}[name])
-    if not per_window or len(per_window) < 2:
-        return None
-    return stats.bootstrap(stats.mean, np.asarray(per_window, np.float64))
-
-
-def _cell(row, name: str):
-    """The table's cell of a scoreboard column: its interval over windows where the row has
-    per-window values, else the plain value."""
-    return _window_interval(row, name) or _m(row, name)
-
-
-def _speedup(row, B: int) -> stats.Interval | None:
-    """The speed-up at batch ``B`` (median over median) with its bootstrap interval, the
-    repetitions resampled in pairs (run i of the reference and of the candidate ran back to back,
-    so load that drifts between runs cancels); None for a row with fewer than 2 runs kept."""
-    ref, cand = _m(row, f"reference_reps_s_b{B}"), _m(row, f"reps_s_b{B}")
-    if not ref or not cand or len(ref) < 2:
-        return None
-    return stats.bootstrap_ratio(stats.median, np.asarray(ref, np.float64),
-                                 np.asarray(cand, np.float64), paired=True)
-
-
-def _speed_cell(row, B: int):
-    return _speedup(row, B) or _m(row, f"speedup_b{B}")
-
-
 def _find(rows, label: str, kv: str = "f32"):
     return next((r for r in rows if _m(r, "label") == label and not r["config"]["self_draft"]
                  and not r["config"].get("peer") and r["config"]["kv_cache"] == kv), None)
-
-
-def _judged(row, name: str, threshold: float, at_most: bool) -> str:
-    """``met`` / ``not met`` / not distinguishable, by the interval over windows of ``name``
-    against ``threshold`` (``at_most``: the target is ``<= threshold``)."""
-    interval = _window_interval(row, name)
-    good, bad = ("met", "not met")
-    return results.verdict(interval, above=bad if at_most else good, below=good if at_most else bad,
-                           threshold=threshold, units="windows",
-                           missing="the row keeps no per-window values").text
-
-
-def _times(speedup) -> str:
-    """``2.00x`` or, with its interval, ``2.00x [1.90, 2.10]``."""
-    if isinstance(speedup, stats.Interval):
-        return f"{speedup.value:.2f}x [{speedup.low:.2f}, {speedup.high:.2f}]"
-    return f"{speedup:.2f}x"
-
-
-def _speed_judged(row) -> str:
-    """The batch-1 speed target (>= 1.5x) by the interval over runs, or on the median alone."""
-    interval = _speedup(row, 1)
-    if interval is None:
-        return ("met" if _m(row, "speedup_b1") >= 1.5 else "not met") + " (median of the runs)"
-    return results.verdict(interval, above="met", below="not met", threshold=1.5,
-                           units="timed runs").text
 
 
 def _targets(rows, pretrained: str | None) -> str:
@@ -350,35 +245,36 @@ def _targets(rows, pretrained: str | None) -> str:
     def peer_line(r):
         if _m(r, "note"):
             return f"- {_m(r, 'label')}: {_m(r, 'note')}."
-        return (f"- {_m(r, 'label')} on the same windows: mean KLD {_cell(r, 'kl_mean'):.2g} "
-                f"from decodelab's float32 reference, same top {_cell(r, 'same_top'):.4g}%, "
+        return (f"- {_m(r, 'label')} on the same windows: mean KLD {cell(r, 'kl_mean'):.2g} "
+                f"from decodelab's float32 reference, same top {cell(r, 'same_top'):.4g}%, "
                 f"perplexity {_m(r, 'perplexity_candidate'):.3f} vs "
                 f"{_m(r, 'perplexity_reference'):.3f}.")
 
     lines = []
     int8 = _find(rows, "int8")
     if int8:
-        lines.append(f"- int8 weights: mean KLD {_cell(int8, 'kl_mean'):.2g} (target <= 0.002: "
-                     f"{_judged(int8, 'kl_mean', 0.002, True)}), same top "
-                     f"{_cell(int8, 'same_top'):.4g}% (target >= 97%: "
-                     f"{_judged(int8, 'same_top', 97, False)}); speed-up at batch 1 "
-                     f"{_times(_speed_cell(int8, 1))} (target >= 1.5x: {_speed_judged(int8)}).")
+        lines.append(f"- int8 weights: mean KLD {cell(int8, 'kl_mean'):.2g} (target <= 0.002: "
+                     f"{judged(int8, 'kl_mean', 0.002, True)}), same top "
+                     f"{cell(int8, 'same_top'):.4g}% (target >= 97%: "
+                     f"{judged(int8, 'same_top', 97, False)}); speed-up at batch 1 "
+                     f"{times(speed_cell(int8, 1))} (target >= 1.5x: {speed_judged(int8, 1.5)}).")
     w8a8 = _find(rows, "int8 W8A8")
     if w8a8:
         lines.append(f"- int8 weights with int8 activations (W8A8, the integer dot): mean KLD "
-                     f"{_cell(w8a8, 'kl_mean'):.2g} (<= 0.002: "
-                     f"{_judged(w8a8, 'kl_mean', 0.002, True)}), same top {_cell(w8a8, 'same_top'):.4g}% (>= 97%: "
-                     f"{_judged(w8a8, 'same_top', 97, False)}); speed-up at batch 1 "
-                     f"{_times(_speed_cell(w8a8, 1))} (>= 1.5x: {_speed_judged(w8a8)}), at batch "
-                     f"8 {_times(_speed_cell(w8a8, 8))}.")
+                     f"{cell(w8a8, 'kl_mean'):.2g} (<= 0.002: "
+                     f"{judged(w8a8, 'kl_mean', 0.002, True)}), same top "
+                     f"{cell(w8a8, 'same_top'):.4g}% (>= 97%: "
+                     f"{judged(w8a8, 'same_top', 97, False)}); speed-up at batch 1 "
+                     f"{times(speed_cell(w8a8, 1))} (>= 1.5x: {speed_judged(w8a8, 1.5)}), at batch "
+                     f"8 {times(speed_cell(w8a8, 8))}.")
     kv8 = _find(rows, "f32", "int8")
     if kv8:
-        lines.append(f"- int8 KV cache: mean KLD {_cell(kv8, 'kl_mean'):.2g} (target <= 0.002: "
-                     f"{_judged(kv8, 'kl_mean', 0.002, True)}).")
+        lines.append(f"- int8 KV cache: mean KLD {cell(kv8, 'kl_mean'):.2g} (target <= 0.002: "
+                     f"{judged(kv8, 'kl_mean', 0.002, True)}).")
     g32 = _find(rows, "int4 g32")
     if g32 and pretrained:
-        lines.append(f"- int4 g32 weights: same top {_cell(g32, 'same_top'):.4g}% (target >= 90% "
-                     f"on SmolLM2: {_judged(g32, 'same_top', 90, False)}).")
+        lines.append(f"- int4 g32 weights: same top {cell(g32, 'same_top'):.4g}% (target >= 90% "
+                     f"on SmolLM2: {judged(g32, 'same_top', 90, False)}).")
     lines += [peer_line(r) for r in rows if r["config"].get("peer")]
     return "\n".join(lines)
 
