@@ -97,6 +97,9 @@ def _check_args(model, method, sparsity, pattern, calibration, scope) -> None:
 def scores(w: jax.Array, input_norm: jax.Array | None) -> jax.Array:
     """``|W| [In, Out]``, times ``input_norm [In]`` (Wanda) when given."""
     magnitude = jnp.abs(jnp.asarray(w, jnp.float32))
+    if input_norm is not None and np.shape(input_norm) != magnitude.shape[:1]:
+        raise ValueError(f"input_norm must have one value per input ({magnitude.shape[0]}), got "
+                         f"shape {list(np.shape(input_norm))}")
     return magnitude if input_norm is None else magnitude * input_norm[:, None]
 
 
@@ -338,9 +341,17 @@ def prune_neurons(model: Transformer, fraction: int | float = 0.25, *, importanc
     return _slice_params(model, new, None, keep)
 
 
+def _check_keep(name: str, keep, shape: tuple[int, int]) -> None:
+    """``keep`` must be ``[L, U]`` (one weight or flag per layer and unit)."""
+    if np.shape(keep) != shape:
+        raise ValueError(f"{name} must have shape [layers, units] = {list(shape)}, got "
+                         f"{list(np.shape(keep))}")
+
+
 def mask_heads(model: Transformer, keep: np.ndarray) -> Transformer:
     """A copy whose query heads not in ``keep [L, N]`` contribute nothing (their output-projection
     slices zeroed): the dense model ``prune_heads`` must equal."""
+    _check_keep("keep", keep, (model.config.n_layers, model.config.n_heads))
     out = nnx.clone(model)
     for i, block in enumerate(out.blocks):
         o = block.attn.o.kernel
@@ -351,6 +362,7 @@ def mask_heads(model: Transformer, keep: np.ndarray) -> Transformer:
 def mask_neurons(model: Transformer, keep: np.ndarray) -> Transformer:
     """A copy whose hidden units not in ``keep [L, F]`` contribute nothing (their rows of the
     down projection zeroed): the dense model ``prune_neurons`` must equal."""
+    _check_keep("keep", keep, (model.config.n_layers, model.config.d_ff))
     out = nnx.clone(model)
     for i, block in enumerate(out.blocks):
         down = block.mlp.down.kernel

@@ -312,6 +312,11 @@ def train(
     if mesh is not None:
         model = sharding.shard(model, mesh)
     graphdef, params = nnx.split(model)
+    if update_mask is not None and (jax.tree.structure(update_mask)
+                                    != jax.tree.structure(params)):
+        raise ValueError(f"update_mask must be a tree like nnx.state(model) (one array per "
+                         f"parameter, e.g. prune.update_mask(model)), got "
+                         f"{jax.tree.structure(update_mask)}")
     opt_state = tx.init(params)
     start, resumed_from, manager = 0, None, None
 

@@ -65,11 +65,11 @@ def _label(config) -> str:
         base = f"{config.method} {kind}"
     else:
         base = f"{kind} -{round(100 * config.fraction)}% ({config.importance})"
-    weights = {"": "", "int8-w8a8": " + int8 W8A8", "int4-g32": " + int4 g32"}[config.weights]
-    if base == "dense" and weights:
-        base, weights = weights[3:], ""
-    recovered = f" + {config.recovery_steps} recovery steps" if config.recovery_steps else ""
-    return base + weights + recovered
+    weights = {"": "", "int8-w8a8": "int8 W8A8", "int4-g32": "int4 g32"}[config.weights]
+    parts = [weights] if base == "dense" and weights else [base] + ([weights] if weights else [])
+    if config.recovery_steps:
+        parts.append(f"{config.recovery_steps} recovery steps")
+    return " + ".join(parts)
 
 
 def _check(config) -> None:

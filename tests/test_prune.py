@@ -130,6 +130,9 @@ def test_recovery_training_keeps_the_pruned_weights_at_zero(model):
         np.testing.assert_array_equal(w == 0, before[path] == 0)  # the same zeros, and no more
         assert not np.allclose(w, before[path]), path  # the kept weights trained
     free = train(pruned.config, tc, stream, init=pruned, progress=False).model
+    with pytest.raises(ValueError, match=re.escape("update_mask must be a tree like "
+                                                   "nnx.state(model)")):
+        train(pruned.config, tc, stream, init=pruned, update_mask={"kernel": 1.0}, progress=False)
     assert any((matrices(free)[p] != 0).sum() > (w != 0).sum() for p, w in before.items())
 
 
@@ -208,6 +211,11 @@ def test_a_structurally_pruned_checkpoint_round_trips_with_its_config(model, tok
     (lambda m: prune_neurons(m, "half"), "fraction must be an int count or a fraction in (0, 1)"),
     (lambda m: prune_neurons(m, 0.5, importance="taylor"),
      "calibration must be a token array [B, T] for importance='taylor'"),
+    (lambda m: mask_heads(m, np.ones((2, 3))), "keep must have shape [layers, units] = [2, 4], "
+                                               "got [2, 3]"),
+    (lambda m: mask_neurons(m, np.ones(256)), "keep must have shape [layers, units] = [2, 256]"),
+    (lambda m: scores(W, NORMS[:3]), "input_norm must have one value per input (4), got shape "
+                                     "[3]"),
     (lambda m: prune_heads(m, 2, importance="fisher"),
      "importance must be one of ('norm', 'taylor'), got 'fisher'"),
     (lambda m: dl.prune(dl.quantize(m, weights="int8")), "model must be a float model: prune "
