@@ -19,8 +19,9 @@ What each number is:
 - ``tokens_per_s_b<B>``, ``speedup_b<B>``, ``reference_reps_s_b<B>``, ``reps_s_b<B>``: greedy
   ``dl.generate`` of ``new_tokens`` tokens for B prompts, candidate against reference, runs
   interleaved after a warm-up (``experiments/scoreboard.py``).
-- ``head_importance`` (head rows): ``[L, K]`` importance of each key/value head group
-  (``head_importance``) and ``heads_kept`` ``[L, N]``, the query heads kept.
+- ``head_importance`` (head rows): the importance of each key/value head group
+  (``head_importance``), and ``heads_kept``: 1 for each query head kept, 0 for one removed; each
+  a dict of one list per layer (``by_layer``; ``layers`` gives ``[L, K]`` and ``[L, N]``).
 - ``recovery_loss``: the recovery run's training loss at each step (recovered rows).
 - ``load_1min``: the machine's 1-minute load average when the point started.
 """
@@ -106,9 +107,8 @@ def _build(config, model, tokenizer, calibration, ctx) -> tuple:
         calib = calibration if config.importance == "taylor" else None
         if kind == "heads":
             keep = heads_to_keep(model, config.fraction, config.importance, calib)
-            extra["heads_kept"] = keep.tolist()
-            extra["head_importance"] = head_importance(model, config.importance,
-                                                             calib).tolist()
+            extra["heads_kept"] = by_layer(np.asarray(keep, np.int32))
+            extra["head_importance"] = by_layer(head_importance(model, config.importance, calib))
             candidate = prune_heads(model, config.fraction, importance=config.importance,
                                           calibration=calib)
         else:
@@ -215,10 +215,21 @@ def _bars(values) -> list[list[float]]:
     return [low, high]
 
 
+def by_layer(array) -> dict[str, list]:
+    """``[L, X]`` as a row's per-unit metric: ``{"0": [...], "1": [...], ...}``, one list per
+    layer (a row holds numbers, lists of numbers or dicts of lists)."""
+    return {str(layer): np.asarray(values).tolist() for layer, values in enumerate(array)}
+
+
+def layers(metric: dict[str, list]) -> np.ndarray:
+    """``by_layer``'s dict back as ``[L, X]``."""
+    return np.asarray([metric[key] for key in sorted(metric, key=int)])
+
+
 def _heads_plot(row, path: pathlib.Path) -> pathlib.Path:
     """Importance of each layer's key/value head groups, the removed ones marked."""
-    importance = np.asarray(_m(row, "head_importance"))  # [L, K]
-    kept = np.asarray(_m(row, "heads_kept"))  # [L, N]
+    importance = layers(_m(row, "head_importance"))  # [L, K]
+    kept = layers(_m(row, "heads_kept")).astype(bool)  # [L, N]
     L, K = importance.shape
     removed = ~kept.reshape(L, K, -1)[:, :, 0]
     fig = Figure(figsize=(1.2 * K + 2.5, 0.45 * L + 1.5), layout="constrained")
@@ -264,6 +275,29 @@ def _wanda_vs_magnitude(rows) -> list[str]:
                      f"{_m(wanda, 'perplexity_candidate'):.2f} vs "
                      f"{_m(magnitude, 'perplexity_candidate'):.2f} (dense "
                      f"{_m(wanda, 'perplexity_reference'):.2f}).")
+    return lines
+
+
+def _recovery(rows) -> list[str]:
+    """Each recovered row against the same pruning without recovery: KLD paired over the windows
+    and perplexity (recovery trains on the corpus, so it can lower perplexity while moving the
+    model away from the reference it is scored against)."""
+    lines = []
+    for r in rows:
+        c = r["config"]
+        if not c["recovery_steps"]:
+            continue
+        twin = next((t for t in rows if t["config"]["recovery_steps"] == 0 and all(
+            t["config"].get(k) == c.get(k) for k in ("kind", "method", "sparsity", "fraction",
+                                                      "importance", "weights"))), None)
+        if twin is None:
+            continue
+        lines.append(f"- {_m(r, 'label')}: mean KLD {cell(r, 'kl_mean'):.3g} against "
+                     f"{cell(twin, 'kl_mean'):.3g} without recovery, difference "
+                     f"{_kl_difference(r, twin)}; perplexity "
+                     f"{_m(r, 'perplexity_candidate'):.2f} against "
+                     f"{_m(twin, 'perplexity_candidate'):.2f} (dense "
+                     f"{_m(r, 'perplexity_reference'):.2f}).")
     return lines
 
 
@@ -337,6 +371,10 @@ def report(rows, out_dir) -> list[pathlib.Path]:
         if reading:
             page.text("**Wanda against magnitude** (no recovery; paired over the windows):\n"
                       + "\n".join(reading))
+        recovered = _recovery(group)
+        if recovered:
+            page.text("**Recovery against none** (the same pruning; KLD paired over the "
+                      "windows):\n" + "\n".join(recovered))
         speed = _speed_per_kl(group)
         if speed:
             page.text("**Speed bought per unit of KL divergence** (no recovery):\n"

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from decodelab import experiment
+from decodelab.experiment import runner
 from study_config import config_module
 
 
@@ -47,16 +48,18 @@ def rows(study, tmp_path_factory):
     for point in ({"kind": "heads", "fraction": 0.5, "recovery_steps": 2},
                   {"kind": "2:4", "method": "wanda"}, {"kind": "dense"}):
         config = experiment.apply_overrides(module.get_config(), {**TINY_OVERRIDES, **point})
-        out.append({"config": config.to_dict(), "metrics": study.evaluate(config,
-                                                                          _Context(workdir)),
-                    "wall_time_s": 1.0})
+        metrics = study.evaluate(config, _Context(workdir))
+        # What the runner stores: numbers, lists of numbers, dicts of lists (else it raises).
+        point = experiment.expand(config, [{}])[0]
+        runner._check_metrics(metrics, point)
+        out.append({"config": config.to_dict(), "metrics": metrics, "wall_time_s": 1.0})
     return out
 
 
-def test_a_removed_and_recovered_head_group_row(rows):
+def test_a_removed_and_recovered_head_group_row(study, rows):
     heads = rows[0]["metrics"]
     assert heads["label"] == "heads -50% (taylor) + 2 recovery steps"
-    assert np.asarray(heads["heads_kept"]).sum(axis=1).tolist() == [2, 2]
+    assert study.layers(heads["heads_kept"]).sum(axis=1).tolist() == [2, 2]
     assert len(heads["recovery_loss"]) == 2 and heads["sparsity"] == 0.0
     dense_params = rows[2]["metrics"]["params"]
     assert heads["params"] < dense_params
