@@ -34,7 +34,7 @@ draft at batch 1, prompt lookup at batch 8; the `small` rows set their own train
 `--config.new_tokens=16 --config.repeats=1 --config.step_tokens=4 --config.target.train.steps=2
 --config.target.train.warmup_steps=0 --config.draft.train.steps=2
 --config.draft.train.warmup_steps=0 --config.distill_train.steps=2
---config.distill_train.warmup_steps=0 --sweep_shard=31/40`.
+--config.distill_train.warmup_steps=0 --sweep_shard=25/42`.
 
 On a real target (a pretrained preset, e.g. SmolLM2-135M-Instruct), with prompt lookup and the
 `draft` preset trained on the corpus in the target's own tokens (its 49152-token vocabulary):
@@ -141,8 +141,10 @@ def get_sweep(arg: str | None = None) -> list[dict]:
                         "batch_size": list(PRETRAINED_BATCH_SIZES),
                         "temperature": list(PRETRAINED_TEMPERATURES),
                         "gamma": list(PRETRAINED_GAMMAS)})
-    medium = product({"drafter": list(DRAFTERS), "batch_size": list(BATCH_SIZES),
-                      "temperature": list(TEMPERATURES), "gamma": list(GAMMAS)})
-    small = product({"drafter": list(DRAFTERS), "batch_size": list(SMALL_BATCH_SIZES),
-                     "temperature": list(TEMPERATURES), "gamma": list(GAMMAS)})
+    # Batch 1 greedy first (the headline targets), then batch 1 sampled, then batch 8: a sweep
+    # run in parts has its most wanted rows first.
+    medium = product({"batch_size": list(BATCH_SIZES), "temperature": list(TEMPERATURES),
+                      "drafter": list(DRAFTERS), "gamma": list(GAMMAS)})
+    small = product({"batch_size": list(SMALL_BATCH_SIZES), "temperature": list(TEMPERATURES),
+                     "drafter": list(DRAFTERS), "gamma": list(GAMMAS)})
     return medium + [{**SMALL_TARGET, **point} for point in small]
