@@ -1,7 +1,9 @@
-"""Serving: a slot engine, static / dynamic / continuous schedulers, request traces and metrics."""
+"""Serving: a slot engine (padded slots or paged KV memory), static / dynamic / continuous
+schedulers, request traces and metrics."""
 
 # The engine
 from decodelab.serving.engine import Completion, Request, SlotEngine, StepResult
+from decodelab.serving.paged import PagedKVCache, PagePool
 
 # Schedulers and replay
 from decodelab.serving.schedulers import (SCHEDULERS, Clock, Continuous, Dynamic, Replay,
@@ -17,7 +19,7 @@ from decodelab.serving.traces import (LENGTHS, Exponential, Fixed, LengthDistrib
 from decodelab.serving.metrics import RequestRecord, per_request, summarize
 
 __all__ = [
-    "Completion", "Request", "SlotEngine", "StepResult",
+    "Completion", "Request", "SlotEngine", "StepResult", "PagedKVCache", "PagePool",
     "SCHEDULERS", "Clock", "Continuous", "Dynamic", "Replay", "Scheduler", "Static",
     "VirtualClock", "WallClock",
     "make_scheduler", "replay",

@@ -33,6 +33,18 @@ Conventions (every caller relies on them):
   tokens depend only on its prompt, parameters, seed and budget: never on its slot, its batch-mates
   or when it was inserted. They equal ``generate(model, [prompt], params, budget, seed=[seed],
   eos_ids=..., stop_sequences=..., max_len=engine.max_len)`` on that request alone.
+- Paged memory (``kv_tokens``): the cache is a ``paged.PagedKVCache`` pool of ``kv_tokens /
+  page_size`` pages of ``page_size`` slots, and a request holds only the pages its tokens fill,
+  allocated page by page (the host's ``paged.PagePool``) before each call for the slots that call
+  can write (its prefill chunk and its ``n`` decode rounds). Then
+  ``num_slots`` bounds the running requests (the rows of the state) and the pool bounds their
+  memory: ``room`` admits a request while its prompt's pages, and the next call's growth of the
+  running requests, fit in the free pages. When a call's growth does not fit, the most recently
+  admitted request is preempted (its pages freed, its slot emptied, ``StepResult.preempted``
+  hands it back to the caller, who queues it again); when it is inserted again its prompt and the
+  tokens it had generated are prefilled together (recompute, as vLLM does), and it goes on from
+  there. Each token is drawn with its request's seed at its position, so a preempted request
+  ends with the tokens (and log-probs) of an uninterrupted run.
 - An engine call (``step``) reads the device once: one packed array with each slot's finish code,
   length and the tokens (with log-probs) of its last ``n`` positions, from which the host appends
   each request's new tokens; no other value is read back and nothing else waits for the device.
@@ -45,6 +57,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import itertools
 from collections.abc import Sequence
 
 import jax
@@ -53,10 +66,12 @@ import numpy as np
 from flax import nnx
 
 from decodelab import decode, kvquant, sampling
-from decodelab.checks import check_memory, check_model, check_size, is_int, nbytes, position_limit
+from decodelab.checks import (check_memory, check_model, check_size, is_int, kv_cache_bytes,
+                               nbytes, position_limit)
 from decodelab.decode import DecodeState
 from decodelab.loop import CompiledLoop
-from decodelab.serving import slot_prefill
+from decodelab.model.attention import BLOCK_SLOTS
+from decodelab.serving import paged, slot_prefill
 from decodelab.request import (FINISH_REASONS, LENGTH, RUNNING, bucket_length, check_eos,
                                check_seed, decode_buffers)
 from decodelab.sampling import SamplingParams
@@ -124,11 +139,14 @@ class StepResult:
     tokens: dict[int | str, list[int]]  # the output tokens this call produced, per request
     finished: list[Completion]  # retired by this call, their slots already free
     rounds: int  # decode rounds run (<= n; fewer once no slot was running)
+    # Requests this call took out of their slots for lack of pages (paged memory), in admission
+    # order: insert each again (before newer requests) to resume it.
+    preempted: list[Request] = dataclasses.field(default_factory=list)
 
 
 def _empty_state(config, num_slots: int, max_len: int, max_stops: int, stop_width: int,
-                 eos_mask: np.ndarray, plan: sampling.Plan,
-                 kv_cache: str | None = None) -> DecodeState:
+                 eos_mask: np.ndarray, plan: sampling.Plan, kv_cache: str | None = None,
+                 pages: tuple[int, int] | None = None) -> DecodeState:
     B, S, V = num_slots, max_len, config.vocab_size
     # A free slot's parameters: any the plan serves (a free slot never advances).
     free = SamplingParams.greedy() if plan.greedy else SamplingParams()
@@ -138,7 +156,8 @@ def _empty_state(config, num_slots: int, max_len: int, max_stops: int, stop_widt
         prompt_lengths=jnp.zeros((B,), jnp.int32),
         lengths=jnp.zeros((B,), jnp.int32),
         finish=jnp.full((B,), LENGTH, jnp.int32),  # not running: a free slot never advances
-        cache=kvquant.init_cache(config, B, S, kv_cache),
+        cache=(kvquant.init_cache(config, B, S, kv_cache) if pages is None else
+               paged.PagedKVCache.init(config, B, pages[0], pages[1], S // pages[1])),
         logits=jnp.zeros((B, V), jnp.float32),
         keys=sampling.seed_keys(np.zeros((B,), np.uint32)),
         params=free.per_row(B, V).with_plan(plan),
@@ -235,6 +254,12 @@ class SlotEngine:
         rest in later calls, each chunk followed by that call's decode rounds of the running
         slots (chunked prefill, as in Sarathi-Serve): a long prompt then delays the running
         requests' next tokens by one chunk per call instead of by its whole prefill.
+      kv_tokens: None (default) gives every slot its own ``max_len`` cache slots; an int M puts
+        the keys and values of M tokens in all in a shared pool of ``M / page_size`` pages,
+        which requests take page by page as they grow, with memory-bounded admission and
+        preemption (module docstring). A float cache only.
+      page_size: slots per page of the pool (a power of two dividing the blocked attention's
+        block); ``max_len`` must be a multiple of it.
 
     Raises ValueError before anything is allocated when the ``num_slots x max_len`` cache and
     buffers need more than the memory limit (``checks.check_memory``).
@@ -244,7 +269,8 @@ class SlotEngine:
                  eos_ids: int | Sequence[int] = (), max_stop_sequences: int = 4,
                  max_stop_width: int = 8, kv_cache: str | None = None,
                  serves: Sequence[SamplingParams] | None = None,
-                 prefill_chunk: int | None = None):
+                 prefill_chunk: int | None = None, kv_tokens: int | None = None,
+                 page_size: int = 16):
         check_model("model", model)
         self.num_slots = check_size("num_slots", num_slots, 1)
         kvquant.check_kind("kv_cache", kv_cache)
@@ -265,12 +291,33 @@ class SlotEngine:
             raise ValueError(f"prefill_chunk must be None (whole prompts) or an int in [1, "
                              f"max_len={self.max_len}], got {prefill_chunk!r}")
         self.prefill_chunk = None if prefill_chunk is None else int(prefill_chunk)
+        self._pool = None
+        if kv_tokens is not None:
+            if kv_cache is not None:
+                raise ValueError(f"kv_cache must be None (float) with paged memory (kv_tokens="
+                                 f"{kv_tokens!r}), got {kv_cache!r}")
+            if not is_int(kv_tokens) or kv_tokens < 1:
+                raise ValueError(f"kv_tokens must be None (a max_len cache per slot) or an int "
+                                 f">= 1 (tokens of KV memory in the pool), got {kv_tokens!r}")
+            page_size = paged.check_page_size(page_size, BLOCK_SLOTS)
+            if kv_tokens % page_size:
+                raise ValueError(f"page_size must divide kv_tokens={kv_tokens} (the pool is whole "
+                                 f"pages), got {page_size}")
+            if self.max_len % page_size:
+                raise ValueError(f"max_len must be a multiple of page_size={page_size} with "
+                                 f"paged memory, got {self.max_len}")
+            self._pool = paged.PagePool(int(kv_tokens) // page_size, page_size)
+            self._table = np.full((self.num_slots, self.max_len // page_size),
+                                  self._pool.num_pages, np.int32)
         self.vocab_size = model.config.vocab_size
         self._eos_mask = check_eos(eos_ids, self.vocab_size)
         self._fixed_plan = serves is not None
         self._plan = sampling.union(_plans_of("serves", serves, self.vocab_size))
         # The shared state holds max_len output columns per slot; a prefill is up to every slot.
         buffers = decode_buffers(model.config, self.num_slots, self.max_len, self.max_len, 0)
+        if self._pool is not None:  # the pool instead of num_slots x max_len slots
+            buffers["KV cache"] = kv_cache_bytes(model.config, 1, self._pool.num_pages *
+                                                 self._pool.page_size)
         buffers["prefill logits"] = nbytes(
             (self.num_slots, self.prefill_chunk or self.max_len, self.vocab_size), np.float32)
         check_memory("SlotEngine", buffers, {"num_slots": self.num_slots,
@@ -278,7 +325,8 @@ class SlotEngine:
         self._graphdef, self._weights = nnx.split(model)
         self._state = _empty_state(model.config, self.num_slots, self.max_len,
                                    self.max_stop_sequences, self.max_stop_width, self._eos_mask,
-                                   self._plan, kv_cache)
+                                   self._plan, kv_cache, None if self._pool is None else
+                                   (self._pool.num_pages, self._pool.page_size))
         self._slots: list[Request | None] = [None] * self.num_slots
         # Host-side view of each slot: prompt tokens in its cache, output tokens and log-probs
         # received so far (the device state is read once per engine call, in ``step``).
@@ -286,6 +334,14 @@ class SlotEngine:
         self._row_params: list[sampling.RowParams | None] = [None] * self.num_slots
         self._tokens: list[list[int]] = [[] for _ in range(self.num_slots)]
         self._logprobs: list[list[float]] = [[] for _ in range(self.num_slots)]
+        # What a slot prefills: its request's prompt, then the tokens it had generated before a
+        # preemption; preempted requests' outputs so far, by id, until they are inserted again.
+        self._sequence: list[tuple[int, ...]] = [() for _ in range(self.num_slots)]
+        self._resume: dict[int | str, tuple[Request, list[int], list[float]]] = {}
+        self._preempted: list[Request] = []  # since the last StepResult
+        self._admitted: list[int] = []  # occupied slots, oldest admission first
+        self._lookahead = 1  # decode rounds of the last call: what ``room`` reserves for the next
+        self._table_dirty = False
 
     @property
     def plan(self) -> sampling.Plan:
@@ -308,7 +364,12 @@ class SlotEngine:
     def prefilling(self) -> list[int]:
         """Slots whose request's prompt is not yet wholly in the cache (waiting for ``prefill``)."""
         return [i for i, r in enumerate(self._slots)
-                if r is not None and self._prefilled[i] < len(r.prompt)]
+                if r is not None and self._prefilled[i] < len(self._sequence[i])]
+
+    @property
+    def pool(self) -> paged.PagePool | None:
+        """The page pool's host-side accounting (paged memory), else None."""
+        return self._pool
 
     @property
     def state(self) -> DecodeState:
@@ -325,6 +386,12 @@ class SlotEngine:
             return (f"prompt ({len(request.prompt)} tokens) + max_new_tokens "
                     f"({request.max_new_tokens}) = {need} exceeds the slot capacity "
                     f"max_len={self.max_len}")
+        if self._pool is not None and paged.pages_for(need, self._pool.page_size) > (
+                self._pool.num_pages):
+            return (f"prompt + max_new_tokens = {need} tokens need "
+                    f"{paged.pages_for(need, self._pool.page_size)} pages of "
+                    f"{self._pool.page_size}, more than the whole pool (kv_tokens="
+                    f"{self._pool.num_pages * self._pool.page_size})")
         if len(request.stop_sequences) > self.max_stop_sequences:
             return (f"{len(request.stop_sequences)} stop sequences, the engine has room for "
                     f"max_stop_sequences={self.max_stop_sequences}")
@@ -343,6 +410,76 @@ class SlotEngine:
             return (f"params {what}, which the engine does not serve (its plan is fixed by "
                     f"serves: {self._plan})")
         return None
+
+    def room(self, waiting: Sequence[Request]) -> int:
+        """How many requests from the head of ``waiting`` can be inserted now: as many as there
+        are free slots and, with paged memory, as long as each one's first prefill chunk and
+        decode rounds fit in the pages left once the running requests' next call is provided
+        for (first come, first served: the count stops at the first that does not fit)."""
+        count = min(len(waiting), len(self.free_slots))
+        if self._pool is None:
+            return count
+        free = self._pool.free - sum(self._pool.lacks(slot, self._growth(slot))
+                                     for slot in self._admitted)
+        for i, request in enumerate(itertools.islice(waiting, count)):
+            resumed = self._resume.get(request.id)
+            sequence = len(request.prompt) + (len(resumed[1]) if resumed and resumed[0] is
+                                              request else 0)
+            free -= paged.pages_for(self._grown(request, sequence, 0), self._pool.page_size)
+            if free < 0:
+                return i
+        return count
+
+    def _grown(self, request: Request, sequence: int, prefilled: int) -> int:
+        """Cache slots a request holds after the next call: its next prefill chunk and, once
+        that completes its prefill, the call's decode rounds (at most its whole length)."""
+        chunk = min(sequence - prefilled, self.prefill_chunk or sequence)
+        filled = prefilled + chunk
+        rounds = self._lookahead if filled >= sequence else 0
+        return min(filled + rounds, len(request.prompt) + request.max_new_tokens)
+
+    def _growth(self, slot: int) -> int:
+        request = self._slots[slot]
+        if self._prefilled[slot] < len(self._sequence[slot]):
+            return self._grown(request, len(self._sequence[slot]), self._prefilled[slot])
+        held = len(request.prompt) + len(self._tokens[slot])
+        return min(held + self._lookahead, len(request.prompt) + request.max_new_tokens)
+
+    def _provide_pages(self) -> None:
+        """Give every occupied slot the pages its next call writes, preempting the most recently
+        admitted requests while they do not fit; uploads the block table if it changed.
+        The preempted requests (oldest admission first) go to the next ``StepResult``."""
+        pool, preempted = self._pool, []
+        while sum(pool.lacks(slot, self._growth(slot)) for slot in self._admitted) > pool.free:
+            slot = self._admitted[-1]  # the newest: vLLM's recompute preemption order
+            request = self._slots[slot]
+            self._resume[request.id] = (request, self._tokens[slot], self._logprobs[slot])
+            preempted.insert(0, request)
+            self._free_slot(slot)
+            # Not running on the device either: the decode loop must not advance the row.
+            self._state = self._state.replace(finish=self._state.finish.at[slot].set(LENGTH))
+        for slot in self._admitted:
+            if pool.grow(slot, self._growth(slot)):
+                self._table[slot] = pool.table_row(slot, self._table.shape[1])
+                self._table_dirty = True
+        self._upload_table()
+        self._preempted += preempted
+
+    def _upload_table(self) -> None:
+        """Put the host's block table in the device state if it changed (a small transfer to
+        the device; nothing waits for it)."""
+        if self._table_dirty:
+            cache = self._state.cache.replace(table=jnp.asarray(self._table))
+            self._state = self._state.replace(cache=cache)
+            self._table_dirty = False
+
+    def _free_slot(self, slot: int) -> None:
+        """Empty ``slot`` (its request retired or preempted) and return its pages."""
+        self._slots[slot] = None
+        self._admitted.remove(slot)
+        if self._pool is not None and self._pool.release(slot):
+            self._table[slot] = self._pool.num_pages
+            self._table_dirty = True
 
     def insert(self, request: Request, slot: int | None = None) -> int:
         """Place ``request`` in ``slot`` (default: the lowest free one); returns the slot. Its
@@ -372,18 +509,27 @@ class SlotEngine:
             self._state = _replan(self._state, plan=self._plan)
         slot = int(slot)
         self._slots[slot], self._row_params[slot] = request, params
-        self._prefilled[slot], self._tokens[slot], self._logprobs[slot] = 0, [], []
+        tokens, logprobs = [], []
+        if request.id in self._resume and self._resume[request.id][0] is request:
+            _, tokens, logprobs = self._resume.pop(request.id)
+        self._prefilled[slot], self._tokens[slot], self._logprobs[slot] = 0, tokens, logprobs
+        self._sequence[slot] = request.prompt + tuple(tokens)
+        self._admitted.append(slot)
         return slot
 
     def prefill(self) -> int:
         """One compiled call that writes the next chunk of every waiting prompt (the whole prompt
         without ``prefill_chunk``) into its slot's rows of the shared state; returns how many
-        prompts still wait. Nothing is read back: the call is only dispatched."""
+        prompts still wait. Nothing is read back: the call is only dispatched. With paged
+        memory it first provides the pages (``step``'s), which may preempt requests."""
+        if self._pool is not None:
+            self._provide_pages()
         slots = self.prefilling
         if not slots:
             return 0
         R = bucket_length(len(slots), minimum=1)
-        remaining = [len(self._slots[i].prompt) - self._prefilled[i] for i in slots]
+        sequences = [self._sequence[i] for i in slots]
+        remaining = [len(q) - self._prefilled[i] for q, i in zip(sequences, slots)]
         counts = [min(n, self.prefill_chunk or n) for n in remaining]
         T = min(bucket_length(max(counts)), self.prefill_chunk or self.max_len, self.max_len)
         offsets = [self._prefilled[i] for i in slots]
@@ -393,8 +539,9 @@ class SlotEngine:
         stops = np.full((R, self.max_stop_sequences, self.max_stop_width), -1, np.int32)
         pad = R - len(slots)
         requests = [self._slots[i] for i in slots] + [self._slots[slots[0]]] * pad
-        for r, (request, offset, count) in enumerate(zip(requests, offsets, counts)):
-            block[r, :count] = request.prompt[offset:offset + count]
+        for r, (sequence, offset, count) in enumerate(zip(sequences, offsets, counts)):
+            block[r, :count] = sequence[offset:offset + count]
+        for r, request in enumerate(requests):
             for m, s in enumerate(request.stop_sequences):
                 stops[r, m, self.max_stop_width - len(s):] = s
         chunk = slot_prefill.PrefillChunk(
@@ -403,6 +550,7 @@ class SlotEngine:
             offsets=np.asarray(offsets + [0] * pad, np.int32),
             counts=np.asarray(counts + [0] * pad, np.int32),
             prompt_lengths=np.asarray([len(r.prompt) for r in requests], np.int32),
+            ends=np.asarray([len(q) for q in sequences] + [1] * pad, np.int32),
             keys=sampling.seed_keys(np.asarray([r.seed for r in requests], np.uint32)),
             params=tuple(self._row_params[i].with_plan(self._plan)
                          for i in slots + [slots[0]] * pad), stop_ids=stops,
@@ -419,7 +567,8 @@ class SlotEngine:
         then retire the requests that finished."""
         n = check_size("n", n, 1)
         if not any(r is not None for r in self._slots):
-            return StepResult({}, {}, [], 0)
+            return StepResult({}, {}, [], 0, self._take_preempted())
+        self._lookahead = n
         self.prefill()
         rounds, self._state = _ADVANCE.run((self._weights, jnp.asarray(n, jnp.int32)),
                                            (jnp.zeros((), jnp.int32), self._state),
@@ -430,9 +579,10 @@ class SlotEngine:
         packed = jax.device_get(_harvest(self._state, starts, rounds, n=width))  # one transfer
         finish, lengths, rounds = packed[:, 0], packed[:, 1], int(packed[0, 2])
         new_tokens, generated, completions = {}, {}, []
+        prefilling = set(self.prefilling)
         for slot, request in self.active.items():
-            if self._prefilled[slot] < len(request.prompt):  # still prefilling: not running
-                new_tokens[request.id], generated[request.id] = [], 0
+            if slot in prefilling:  # still prefilling: not running
+                new_tokens[request.id], generated[request.id] = [], len(self._tokens[slot])
                 continue
             new = int(lengths[slot]) - int(starts[slot])
             self._tokens[slot] += packed[slot, 3:3 + new].tolist()
@@ -445,8 +595,14 @@ class SlotEngine:
                     request_id=request.id, slot=slot, tokens=self._tokens[slot],
                     logprobs=np.asarray(self._logprobs[slot], np.float32),
                     finish_reason=FINISH_REASONS[int(finish[slot])]))
-                self._slots[slot] = None
-        return StepResult(generated, new_tokens, completions, rounds)
+                self._free_slot(slot)
+        if self._pool is not None:  # retired slots' rows hold no page from now on
+            self._upload_table()
+        return StepResult(generated, new_tokens, completions, rounds, self._take_preempted())
+
+    def _take_preempted(self) -> list[Request]:
+        preempted, self._preempted = self._preempted, []
+        return preempted
 
     def run(self, requests: Sequence[Request], n: int = 8) -> dict[int | str, Completion]:
         """Serve ``requests`` in order, filling free slots before every step (no clock): a
@@ -466,8 +622,10 @@ class SlotEngine:
                              f"(among requests and the requests decoding); a repeated id would "
                              f"lose a completion")
         while queue or self.active:
-            while queue and self.free_slots:
+            for _ in range(self.room(queue)):
                 self.insert(queue.pop(0))
-            for c in self.step(n).finished:
+            result = self.step(n)
+            queue[:0] = result.preempted  # first in line again
+            for c in result.finished:
                 done[c.request_id] = c
         return done

@@ -11,7 +11,8 @@ Conventions (times in seconds on the replay's clock, measured from the start of 
   tokens, i.e. the stall a streaming client sees (a call that gives n tokens is one delivery).
   The summary pools every gap of every request; each request's longest gap is its ``max_tbt``.
 - Output tokens/s and requests/s are totals over the makespan: from the first arrival to the last
-  finish. Slot occupancy = slot-seconds spent decoding a request / (slots x makespan).
+  finish. Slot occupancy = slot-seconds spent decoding a request / (slots x makespan); the mean
+  number of running requests = those slot-seconds / makespan.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class RequestRecord:
     tokens: list[int] = dataclasses.field(default_factory=list)
     finish_reason: str = ""
     deliveries: list[float] = dataclasses.field(default_factory=list)  # times tokens arrived
+    preemptions: int = 0  # times it was taken out of its slot for lack of pages (paged memory)
 
     @property
     def ttft(self) -> float | None:
@@ -103,6 +105,8 @@ def summarize(records: list[RequestRecord], num_slots: int, busy_slot_seconds: f
         "output_tokens_per_s": tokens / makespan,
         "requests_per_s": len(done) / makespan,
         "slot_occupancy": busy_slot_seconds / (num_slots * makespan),
+        "mean_running": busy_slot_seconds / makespan,
+        "preemptions": sum(r.preemptions for r in records),
     }
     out |= _percentiles("ttft", [r.ttft for r in done])
     out |= _percentiles("tpot", [r.tpot for r in done if r.tpot is not None])

@@ -14,6 +14,10 @@ that answer:
   finishes.
 - ``Continuous()``: fill every free slot at every step (iteration-level scheduling, as in Orca).
 
+Every policy inserts at most ``engine.room(waiting)`` requests: the free slots and, on paged
+memory, the requests whose pages fit. A request the engine preempts (paged memory out of pages)
+goes back to the head of the queue.
+
 Clocks (``Clock``): ``WallClock`` reads ``time.perf_counter``; prefill, steps and all host work
 take their real time. While the engine is idle and the next event (an arrival, a scheduler's
 deadline) is in the future, ``WallClock(skip_idle=False)`` sleeps until it; ``skip_idle=True`` (the
@@ -71,7 +75,7 @@ class Static(Scheduler):
             return 0
         size = min(self.batch_size, engine.num_slots)
         if len(waiting) >= size or not more_coming:
-            return min(size, len(waiting))
+            return min(size, engine.room(waiting))
         return 0
 
 
@@ -93,7 +97,7 @@ class Dynamic(Scheduler):
             return 0
         size = min(self.max_batch_size, engine.num_slots)
         if len(waiting) >= size or now >= waiting[0].arrival + self.max_wait or not more_coming:
-            return min(size, len(waiting))
+            return min(size, engine.room(waiting))
         return 0
 
     def deadline(self, waiting):
@@ -105,7 +109,7 @@ class Continuous(Scheduler):
     name: ClassVar[str] = "continuous"
 
     def admit(self, now, waiting, engine, more_coming):
-        return min(len(waiting), len(engine.free_slots))
+        return engine.room(waiting)
 
 
 SCHEDULERS: dict[str, type[Scheduler]] = {cls.name: cls for cls in (Static, Dynamic, Continuous)}
@@ -236,7 +240,8 @@ def replay(engine: SlotEngine, trace: Sequence[Request], scheduler: Scheduler, *
     pending = collections.deque(sorted(trace, key=lambda r: r.arrival))
     records = {r.id: RequestRecord(r.id, r.arrival) for r in trace}
     waiting: collections.deque[Request] = collections.deque()
-    busy_slot_seconds, steps = 0.0, 0
+    busy_slot_seconds = busy_page_seconds = 0.0
+    steps = 0
     bar = tqdm(total=len(trace), desc=f"{scheduler.name} replay", unit="req", disable=not progress,
                dynamic_ncols=True, leave=False)
     clock.start()
@@ -255,21 +260,29 @@ def replay(engine: SlotEngine, trace: Sequence[Request], scheduler: Scheduler, *
             for _ in range(scheduler.admit(now, waiting, engine, bool(pending))):
                 request = waiting.popleft()
                 record = records[request.id]
-                record.admitted, record.status = clock.now(), "running"
+                if record.admitted is None:  # first admission (a preempted request returns)
+                    record.admitted = clock.now()
+                record.status = "running"
                 record.slot = engine.insert(request)
             if engine.active:
                 active, started = len(engine.active), clock.now()
+                pages = engine.pool.used if engine.pool is not None else 0
                 result = engine.step(steps_per_call)
                 clock.after_step()
                 ended = clock.now()
                 steps += 1
                 busy_slot_seconds += active * (ended - started)
+                busy_page_seconds += pages * (ended - started)
                 for request_id, tokens in result.tokens.items():
                     record = records[request_id]
                     if tokens:
                         record.deliveries.append(ended)
                         if record.first_token is None:
                             record.first_token = ended
+                for request in reversed(result.preempted):  # first in line again
+                    records[request.id].preemptions += 1
+                    records[request.id].status = "waiting"
+                    waiting.appendleft(request)
                 for completion in result.finished:
                     record = records[completion.request_id]
                     record.status, record.finish = "completed", ended
@@ -284,5 +297,8 @@ def replay(engine: SlotEngine, trace: Sequence[Request], scheduler: Scheduler, *
                                    "waiting requests and nothing else will happen")
             clock.wait_until(min(events))
     ordered = [records[r.id] for r in trace]
-    return Replay(ordered, summarize(ordered, engine.num_slots, busy_slot_seconds), steps,
-                  clock.skipped)
+    summary = summarize(ordered, engine.num_slots, busy_slot_seconds)
+    if engine.pool is not None:
+        summary["page_occupancy"] = busy_page_seconds / (engine.pool.num_pages *
+                                                         summary["makespan_s"])
+    return Replay(ordered, summary, steps, clock.skipped)

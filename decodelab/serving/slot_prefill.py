@@ -15,6 +15,7 @@ from flax import nnx, struct
 from decodelab import decode, sampling
 from decodelab.cache import KVCache, RowView
 from decodelab.decode import DecodeState
+from decodelab.serving.paged import PagedKVCache
 from decodelab.request import LENGTH, RUNNING
 
 # Fields of DecodeState with a leading slot axis (the cache's k and v have it second).
@@ -37,6 +38,8 @@ class PrefillChunk:
     offsets: jax.Array  # [R] int32, prompt tokens already in the slot's cache
     counts: jax.Array  # [R] int32, tokens of this chunk (<= T)
     prompt_lengths: jax.Array  # [R] int32
+    ends: jax.Array  # [R] int32, tokens the slot prefills in all: the prompt, then the tokens a
+    # preempted request had generated (paged memory's recompute); the prompt length otherwise
     keys: jax.Array  # [R, ...] uint32, each request's key data
     params: tuple[sampling.RowParams, ...]  # R one-row values, under the engine's plan
     stop_ids: jax.Array  # [R, M, W] int32
@@ -45,10 +48,13 @@ class PrefillChunk:
 
 def rows_of(cache, rows: jax.Array, offsets: jax.Array, reach: int):
     """The slots ``rows`` of ``cache`` as a cache of ``R`` rows at lengths ``offsets``: a float
-    cache as a ``RowView`` (no copy); another kind as a copy of those rows, emptied where the
+    cache as a ``RowView`` (no copy), a paged one as its pool with those rows' tables; another
+    kind as a copy of those rows, emptied where the
     offset is 0 (a quantized cache's scales and float tail start afresh with a prompt)."""
     if isinstance(cache, KVCache):
         return RowView.of(cache, rows, offsets, reach)
+    if isinstance(cache, PagedKVCache):  # the same pool through those rows' tables
+        return cache.rows_view(rows, offsets, reach)
     copy = cache.take_rows(jnp.minimum(rows, cache.batch_size - 1))
     fresh = offsets == 0  # [R]
 
@@ -64,6 +70,8 @@ def merge_rows(cache, rows_cache, rows: jax.Array):
     """``cache`` with ``rows_cache`` (from ``rows_of``) written back into slots ``rows``."""
     if isinstance(rows_cache, RowView):
         return rows_cache.merged_into(cache)
+    if isinstance(rows_cache, PagedKVCache):
+        return cache.merge_view(rows_cache, rows)
     # lengths [B] have the slot axis first; keys, values (and a quantized cache's scales) second
     return jax.tree.map(lambda big, part: big.at[(slice(None),) * (big.ndim > 1) + (rows,)].set(
         part.astype(big.dtype), mode="drop"), cache, rows_cache)
@@ -94,8 +102,8 @@ def prefill_rows(weights, state: DecodeState, chunk: PrefillChunk, *, graphdef,
     at = jnp.where(j < chunk.counts[:, None], chunk.offsets[:, None] + j, S)  # [R, T]
     tokens = tokens.at[jnp.arange(R)[:, None], at].set(chunk.block, mode="drop")
     filled = chunk.offsets + chunk.counts  # [R]
-    final = filled >= chunk.prompt_lengths
-    lengths = jnp.where(final, chunk.prompt_lengths, filled)
+    final = filled >= chunk.ends
+    lengths = jnp.where(final, chunk.ends, filled)
     N = state.max_new_tokens
     params = jax.tree.map(lambda *rows: jnp.concatenate(rows), *chunk.params)  # [R] per field
     fields = dict(

@@ -1,0 +1,216 @@
+"""Paged KV memory: the paged cache reads back what the padded cache holds; a request decoded
+through pages gives the tokens and log-probs of the padded engine and of ``generate`` alone
+(greedy and sampled, ragged, chunked), also when it is preempted and recomputed; the allocator and
+the engine's block tables keep exact accounting under random events; bad input is refused."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import decodelab as dl
+from decodelab.cache import KVCache
+from decodelab.serving import Request, SlotEngine
+from decodelab.serving.paged import PagedKVCache, PagePool, pages_for
+from decodelab.serving.schedulers import Continuous, VirtualClock, replay
+
+S = 64  # the tiny model's position table
+GREEDY = dl.SamplingParams.greedy()
+SAMPLED = dl.SamplingParams(temperature=0.9, top_k=40, top_p=0.95, repetition_penalty=1.2)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_config):
+    return dl.Transformer(tiny_config.replace(position="rope"), rngs=nnx.Rngs(0))
+
+
+def make_requests(n: int = 8, seed: int = 1) -> list[Request]:
+    rng = np.random.default_rng(seed)
+    return [Request(id=i, prompt=rng.integers(0, 512, int(rng.integers(1, 20))).tolist(),
+                    max_new_tokens=int(rng.integers(5, 30)), params=(GREEDY, SAMPLED)[i % 2],
+                    seed=1000 + 7 * i)
+            for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def reference(tiny):
+    """Each request's output from ``dl.generate`` on that request alone."""
+    return {r.id: dl.generate(tiny, [list(r.prompt)], r.params, r.max_new_tokens, seed=[r.seed],
+                              max_len=S)
+            for r in make_requests()}
+
+
+def assert_alone(done, reference):
+    """Tokens and finish reasons equal; log-probs within 1e-6 relative (one row alone and rows
+    in a batch of 4 go through differently blocked matmuls: a few float32 ulps)."""
+    assert sorted(done) == sorted(reference)
+    for request_id, ref in reference.items():
+        assert done[request_id].tokens == ref.token_lists()[0], request_id
+        assert done[request_id].finish_reason == ref.finish_reason[0]
+        np.testing.assert_allclose(done[request_id].logprobs, ref.logprobs[0, :ref.lengths[0]],
+                                   rtol=1e-6, atol=1e-6)
+
+
+def test_paged_cache_reads_what_a_padded_cache_holds(tiny_config):
+    """Ragged rows written in blocks through scattered pages read back, block by block, as the
+    padded cache's slots; nothing is written to a page the row does not hold."""
+    cfg = tiny_config
+    B, page, M, P = 3, 8, 8, 30
+    rng = np.random.default_rng(0)
+    owned = rng.permutation(P)[:B * M].reshape(B, M)  # each row's pages, scattered
+    paged = PagedKVCache.init(cfg, B, P, page, M).replace(table=jnp.asarray(owned, jnp.int32))
+    padded = KVCache.init(cfg, B, M * page)
+    L, K, H = cfg.n_layers, cfg.n_kv_heads, cfg.head_dim
+    for T, valid in ((5, [5, 2, 0]), (11, [11, 11, 7]), (1, [1, 0, 1])):
+        valid = jnp.asarray(valid, jnp.int32)
+        for layer in range(L):
+            k, v = (jnp.asarray(rng.normal(size=(B, T, K, H)), jnp.float32) for _ in range(2))
+            paged, padded = paged.write(layer, k, v), padded.write(layer, k, v)
+        paged, padded = paged.advance(valid), padded.advance(valid)
+    lengths = np.asarray(padded.lengths)
+    for layer in range(L):
+        for start, size in ((0, 64), (16, 32), (40, 32)):  # the last is clamped back
+            got, want = paged.read(layer, start, size), padded.read(layer, start, size)
+            first = min(start, M * page - size)
+            for b in range(B):
+                live = max(0, min(size, lengths[b] - first))
+                for g, w in zip(got, want):
+                    np.testing.assert_array_equal(g[b, :, :live], w[b, :, :live])
+    # Pages no row holds are untouched.
+    unused = sorted(set(range(P)) - set(owned.ravel()))
+    assert not np.asarray(paged.k[:, unused]).any() and not np.asarray(paged.v[:, unused]).any()
+
+
+@pytest.mark.parametrize("chunk", [None, 8])
+def test_paged_engine_equals_padded_and_generate_alone(tiny, reference, chunk):
+    requests = make_requests()
+    paged = SlotEngine(tiny, 4, S, kv_tokens=16 * S, page_size=8, prefill_chunk=chunk)
+    through_pages = paged.run(requests, n=3)
+    assert_alone(through_pages, reference)
+    padded = SlotEngine(tiny, 4, S, prefill_chunk=chunk).run(requests, n=3)
+    for request_id, completion in padded.items():  # the same batches: the same numbers
+        assert through_pages[request_id].tokens == completion.tokens
+        np.testing.assert_allclose(through_pages[request_id].logprobs, completion.logprobs,
+                                   rtol=0, atol=1e-6)
+    assert paged.pool.free == paged.pool.num_pages  # every page came back
+    paged.pool.check()
+
+
+def test_preempted_requests_end_with_the_tokens_of_an_uninterrupted_run(tiny, reference):
+    """A pool of 80 tokens for 4 slots: requests grow into each other's memory, the newest is
+    preempted, recomputed from prompt + its tokens, and ends exactly as alone."""
+    engine = SlotEngine(tiny, 4, S, kv_tokens=80, page_size=8)
+    queue, done, preemptions = make_requests(), {}, 0
+    while queue or engine.active:
+        for _ in range(engine.room(queue)):
+            engine.insert(queue.pop(0))
+        result = engine.step(2)
+        preemptions += len(result.preempted)
+        queue[:0] = result.preempted
+        done |= {c.request_id: c for c in result.finished}
+        engine.pool.check()
+    assert preemptions >= 3
+    assert_alone(done, reference)
+    # The same through a replay: preemptions recorded, every request completed and exact.
+    out = replay(SlotEngine(tiny, 4, S, kv_tokens=80, page_size=8), make_requests(),
+                 Continuous(), clock=VirtualClock(), steps_per_call=2)
+    assert out.summary["preemptions"] >= 3 and out.summary["completed"] == 8
+    for record in out.records:
+        assert record.tokens == reference[record.request_id].token_lists()[0]
+
+
+def test_memory_bounded_admission(tiny):
+    """Admission stops at the first request whose prompt does not fit in the free pages."""
+    engine = SlotEngine(tiny, 8, S, kv_tokens=32, page_size=8)
+    short = [Request(id=i, prompt=[1] * 10, max_new_tokens=4) for i in range(4)]
+    assert engine.room(short) == 2  # 2 pages each (10 prompt tokens + 1 round), 4 pages
+    engine.insert(short[0])
+    engine.insert(short[1])
+    assert engine.room(short[2:]) == 0
+
+
+def test_allocator_fuzz_keeps_exact_accounting():
+    """Thousands of random allocate / grow / release events: every page is free or held by one
+    owner, holdings are what was granted, a failed allocation grants nothing."""
+    rng = np.random.default_rng(0)
+    pool = PagePool(64, 16)
+    held: dict[int, list[int]] = {}
+    for _ in range(5000):
+        owner = int(rng.integers(0, 12))
+        event = rng.choice(["allocate", "grow", "release"], p=[0.4, 0.4, 0.2])
+        free = pool.free
+        if event == "release":
+            assert pool.release(owner) == len(held.pop(owner, []))
+        else:
+            n = int(rng.integers(0, 6)) if event == "allocate" else pool.lacks(
+                owner, int(rng.integers(0, 200)))
+            if n > free:
+                with pytest.raises(ValueError, match="cannot allocate"):
+                    pool.allocate(owner, n)
+                assert pool.free == free
+            else:
+                new = pool.allocate(owner, n)
+                assert len(new) == n and not set(new) & {p for v in held.values() for p in v}
+                held.setdefault(owner, []).extend(new)
+        pool.check()
+        assert pool.free + sum(map(len, held.values())) == pool.num_pages
+        for o, pages in held.items():
+            assert pool.pages(o) == pages
+
+
+def test_engine_fuzz_tables_hold_only_each_requests_own_pages(tiny):
+    """Random arrivals, budgets and steps per call on a tight pool: after every call the pool's
+    accounting is exact, each occupied slot's device table row lists exactly its own pages (so
+    attention reads nothing of another request), free slots hold none, and no page is in two
+    rows."""
+    rng = np.random.default_rng(3)
+    engine = SlotEngine(tiny, 6, S, kv_tokens=96, page_size=8)
+    queue = [Request(id=i, prompt=rng.integers(0, 512, int(rng.integers(1, 30))).tolist(),
+                     max_new_tokens=int(rng.integers(1, 30)), seed=i,
+                     params=(GREEDY, SAMPLED)[i % 2]) for i in range(40)]
+    finished, preempted = set(), 0
+    while queue or engine.active:
+        admit = engine.room(queue)
+        for _ in range(int(rng.integers(0, admit + 1)) if engine.active else admit):
+            engine.insert(queue.pop(0))
+        result = engine.step(int(rng.integers(1, 5)))
+        preempted += len(result.preempted)
+        queue[:0] = result.preempted
+        finished |= {c.request_id for c in result.finished}
+        pool = engine.pool
+        pool.check()
+        table = np.asarray(engine.state.cache.table)
+        for slot in range(engine.num_slots):
+            if engine.active.get(slot) is None:
+                assert (table[slot] == pool.num_pages).all() and not pool.pages(slot)
+            else:
+                # Uploaded before the call that used it; the call's growth is all there.
+                held = pool.pages(slot)
+                assert table[slot, :len(held)].tolist() == held
+                assert (table[slot, len(held):] == pool.num_pages).all()
+        real = table[table < pool.num_pages]
+        assert len(real) == len(set(real.tolist()))
+    assert finished == set(range(40)) and preempted > 0
+    assert engine.pool.free == engine.pool.num_pages
+
+
+def test_bad_paged_arguments(tiny):
+    with pytest.raises(ValueError, match="page_size must divide kv_tokens"):
+        SlotEngine(tiny, 2, S, kv_tokens=100, page_size=8)
+    with pytest.raises(ValueError, match="page_size must be a power of two"):
+        SlotEngine(tiny, 2, S, kv_tokens=96, page_size=12)
+    with pytest.raises(ValueError, match="kv_tokens must be None"):
+        SlotEngine(tiny, 2, S, kv_tokens=0)
+    with pytest.raises(ValueError, match="kv_cache must be None"):
+        SlotEngine(tiny, 2, S, kv_tokens=64, kv_cache="int8")
+    with pytest.raises(ValueError, match="max_len must be a multiple of page_size"):
+        SlotEngine(tiny, 2, 60, kv_tokens=64, page_size=16)
+    engine = SlotEngine(tiny, 2, S, kv_tokens=32, page_size=8)
+    too_long = Request(id="x", prompt=[1] * 20, max_new_tokens=20)
+    assert "more than the whole pool (kv_tokens=32)" in engine.check(too_long)
+    with pytest.raises(ValueError, match="cannot be served.*whole pool"):
+        engine.insert(too_long)
+    with pytest.raises(ValueError, match="cannot be served.*whole pool"):
+        engine.run([too_long])
+    assert pages_for(17, 8) == 3 and pages_for(16, 8) == 2
