@@ -81,6 +81,8 @@ def get_sweep(arg: str | None = None) -> list[dict]:
     and the combined row; every pruned row with and without recovery on the trained model."""
     recover = [0] if arg in PRETRAINED_MODELS else [0, RECOVERY_STEPS]
     points = [{"kind": "dense"}]
+    if recover[-1]:  # what the recovery steps alone do to the unpruned model
+        points.append({"kind": "dense", "recovery_steps": recover[-1]})
     points += product({"kind": ["unstructured"], "method": list(METHODS),
                        "sparsity": list(SPARSITIES), "recovery_steps": recover})
     points += product({"kind": list(N_M), "method": list(METHODS), "recovery_steps": recover})

@@ -46,9 +46,8 @@ from absl import app
 import decodelab as dl
 from decodelab import experiment, results, serving, stats
 from decodelab.request import bucket_length
-from experiments import batching
 
-_FLAGS = experiment.define_flags("configs/paged.py")
+_FLAGS = experiment.define_flags("configs/paged.py")  # before importing another study's module
 
 ARMS = ("static", "continuous", "paged", "step")
 REPLAYED = ("output_tokens_per_s", "mean_running", "preemptions", "latency_p50_s",
@@ -91,16 +90,26 @@ def _engine(model, config) -> serving.SlotEngine:
     return serving.SlotEngine(model, padded_slots(config), config.max_len)
 
 
+_WARMED: set = set()  # the shape sets ``warm_up`` has compiled in this process
+
+
 def warm_up(model, config, trace) -> None:
     """Compile every prefill shape a replay can run, the decode loop and the read-back: each
     number of rows prefilled together (a power of two up to the slots) with each prompt block (a
     power of two up to the longest prompt or, on paged memory, up to ``max_len``: a preempted
     request re-prefills its prompt and its tokens, beside any other waiting prompt). Each shape
-    runs once: one request of the block's longest length, the others of one token."""
+    runs once: one request of the block's longest length, the others of one token. Compiled
+    programs are cached, so a process warms each set of shapes once."""
     engine = _engine(model, config)
     longest = max(len(r.prompt) for r in trace)
     if config.arm == "paged":  # a recomputed request prefills up to its whole reservation
         longest = config.max_len - 1
+    key = (repr(model.config), engine.num_slots, config.max_len, config.arm == "paged",
+           config.memory_tokens, config.page_size, config.steps_per_call,
+           bucket_length(longest), repr(trace[0].params))
+    if key in _WARMED:
+        return
+    _WARMED.add(key)
     # block -> the longest sequence that gets it
     blocks = {min(bucket_length(n), config.max_len): n for n in range(1, longest + 1)}
     rows = bucket_length(engine.num_slots, minimum=1)
@@ -168,6 +177,8 @@ def _step_cost(config, model, ctx) -> dict:
 
 def evaluate(config, ctx) -> dict:
     _check(config)
+    from experiments import batching  # its flags go to a private FlagValues: ours are defined
+
     model = batching._model(json.dumps(config.model.to_dict(), sort_keys=True),
                             config.vocab_size, config.seed)
     return _step_cost(config, model, ctx) if config.arm == "step" else _arm(config, model, ctx)

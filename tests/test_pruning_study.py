@@ -19,9 +19,10 @@ def study():
 def test_the_sweep_recovers_only_the_trained_model():
     module = config_module("pruning")
     trained, pretrained = module.get_sweep(), module.get_sweep("smollm2-135m")
-    assert len(trained) == 36 and len(pretrained) == 20
+    assert len(trained) == 37 and len(pretrained) == 20
     assert {p.get("recovery_steps", 0) for p in pretrained} == {0}
-    assert sum(p.get("recovery_steps", 0) > 0 for p in trained) == 17
+    assert sum(p.get("recovery_steps", 0) > 0 for p in trained) == 18
+    assert {"kind": "dense", "recovery_steps": 40} in trained  # the steps alone
 
 
 TINY_OVERRIDES = {"model.d_model": 64, "model.n_layers": 2, "model.n_heads": 4,

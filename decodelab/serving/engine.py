@@ -17,7 +17,9 @@ Conventions (every caller relies on them):
   running slots; a slot is running (decoding) once its last chunk is in.
 - ``step(n)`` runs up to ``n`` rounds of ``decode.step`` (the loop body of ``generate``) over all
   slots in one compiled ``lax.while_loop`` (a ``loop.CompiledLoop``); it stops early once no slot
-  is running. Rows that have finished, and free slots, are carried without advancing, so
+  is running. On paged memory it decodes only the occupied slots, taken out as a state of a
+  power-of-two number of rows that shares the page pool (``_advance_rows``), so a step's cost
+  follows the requests running, not ``num_slots``. Rows that have finished, and free slots, are carried without advancing, so
   ``step(n)`` gives the same tokens as ``n`` calls of ``step(1)``.
 - The step contains the processors the engine serves and no other (``sampling.Plan``): the
   ``sampling.union`` of the plans of the requests it admits, each processor applied to the slots
@@ -213,6 +215,36 @@ def _advance_running(operands, carry: tuple[jax.Array, DecodeState]) -> jax.Arra
 
 # Up to `rounds` decode rounds over every slot, stopping once none runs; the carry counts them.
 _ADVANCE = CompiledLoop("_advance", _advance_body, _advance_running, static_argnames=("graphdef",))
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("state",))
+def _advance_rows(weights, state: DecodeState, rows: jax.Array, rounds: jax.Array, *,
+                  graphdef) -> tuple[jax.Array, DecodeState]:
+    """``_ADVANCE`` over the slots ``rows`` only (``[R]``, distinct), on paged memory: their
+    per-row fields and block-table rows are taken out as an ``R``-row state sharing the page
+    pool, decoded up to ``rounds`` rounds, and put back. A decode step then costs what ``R``
+    rows cost, not ``num_slots``; the pool is never copied (a padded cache would be)."""
+
+    def take(x):
+        return x[rows]
+
+    def put(big, small):
+        return big.at[rows].set(small)
+
+    fields = {name: getattr(state, name) for name in slot_prefill.ROW_FIELDS
+              if getattr(state, name) is not None}
+    cache = state.cache
+    sub = state.replace(**jax.tree.map(take, fields),
+                        cache=cache.replace(table=cache.table[rows], lengths=cache.lengths[rows]))
+    operands = (weights, rounds)
+    count, sub = jax.lax.while_loop(
+        lambda carry: _advance_running(operands, carry),
+        lambda carry: _advance_body(operands, carry, graphdef=graphdef),
+        (jnp.zeros((), jnp.int32), sub))
+    merged = {name: jax.tree.map(put, fields[name], getattr(sub, name)) for name in fields}
+    cache = cache.replace(k=sub.cache.k, v=sub.cache.v,
+                          lengths=cache.lengths.at[rows].set(sub.cache.lengths))
+    return count, state.replace(step=sub.step, cache=cache, **merged)
 
 
 def _plans_of(name: str, serves: Sequence[SamplingParams] | None,
@@ -570,9 +602,15 @@ class SlotEngine:
             return StepResult({}, {}, [], 0, self._take_preempted())
         self._lookahead = n
         self.prefill()
-        rounds, self._state = _ADVANCE.run((self._weights, jnp.asarray(n, jnp.int32)),
-                                           (jnp.zeros((), jnp.int32), self._state),
-                                           graphdef=self._graphdef)
+        rows = self._decode_rows()
+        if rows is None:
+            rounds, self._state = _ADVANCE.run((self._weights, jnp.asarray(n, jnp.int32)),
+                                               (jnp.zeros((), jnp.int32), self._state),
+                                               graphdef=self._graphdef)
+        else:
+            rounds, self._state = _advance_rows(self._weights, self._state, rows,
+                                                jnp.asarray(n, jnp.int32),
+                                                graphdef=self._graphdef)
         starts = np.asarray([len(r.prompt) + len(self._tokens[i]) if r is not None else 0
                              for i, r in enumerate(self._slots)], np.int32)
         width = bucket_length(n, minimum=8)  # a few window widths: n itself is traced
@@ -599,6 +637,19 @@ class SlotEngine:
         if self._pool is not None:  # retired slots' rows hold no page from now on
             self._upload_table()
         return StepResult(generated, new_tokens, completions, rounds, self._take_preempted())
+
+    def _decode_rows(self) -> np.ndarray | None:
+        """On paged memory, the slots a call decodes: the occupied ones, padded with free slots
+        to a power of two (``R``: a few compiled sizes); None to decode every slot (a padded
+        cache, whose rows would be copied, or ``R`` = ``num_slots``)."""
+        if self._pool is None:
+            return None
+        occupied = sorted(self._admitted)
+        R = bucket_length(max(len(occupied), 1), minimum=1)
+        if R >= self.num_slots:
+            return None
+        free = [i for i in range(self.num_slots) if self._slots[i] is None]
+        return np.asarray(sorted(occupied + free[:R - len(occupied)]), np.int32)
 
     def _take_preempted(self) -> list[Request]:
         preempted, self._preempted = self._preempted, []

@@ -6,9 +6,9 @@ Conventions (every caller relies on them):
 - ``PagedKVCache.k`` and ``.v`` are ``[L, P, K, page_size, H]``: ``P`` pages of ``page_size``
   slots, head-major inside a page (the layout of ``cache.KVCache``, one page at a time).
   ``table: [B, M]`` maps row ``b``'s logical page ``i`` (its positions ``i * page_size ..
-  (i + 1) * page_size - 1``) to a page of the pool; an entry ``>= P`` (``NO_PAGE``: ``P``) means
-  "no page": a write there is dropped and a read there returns values that the position mask
-  never lets a query see. A row's capacity is ``max_len = M * page_size``.
+  (i + 1) * page_size - 1``) to a page of the pool; an entry ``>= P`` (``P`` itself) means "no
+  page": a write there is dropped and a read there gives zeros that the position mask never lets
+  a query see (a row never touches a page that is not in its table). A row's capacity is ``max_len = M * page_size``.
 - The cache has ``KVCache``'s public interface (``write``, ``read``, ``advance``, ``positions``,
   ``check_room``, ``rewind``, ``lengths``, ``batch_size``, ``max_len``), so the model, the decode
   step and ``blocked_attention`` run on it unchanged: ``read(layer, start, size)`` gathers the
@@ -130,10 +130,10 @@ class PagedKVCache:
         B, n = self.batch_size, size // page
         first = jnp.clip(jnp.asarray(start, jnp.int32), 0, self.max_len - size) // page
         pages = jax.lax.dynamic_slice(self.table, (0, first), (B, n))  # [B, n]
-        pages = jnp.minimum(pages, self.num_pages - 1)  # "no page": values the mask hides
 
         def take(pool):
-            blocks = pool[layer][pages]  # [B, n, K, page, H]
+            # "No page" reads zeros (never another row's page); the position mask hides them.
+            blocks = jnp.take(pool[layer], pages, axis=0, mode="fill", fill_value=0)
             _, _, K, _, H = blocks.shape
             return jnp.swapaxes(blocks, 1, 2).reshape(B, K, size, H)
 
