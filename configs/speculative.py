@@ -24,10 +24,12 @@ Distillation against `medium`: each step runs the teacher's forward pass on 16 x
 costs far more than the draft's own step, so DISTILL_STEPS = 300 steps are used (the shared
 recipe otherwise, checkpointed every 100). Timed over 10 steps (after 2 that compile) on the 2 CPU
 cores: 3.8 s a step under a 1-minute load average of ~13 (other work running), i.e. ~19 minutes
-for the 300 steps on that busy machine, less on a quiet one; the `draft` preset's own 800 steps
-take a few minutes. The sweep: 72 `medium` points (estimated ~50 s each at batch 1 and ~20 s at
-batch 8 from `medium`'s 5.6 ms decode step in `results/decode_speed.md`: ~45 minutes) and 36
-`small` points (~10 s each).
+for the 300 steps on that busy machine (9.5 minutes on a quiet one); the `draft` preset's own 800
+steps take a few minutes. The sweep: 72 `medium` points, measured at 91-115 s each at batch 1
+on a quiet machine (the first three: interleaved repetitions of 8 prompts x 128 tokens, the cost
+ratio, the verify cost and the round overhead, and compiles), so ~2 hours, and 36 `small` points.
+The points are ordered batch 1 greedy, batch 1 sampled, batch 8: the run is resumable, so it can
+be done in parts (finished points are kept).
 
 A quick look (two training steps per model; two `medium` points at temperature 0.7: the distilled
 draft at batch 1, prompt lookup at batch 8; the `small` rows set their own training steps):

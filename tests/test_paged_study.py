@@ -100,21 +100,31 @@ def test_the_page_renders_from_the_rows(study, rows, tmp_path):
     page = (tmp_path / "paged.md").read_text()
     assert "**The decomposition at saturation (200 requests/s)**" in page
     assert "| 64 |" in page and "**Targets.**" in page
-    assert "**The same decomposition on an A100 with OPT-13B's shapes**" in page
+    assert "**The decomposition predicted for the published benchmark**" in page
     assert tmp_path / "paged_throughput.png" in written
 
 
 def test_the_roofline_prediction_against_a_hand_computed_case(study):
-    # 1 GB of weights, KV 1 MB per token, 3 GB of KV memory, 1000 GB/s, reservation 1000 tokens:
-    # 3 padded slots; concurrency x4 -> 12. Mean length 1000 / 2 = 500, prompt 100: decoding
-    # context 100 + 400 / 2 = 300 tokens = 300 MB a request.
+    # 1 GB of weights, KV 1 MB per token, 3 GB of KV memory (3000 tokens), 1000 GB/s; requests of
+    # a 100-token prompt reserving 1000 tokens: 3 padded slots. Mean output 400: a request holds
+    # 100 + 200 = 300 tokens on average, so at occupancy 0.9 the pool runs 9 requests.
     published = types.SimpleNamespace(params=0.5e9, bytes_per_value=2, n_layers=1,
                                       d_model=250_000, gpu_memory_gb=5.0, workspace_gb=1.0,
                                       prompt=100, output_cap=900, bandwidth_gbs=1000.0)
-    pred = study.roofline_prediction(published, 2.0, 4.0, 1.5)
-    assert pred["padded_batch"] == pytest.approx(3.0)
-    assert pred["paged_batch"] == pytest.approx(12.0)
+    pred = study.roofline_prediction(published, 400.0, 0.9)
+    assert pred["kv_tokens"] == pytest.approx(3000) and pred["padded_batch"] == 3
+    assert pred["paged_batch"] == pytest.approx(9.0)
     step = lambda b: (1e9 + b * 300 * 1e6) / 1e12  # noqa: E731
-    assert pred["memory"] == pytest.approx((12 / step(12)) / (3 / step(3)))
-    assert pred["product"] == pytest.approx(1.5 * pred["memory"])
-    assert np.isfinite(pred["memory"])
+    assert pred["memory"] == pytest.approx((9 / step(9)) / (3 / step(3)))
+    assert pred["product"] == pytest.approx(pred["scheduling"] * pred["memory"])
+    assert pred["ratio"] == pytest.approx(2.0)
+
+
+def test_static_waste_against_known_cases(study):
+    # A batch of one wastes nothing; equal outputs (a cap far below the mean) waste nothing.
+    assert study.static_waste(50.0, 1000, 1) == pytest.approx(1.0)
+    assert study.static_waste(1e6, 10, 8) == pytest.approx(1.0)
+    # Uncapped exponential: E[max of n] / E[X] = H_n, the n-th harmonic number.
+    assert study.static_waste(1000.0, 10**9, 4) == pytest.approx(1 + 1 / 2 + 1 / 3 + 1 / 4,
+                                                                  rel=0.02)
+    assert np.isfinite(study.static_waste(256.0, 1536, 7))
