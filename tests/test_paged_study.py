@@ -121,9 +121,10 @@ def test_the_roofline_prediction_against_a_hand_computed_case(study):
 
 
 def test_static_waste_against_known_cases(study):
-    # A batch of one wastes nothing; equal outputs (a cap far below the mean) waste nothing.
+    # A batch of one wastes nothing; outputs nearly all at a cap far below the mean waste
+    # almost nothing.
     assert study.static_waste(50.0, 1000, 1) == pytest.approx(1.0)
-    assert study.static_waste(1e6, 10, 8) == pytest.approx(1.0)
+    assert study.static_waste(1e6, 10, 8) == pytest.approx(1.0, rel=1e-4)  # a rare draw < 10
     # Uncapped exponential: E[max of n] / E[X] = H_n, the n-th harmonic number.
     assert study.static_waste(1000.0, 10**9, 4) == pytest.approx(1 + 1 / 2 + 1 / 3 + 1 / 4,
                                                                   rel=0.02)
