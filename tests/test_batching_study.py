@@ -16,7 +16,7 @@ import decodelab as dl
 from decodelab import compiles, experiment, serving, stats
 from study_config import config_module
 
-PROGRAMS = ("prefill_rows", "_advance_loop", "_harvest", "_replan")
+PROGRAMS = ("prefill_rows", "_advance_loop", "harvest", "replan")
 
 
 @pytest.fixture(scope="module")

@@ -205,7 +205,7 @@ def allocation_forbidden(monkeypatch):
         raise AssertionError("allocated before the memory check refused the call")
 
     for module, name in ((decode, "prefill"), (beam, "_beam_prefill"),
-                         (speculative, "prefill"), (engine, "_empty_state")):
+                         (speculative, "prefill"), (engine, "empty_state")):
         monkeypatch.setattr(module, name, allocates)
 
 

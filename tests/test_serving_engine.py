@@ -229,7 +229,7 @@ def test_new_requests_reuse_the_compiled_programs(tiny):
         SlotEngine(tiny, 2, S, serves=serves).run(requests, n=int(rng.integers(1, 5)))
     finally:
         jax.monitoring.unregister_event_duration_listener(listen)
-    programs = ("prefill_rows", "_advance_loop", "_harvest")
+    programs = ("prefill_rows", "_advance_loop", "harvest")
     assert all(counts[name] == 0 for name in programs), counts
 
 
@@ -243,18 +243,18 @@ def test_a_new_set_of_processors_compiles_once_and_the_plan_only_grows(tiny):
     def request(i, params):
         return Request(id=i, prompt=[1 + i, 2, 3], max_new_tokens=3, params=params, seed=i)
 
-    programs = ("prefill_rows", "_advance_loop", "_harvest", "_replan")
+    programs = ("prefill_rows", "_advance_loop", "harvest", "replan")
     top_k = dl.SamplingParams(temperature=0.7, top_k=9)
     with compiles.count_traces() as counts:
         engine = SlotEngine(tiny, 5, 40)
         engine.run([request(0, GREEDY), request(1, GREEDY)])
         assert engine.plan == dl.sampling.Plan(active=("temperature",), greedy=True)
         first = {name: counts[name] for name in programs}
-        assert first == dict(prefill_rows=1, _advance_loop=1, _harvest=1, _replan=0)
+        assert first == dict(prefill_rows=1, _advance_loop=1, harvest=1, replan=0)
         engine.run([request(2, top_k), request(8, GREEDY)])
         assert engine.plan == dl.sampling.Plan(active=("temperature", "top_k"))
         grown = {name: counts[name] for name in programs}
-        assert grown == dict(prefill_rows=2, _advance_loop=2, _harvest=2, _replan=1)
+        assert grown == dict(prefill_rows=2, _advance_loop=2, harvest=2, replan=1)
         engine.run([request(3, top_k.replace(top_k=3)), request(4, GREEDY)])
         engine.run([request(5, dl.SamplingParams(temperature=1.3)), request(9, GREEDY)])
         other = SlotEngine(tiny, 5, 40)

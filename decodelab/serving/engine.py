@@ -18,7 +18,7 @@ Conventions (every caller relies on them):
 - ``step(n)`` runs up to ``n`` rounds of ``decode.step`` (the loop body of ``generate``) over all
   slots in one compiled ``lax.while_loop`` (a ``loop.CompiledLoop``); it stops early once no slot
   is running. On paged memory it decodes only the occupied slots, taken out as a state of a
-  power-of-two number of rows that shares the page pool (``_advance_rows``), so a step's cost
+  power-of-two number of rows that shares the page pool (``advance_rows``), so a step's cost
   follows the requests running, not ``num_slots``. Rows that have finished, and free slots, are carried without advancing, so
   ``step(n)`` gives the same tokens as ``n`` calls of ``step(1)``.
 - The step contains the processors the engine serves and no other (``sampling.Plan``): the
@@ -77,193 +77,9 @@ from decodelab.serving import paged, slot_prefill
 from decodelab.request import (FINISH_REASONS, LENGTH, RUNNING, bucket_length, check_eos,
                                check_seed, decode_buffers)
 from decodelab.sampling import SamplingParams
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class Request:
-    """One serving request: what ``generate`` would get for a single prompt, with an id and an
-    arrival time (``request.BatchRequest`` is a validated batch call)."""
-
-    id: int | str
-    prompt: tuple[int, ...]  # token ids
-    max_new_tokens: int  # the output budget
-    params: SamplingParams = dataclasses.field(default_factory=SamplingParams.greedy)
-    seed: int = 0
-    stop_sequences: tuple[tuple[int, ...], ...] = ()
-    arrival: float = 0.0  # seconds after the start of its trace
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.id, (int, str)) or isinstance(self.id, bool):
-            raise ValueError(f"id must be an int or a str, got {self.id!r}")
-        prompt = tuple(self.prompt) if isinstance(self.prompt, (Sequence, np.ndarray)) else None
-        if not prompt or isinstance(self.prompt, (str, bytes)) or not all(
-                is_int(t) for t in prompt):
-            raise ValueError(f"prompt must be a non-empty list of int token ids, got "
-                             f"{self.prompt!r}")
-        object.__setattr__(self, "prompt", tuple(int(t) for t in prompt))
-        check_size("max_new_tokens", self.max_new_tokens, 1)
-        if not isinstance(self.params, SamplingParams):
-            raise ValueError(f"params must be a SamplingParams, got {self.params!r}")
-        check_seed("seed", self.seed)
-        if isinstance(self.stop_sequences, (str, bytes)) or not isinstance(
-                self.stop_sequences, Sequence):
-            raise ValueError(f"stop_sequences must be a list of token-id lists, got "
-                             f"{self.stop_sequences!r}")
-        stops = []
-        for s in self.stop_sequences:
-            if isinstance(s, (str, bytes)) or not isinstance(s, Sequence) or not s or not all(
-                    is_int(t) for t in s):
-                raise ValueError(f"stop_sequences must hold non-empty lists of int token ids, "
-                                 f"got {s!r}")
-            stops.append(tuple(int(t) for t in s))
-        object.__setattr__(self, "stop_sequences", tuple(stops))
-        if isinstance(self.arrival, bool) or not isinstance(self.arrival, (int, float)) or not (
-                np.isfinite(self.arrival) and self.arrival >= 0):
-            raise ValueError(f"arrival must be a finite number of seconds >= 0, got "
-                             f"{self.arrival!r}")
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class Completion:
-    """A retired request's output (the fields of one row of ``GenerateOutput``)."""
-
-    request_id: int | str
-    slot: int
-    tokens: list[int]  # the output only
-    logprobs: np.ndarray  # [n] float32, each token's log-prob under its sampling distribution
-    finish_reason: str  # "eos" | "stop" | "length" | "error"
-
-
-@dataclasses.dataclass(frozen=True)
-class StepResult:
-    """What one ``step`` call did."""
-
-    generated: dict[int | str, int]  # output tokens so far, per request still running or finished
-    tokens: dict[int | str, list[int]]  # the output tokens this call produced, per request
-    finished: list[Completion]  # retired by this call, their slots already free
-    rounds: int  # decode rounds run (<= n; fewer once no slot was running)
-    # Requests this call took out of their slots for lack of pages (paged memory), in admission
-    # order: insert each again (before newer requests) to resume it.
-    preempted: list[Request] = dataclasses.field(default_factory=list)
-
-
-def _empty_state(config, num_slots: int, max_len: int, max_stops: int, stop_width: int,
-                 eos_mask: np.ndarray, plan: sampling.Plan, kv_cache: str | None = None,
-                 pages: tuple[int, int] | None = None) -> DecodeState:
-    B, S, V = num_slots, max_len, config.vocab_size
-    # A free slot's parameters: any the plan serves (a free slot never advances).
-    free = SamplingParams.greedy() if plan.greedy else SamplingParams()
-    state = DecodeState(
-        step=jnp.zeros((), jnp.int32),
-        tokens=jnp.zeros((B, S), jnp.int32),
-        prompt_lengths=jnp.zeros((B,), jnp.int32),
-        lengths=jnp.zeros((B,), jnp.int32),
-        finish=jnp.full((B,), LENGTH, jnp.int32),  # not running: a free slot never advances
-        cache=(kvquant.init_cache(config, B, S, kv_cache) if pages is None else
-               paged.PagedKVCache.init(config, B, pages[0], pages[1], S // pages[1])),
-        logits=jnp.zeros((B, V), jnp.float32),
-        keys=sampling.seed_keys(np.zeros((B,), np.uint32)),
-        params=free.per_row(B, V).with_plan(plan),
-        eos_mask=jnp.asarray(eos_mask),
-        stop_ids=jnp.full((B, max_stops, stop_width), -1, jnp.int32),
-        budgets=jnp.zeros((B,), jnp.int32),
-        logprobs=jnp.full((B, S), jnp.nan, jnp.float32),
-        top_logprobs=jnp.zeros((B, S, 0), jnp.float32),
-        top_ids=jnp.zeros((B, S, 0), jnp.int32),
-        entropy=jnp.zeros((B, 0), jnp.float32),
-    )
-    return state.replace(**decode.carried_counts(state.history, plan, V))
-
-
-@functools.partial(jax.jit, static_argnames=("plan",), donate_argnames=("state",))
-def _replan(state: DecodeState, *, plan: sampling.Plan) -> DecodeState:
-    """The same rows under ``plan`` (which covers the state's plan), with the counts its
-    penalties read taken from the rows' tokens."""
-    vocab_size = state.logits.shape[-1]
-    return state.replace(params=state.params.with_plan(plan),
-                         **decode.carried_counts(state.history, plan, vocab_size))
-
-
-@functools.partial(jax.jit, static_argnames=("n",))
-def _harvest(state: DecodeState, starts: jax.Array, rounds: jax.Array, *, n: int) -> jax.Array:
-    """What an engine call hands to the host, packed into one ``[B, 3 + 2n]`` int32 array (one
-    transfer): per slot its finish code, its length, the rounds run, then the ``n`` tokens from
-    position ``starts[b]`` and their log-probabilities (float32 bits)."""
-    S = state.tokens.shape[1]
-    N = state.max_new_tokens
-    B = starts.shape[0]
-    window = starts[:, None] + jnp.arange(n, dtype=jnp.int32)[None, :]  # [B, n]
-    tokens = jnp.take_along_axis(state.tokens, jnp.clip(window, 0, S - 1), axis=1)
-    out = jnp.clip(window - state.prompt_lengths[:, None], 0, N - 1)
-    logprobs = jax.lax.bitcast_convert_type(jnp.take_along_axis(state.logprobs, out, axis=1),
-                                            jnp.int32)
-    head = jnp.stack([state.finish, state.lengths, jnp.broadcast_to(rounds, (B,))], axis=1)
-    return jnp.concatenate([head.astype(jnp.int32), tokens, logprobs], axis=1)
-
-
-def _advance_body(operands, carry: tuple[jax.Array, DecodeState], *, graphdef
-                  ) -> tuple[jax.Array, DecodeState]:
-    weights, _ = operands
-    i, state = carry
-    return i + 1, decode.step(nnx.merge(graphdef, weights), state)
-
-
-def _advance_running(operands, carry: tuple[jax.Array, DecodeState]) -> jax.Array:
-    _, rounds = operands
-    i, state = carry
-    return (i < rounds) & jnp.any(~state.done)
-
-
-# Up to `rounds` decode rounds over every slot, stopping once none runs; the carry counts them.
-_ADVANCE = CompiledLoop("_advance", _advance_body, _advance_running, static_argnames=("graphdef",))
-
-
-@functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("state",))
-def _advance_rows(weights, state: DecodeState, rows: jax.Array, rounds: jax.Array, *,
-                  graphdef) -> tuple[jax.Array, DecodeState]:
-    """``_ADVANCE`` over the slots ``rows`` only (``[R]``, distinct), on paged memory: their
-    per-row fields and block-table rows are taken out as an ``R``-row state sharing the page
-    pool, decoded up to ``rounds`` rounds, and put back. A decode step then costs what ``R``
-    rows cost, not ``num_slots``; the pool is never copied (a padded cache would be)."""
-
-    def take(x):
-        return x[rows]
-
-    def put(big, small):
-        return big.at[rows].set(small)
-
-    fields = {name: getattr(state, name) for name in slot_prefill.ROW_FIELDS
-              if getattr(state, name) is not None}
-    cache = state.cache
-    sub = state.replace(**jax.tree.map(take, fields),
-                        cache=cache.replace(table=cache.table[rows], lengths=cache.lengths[rows]))
-    operands = (weights, rounds)
-    count, sub = jax.lax.while_loop(
-        lambda carry: _advance_running(operands, carry),
-        lambda carry: _advance_body(operands, carry, graphdef=graphdef),
-        (jnp.zeros((), jnp.int32), sub))
-    merged = {name: jax.tree.map(put, fields[name], getattr(sub, name)) for name in fields}
-    cache = cache.replace(k=sub.cache.k, v=sub.cache.v,
-                          lengths=cache.lengths.at[rows].set(sub.cache.lengths))
-    return count, state.replace(step=sub.step, cache=cache, **merged)
-
-
-def _plans_of(name: str, serves: Sequence[SamplingParams] | None,
-              vocab_size: int) -> list[sampling.Plan]:
-    """The plans of the parameters an engine serves (``SlotEngine``'s ``serves``)."""
-    if serves is None:  # grown from greedy by the requests admitted
-        return [SamplingParams.greedy().per_row(1, vocab_size).plan]
-    if isinstance(serves, SamplingParams) or not isinstance(serves, Sequence) or not serves:
-        raise ValueError(f"{name} must be a non-empty list of SamplingParams (one per kind of "
-                         f"request), got {serves!r}")
-    plans = []
-    for i, params in enumerate(serves):
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"{name}[{i}] must be a SamplingParams, got {params!r}")
-        try:
-            plans.append(params.per_row(1, vocab_size).plan)
-        except ValueError as error:
-            raise ValueError(f"{name}[{i}] must be one request's parameters: {error}") from None
-    return plans
+from decodelab.serving.engine_programs import (ADVANCE, advance_rows, empty_state, harvest,
+                                              plans_of, replan)
+from decodelab.serving.requests import Completion, Request, StepResult
 
 
 class SlotEngine:
@@ -344,7 +160,7 @@ class SlotEngine:
         self.vocab_size = model.config.vocab_size
         self._eos_mask = check_eos(eos_ids, self.vocab_size)
         self._fixed_plan = serves is not None
-        self._plan = sampling.union(_plans_of("serves", serves, self.vocab_size))
+        self._plan = sampling.union(plans_of("serves", serves, self.vocab_size))
         # The shared state holds max_len output columns per slot; a prefill is up to every slot.
         buffers = decode_buffers(model.config, self.num_slots, self.max_len, self.max_len, 0)
         if self._pool is not None:  # the pool instead of num_slots x max_len slots
@@ -355,7 +171,7 @@ class SlotEngine:
         check_memory("SlotEngine", buffers, {"num_slots": self.num_slots,
                                              "max_len": self.max_len})
         self._graphdef, self._weights = nnx.split(model)
-        self._state = _empty_state(model.config, self.num_slots, self.max_len,
+        self._state = empty_state(model.config, self.num_slots, self.max_len,
                                    self.max_stop_sequences, self.max_stop_width, self._eos_mask,
                                    self._plan, kv_cache, None if self._pool is None else
                                    (self._pool.num_pages, self._pool.page_size))
@@ -538,7 +354,7 @@ class SlotEngine:
         params = request.params.per_row(1, self.vocab_size)
         if not self._plan.covers(params.plan):  # a new set of processors: compiles once more
             self._plan = sampling.union([self._plan, params.plan])
-            self._state = _replan(self._state, plan=self._plan)
+            self._state = replan(self._state, plan=self._plan)
         slot = int(slot)
         self._slots[slot], self._row_params[slot] = request, params
         tokens, logprobs = [], []
@@ -604,17 +420,17 @@ class SlotEngine:
         self.prefill()
         rows = self._decode_rows()
         if rows is None:
-            rounds, self._state = _ADVANCE.run((self._weights, jnp.asarray(n, jnp.int32)),
+            rounds, self._state = ADVANCE.run((self._weights, jnp.asarray(n, jnp.int32)),
                                                (jnp.zeros((), jnp.int32), self._state),
                                                graphdef=self._graphdef)
         else:
-            rounds, self._state = _advance_rows(self._weights, self._state, rows,
+            rounds, self._state = advance_rows(self._weights, self._state, rows,
                                                 jnp.asarray(n, jnp.int32),
                                                 graphdef=self._graphdef)
         starts = np.asarray([len(r.prompt) + len(self._tokens[i]) if r is not None else 0
                              for i, r in enumerate(self._slots)], np.int32)
         width = bucket_length(n, minimum=8)  # a few window widths: n itself is traced
-        packed = jax.device_get(_harvest(self._state, starts, rounds, n=width))  # one transfer
+        packed = jax.device_get(harvest(self._state, starts, rounds, n=width))  # one transfer
         finish, lengths, rounds = packed[:, 0], packed[:, 1], int(packed[0, 2])
         new_tokens, generated, completions = {}, {}, []
         prefilling = set(self.prefilling)

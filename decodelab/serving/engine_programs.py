@@ -1,0 +1,144 @@
+"""The serving engine's compiled programs and state helpers (``engine`` module docstring)."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import itertools
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from decodelab import decode, kvquant, sampling
+from decodelab.checks import (check_memory, check_model, check_size, is_int, kv_cache_bytes,
+                               nbytes, position_limit)
+from decodelab.decode import DecodeState
+from decodelab.loop import CompiledLoop
+from decodelab.model.attention import BLOCK_SLOTS
+from decodelab.serving import paged, slot_prefill
+from decodelab.request import (FINISH_REASONS, LENGTH, RUNNING, bucket_length, check_eos,
+                               check_seed, decode_buffers)
+from decodelab.sampling import SamplingParams
+
+def empty_state(config, num_slots: int, max_len: int, max_stops: int, stop_width: int,
+                 eos_mask: np.ndarray, plan: sampling.Plan, kv_cache: str | None = None,
+                 pages: tuple[int, int] | None = None) -> DecodeState:
+    B, S, V = num_slots, max_len, config.vocab_size
+    # A free slot's parameters: any the plan serves (a free slot never advances).
+    free = SamplingParams.greedy() if plan.greedy else SamplingParams()
+    state = DecodeState(
+        step=jnp.zeros((), jnp.int32),
+        tokens=jnp.zeros((B, S), jnp.int32),
+        prompt_lengths=jnp.zeros((B,), jnp.int32),
+        lengths=jnp.zeros((B,), jnp.int32),
+        finish=jnp.full((B,), LENGTH, jnp.int32),  # not running: a free slot never advances
+        cache=(kvquant.init_cache(config, B, S, kv_cache) if pages is None else
+               paged.PagedKVCache.init(config, B, pages[0], pages[1], S // pages[1])),
+        logits=jnp.zeros((B, V), jnp.float32),
+        keys=sampling.seed_keys(np.zeros((B,), np.uint32)),
+        params=free.per_row(B, V).with_plan(plan),
+        eos_mask=jnp.asarray(eos_mask),
+        stop_ids=jnp.full((B, max_stops, stop_width), -1, jnp.int32),
+        budgets=jnp.zeros((B,), jnp.int32),
+        logprobs=jnp.full((B, S), jnp.nan, jnp.float32),
+        top_logprobs=jnp.zeros((B, S, 0), jnp.float32),
+        top_ids=jnp.zeros((B, S, 0), jnp.int32),
+        entropy=jnp.zeros((B, 0), jnp.float32),
+    )
+    return state.replace(**decode.carried_counts(state.history, plan, V))
+
+
+@functools.partial(jax.jit, static_argnames=("plan",), donate_argnames=("state",))
+def replan(state: DecodeState, *, plan: sampling.Plan) -> DecodeState:
+    """The same rows under ``plan`` (which covers the state's plan), with the counts its
+    penalties read taken from the rows' tokens."""
+    vocab_size = state.logits.shape[-1]
+    return state.replace(params=state.params.with_plan(plan),
+                         **decode.carried_counts(state.history, plan, vocab_size))
+
+
+@functools.partial(jax.jit, static_argnames=("n",))
+def harvest(state: DecodeState, starts: jax.Array, rounds: jax.Array, *, n: int) -> jax.Array:
+    """What an engine call hands to the host, packed into one ``[B, 3 + 2n]`` int32 array (one
+    transfer): per slot its finish code, its length, the rounds run, then the ``n`` tokens from
+    position ``starts[b]`` and their log-probabilities (float32 bits)."""
+    S = state.tokens.shape[1]
+    N = state.max_new_tokens
+    B = starts.shape[0]
+    window = starts[:, None] + jnp.arange(n, dtype=jnp.int32)[None, :]  # [B, n]
+    tokens = jnp.take_along_axis(state.tokens, jnp.clip(window, 0, S - 1), axis=1)
+    out = jnp.clip(window - state.prompt_lengths[:, None], 0, N - 1)
+    logprobs = jax.lax.bitcast_convert_type(jnp.take_along_axis(state.logprobs, out, axis=1),
+                                            jnp.int32)
+    head = jnp.stack([state.finish, state.lengths, jnp.broadcast_to(rounds, (B,))], axis=1)
+    return jnp.concatenate([head.astype(jnp.int32), tokens, logprobs], axis=1)
+
+
+def _advance_body(operands, carry: tuple[jax.Array, DecodeState], *, graphdef
+                  ) -> tuple[jax.Array, DecodeState]:
+    weights, _ = operands
+    i, state = carry
+    return i + 1, decode.step(nnx.merge(graphdef, weights), state)
+
+
+def _advance_running(operands, carry: tuple[jax.Array, DecodeState]) -> jax.Array:
+    _, rounds = operands
+    i, state = carry
+    return (i < rounds) & jnp.any(~state.done)
+
+
+# Up to `rounds` decode rounds over every slot, stopping once none runs; the carry counts them.
+ADVANCE = CompiledLoop("_advance", _advance_body, _advance_running, static_argnames=("graphdef",))
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("state",))
+def advance_rows(weights, state: DecodeState, rows: jax.Array, rounds: jax.Array, *,
+                  graphdef) -> tuple[jax.Array, DecodeState]:
+    """``ADVANCE`` over the slots ``rows`` only (``[R]``, distinct), on paged memory: their
+    per-row fields and block-table rows are taken out as an ``R``-row state sharing the page
+    pool, decoded up to ``rounds`` rounds, and put back. A decode step then costs what ``R``
+    rows cost, not ``num_slots``; the pool is never copied (a padded cache would be)."""
+
+    def take(x):
+        return x[rows]
+
+    def put(big, small):
+        return big.at[rows].set(small)
+
+    fields = {name: getattr(state, name) for name in slot_prefill.ROW_FIELDS
+              if getattr(state, name) is not None}
+    cache = state.cache
+    sub = state.replace(**jax.tree.map(take, fields),
+                        cache=cache.replace(table=cache.table[rows], lengths=cache.lengths[rows]))
+    operands = (weights, rounds)
+    count, sub = jax.lax.while_loop(
+        lambda carry: _advance_running(operands, carry),
+        lambda carry: _advance_body(operands, carry, graphdef=graphdef),
+        (jnp.zeros((), jnp.int32), sub))
+    merged = {name: jax.tree.map(put, fields[name], getattr(sub, name)) for name in fields}
+    cache = cache.replace(k=sub.cache.k, v=sub.cache.v,
+                          lengths=cache.lengths.at[rows].set(sub.cache.lengths))
+    return count, state.replace(step=sub.step, cache=cache, **merged)
+
+
+def plans_of(name: str, serves: Sequence[SamplingParams] | None,
+              vocab_size: int) -> list[sampling.Plan]:
+    """The plans of the parameters an engine serves (``SlotEngine``'s ``serves``)."""
+    if serves is None:  # grown from greedy by the requests admitted
+        return [SamplingParams.greedy().per_row(1, vocab_size).plan]
+    if isinstance(serves, SamplingParams) or not isinstance(serves, Sequence) or not serves:
+        raise ValueError(f"{name} must be a non-empty list of SamplingParams (one per kind of "
+                         f"request), got {serves!r}")
+    plans = []
+    for i, params in enumerate(serves):
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"{name}[{i}] must be a SamplingParams, got {params!r}")
+        try:
+            plans.append(params.per_row(1, vocab_size).plan)
+        except ValueError as error:
+            raise ValueError(f"{name}[{i}] must be one request's parameters: {error}") from None
+    return plans

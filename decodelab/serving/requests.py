@@ -1,0 +1,92 @@
+"""The serving engine's request, completion and step-result types (``engine`` module docstring)."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import itertools
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from decodelab import decode, kvquant, sampling
+from decodelab.checks import (check_memory, check_model, check_size, is_int, kv_cache_bytes,
+                               nbytes, position_limit)
+from decodelab.decode import DecodeState
+from decodelab.loop import CompiledLoop
+from decodelab.model.attention import BLOCK_SLOTS
+from decodelab.serving import paged, slot_prefill
+from decodelab.request import (FINISH_REASONS, LENGTH, RUNNING, bucket_length, check_eos,
+                               check_seed, decode_buffers)
+from decodelab.sampling import SamplingParams
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Request:
+    """One serving request: what ``generate`` would get for a single prompt, with an id and an
+    arrival time (``request.BatchRequest`` is a validated batch call)."""
+
+    id: int | str
+    prompt: tuple[int, ...]  # token ids
+    max_new_tokens: int  # the output budget
+    params: SamplingParams = dataclasses.field(default_factory=SamplingParams.greedy)
+    seed: int = 0
+    stop_sequences: tuple[tuple[int, ...], ...] = ()
+    arrival: float = 0.0  # seconds after the start of its trace
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.id, (int, str)) or isinstance(self.id, bool):
+            raise ValueError(f"id must be an int or a str, got {self.id!r}")
+        prompt = tuple(self.prompt) if isinstance(self.prompt, (Sequence, np.ndarray)) else None
+        if not prompt or isinstance(self.prompt, (str, bytes)) or not all(
+                is_int(t) for t in prompt):
+            raise ValueError(f"prompt must be a non-empty list of int token ids, got "
+                             f"{self.prompt!r}")
+        object.__setattr__(self, "prompt", tuple(int(t) for t in prompt))
+        check_size("max_new_tokens", self.max_new_tokens, 1)
+        if not isinstance(self.params, SamplingParams):
+            raise ValueError(f"params must be a SamplingParams, got {self.params!r}")
+        check_seed("seed", self.seed)
+        if isinstance(self.stop_sequences, (str, bytes)) or not isinstance(
+                self.stop_sequences, Sequence):
+            raise ValueError(f"stop_sequences must be a list of token-id lists, got "
+                             f"{self.stop_sequences!r}")
+        stops = []
+        for s in self.stop_sequences:
+            if isinstance(s, (str, bytes)) or not isinstance(s, Sequence) or not s or not all(
+                    is_int(t) for t in s):
+                raise ValueError(f"stop_sequences must hold non-empty lists of int token ids, "
+                                 f"got {s!r}")
+            stops.append(tuple(int(t) for t in s))
+        object.__setattr__(self, "stop_sequences", tuple(stops))
+        if isinstance(self.arrival, bool) or not isinstance(self.arrival, (int, float)) or not (
+                np.isfinite(self.arrival) and self.arrival >= 0):
+            raise ValueError(f"arrival must be a finite number of seconds >= 0, got "
+                             f"{self.arrival!r}")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Completion:
+    """A retired request's output (the fields of one row of ``GenerateOutput``)."""
+
+    request_id: int | str
+    slot: int
+    tokens: list[int]  # the output only
+    logprobs: np.ndarray  # [n] float32, each token's log-prob under its sampling distribution
+    finish_reason: str  # "eos" | "stop" | "length" | "error"
+
+
+@dataclasses.dataclass(frozen=True)
+class StepResult:
+    """What one ``step`` call did."""
+
+    generated: dict[int | str, int]  # output tokens so far, per request still running or finished
+    tokens: dict[int | str, list[int]]  # the output tokens this call produced, per request
+    finished: list[Completion]  # retired by this call, their slots already free
+    rounds: int  # decode rounds run (<= n; fewer once no slot was running)
+    # Requests this call took out of their slots for lack of pages (paged memory), in admission
+    # order: insert each again (before newer requests) to resume it.
+    preempted: list[Request] = dataclasses.field(default_factory=list)
