@@ -257,15 +257,19 @@ def _kl_difference(a, b) -> str:
     return f"{difference:+.3g} ({verdict})"
 
 
+def _method_pair(rows, kind: str, sparsity: float):
+    """The Wanda and the magnitude row of one pattern (no recovery, float weights), or Nones."""
+    where = dict(kind=kind, recovery_steps=0, weights="")
+    if kind == "unstructured":
+        where["sparsity"] = sparsity
+    return _find(rows, method="wanda", **where), _find(rows, method="magnitude", **where)
+
+
 def _wanda_vs_magnitude(rows) -> list[str]:
     lines = []
     for kind, sparsity in [("unstructured", s) for s in (0.1, 0.3, 0.5, 0.7)] + [
             ("2:4", 0.5), ("4:8", 0.5)]:
-        where = dict(kind=kind, recovery_steps=0, weights="")
-        if kind == "unstructured":
-            where["sparsity"] = sparsity
-        wanda, magnitude = _find(rows, method="wanda", **where), _find(rows, method="magnitude",
-                                                                       **where)
+        wanda, magnitude = _method_pair(rows, kind, sparsity)
         if wanda is None or magnitude is None:
             continue
         name = f"{round(100 * sparsity)}%" if kind == "unstructured" else kind
@@ -287,11 +291,7 @@ def _against_anchors(rows) -> str | None:
     parts = []
     for name, kind, sparsity in (("50%", "unstructured", 0.5), ("2:4", "2:4", 0.5),
                                  ("4:8", "4:8", 0.5)):
-        where = dict(kind=kind, recovery_steps=0, weights="")
-        if kind == "unstructured":
-            where["sparsity"] = sparsity
-        wanda, magnitude = _find(rows, method="wanda", **where), _find(rows, method="magnitude",
-                                                                       **where)
+        wanda, magnitude = _method_pair(rows, kind, sparsity)
         if wanda is None or magnitude is None:
             continue
         dense = _m(wanda, "perplexity_reference")
