@@ -20,7 +20,7 @@ from flax import nnx
 import decodelab as dl
 from decodelab import decode, sampling
 from decodelab.serving import Request, SlotEngine
-from decodelab.serving import engine as engine_module
+from decodelab.serving import engine_programs
 
 B = 3
 MAX_LEN = 32
@@ -202,7 +202,7 @@ def engine_step_hlo(model, engine) -> Hlo:
     graphdef, weights = nnx.split(model)
     operands = (weights, jnp.asarray(1, jnp.int32))
     carry = (jnp.zeros((), jnp.int32), engine.state)
-    return Hlo(engine_module._ADVANCE.step.lower(operands, carry, graphdef=graphdef).compile()
+    return Hlo(engine_programs.ADVANCE.step.lower(operands, carry, graphdef=graphdef).compile()
                .as_text())
 
 
