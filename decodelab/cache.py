@@ -98,6 +98,19 @@ def _check_int_array(name: str, value, shape: tuple[int, ...]) -> jax.Array:
     return jnp.broadcast_to(jnp.asarray(array, jnp.int32), shape)
 
 
+def cache_dtype(cfg: ModelConfig, dtype=None) -> jnp.dtype:
+    """The dtype a cache of ``cfg`` stores keys and values in: ``dtype``, or the config's when it
+    is None; a ValueError unless it is a float dtype."""
+    allowed = "a float dtype such as float32, bfloat16 or float16"
+    try:
+        resolved = jnp.dtype(cfg.dtype if dtype is None else dtype)
+    except TypeError:
+        raise ValueError(f"dtype must be {allowed}, got {dtype!r}") from None
+    if not jnp.issubdtype(resolved, jnp.floating):
+        raise ValueError(f"dtype must be {allowed}, got {dtype!r}")
+    return resolved
+
+
 @struct.dataclass(kw_only=True)
 class KVCache:
     """Per-layer keys and values for a batch of rows, plus each row's length."""
@@ -115,13 +128,7 @@ class KVCache:
         for name, value in (("batch_size", batch_size), ("max_len", max_len)):
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        allowed = "a float dtype such as float32, bfloat16 or float16"
-        try:
-            resolved = jnp.dtype(cfg.dtype if dtype is None else dtype)
-        except TypeError:
-            raise ValueError(f"dtype must be {allowed}, got {dtype!r}") from None
-        if not jnp.issubdtype(resolved, jnp.floating):
-            raise ValueError(f"dtype must be {allowed}, got {dtype!r}")
+        resolved = cache_dtype(cfg, dtype)
         shape = (cfg.n_layers, batch_size, cfg.n_kv_heads, max_len, cfg.head_dim)
         return cls(
             k=jnp.zeros(shape, resolved),

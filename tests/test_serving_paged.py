@@ -214,3 +214,7 @@ def test_bad_paged_arguments(tiny):
     with pytest.raises(ValueError, match="cannot be served.*whole pool"):
         engine.run([too_long])
     assert pages_for(17, 8) == 3 and pages_for(16, 8) == 2
+    for dtype in ("int8", jnp.int32, "not-a-dtype"):
+        with pytest.raises(ValueError, match="dtype must be a float dtype"):
+            PagedKVCache.init(tiny.config, 2, 4, 8, 2, dtype=dtype)
+    assert PagedKVCache.init(tiny.config, 2, 4, 8, 2, dtype="bfloat16").k.dtype == jnp.bfloat16

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from decodelab.cache import KVCache
+from decodelab.cache import KVCache, cache_dtype
 from decodelab.checks import is_int
 from decodelab.config import ModelConfig
 
@@ -67,14 +67,15 @@ class PagedKVCache:
     def init(cls, cfg: ModelConfig, batch_size: int, num_pages: int, page_size: int,
              max_pages: int, dtype=None) -> PagedKVCache:
         """An empty pool of ``num_pages`` pages and ``batch_size`` rows of ``max_pages`` table
-        entries, none of them holding a page yet."""
+        entries, none of them holding a page yet, in ``dtype`` (a float dtype; default the
+        config's)."""
         if not isinstance(cfg, ModelConfig):
             raise ValueError(f"cfg must be a ModelConfig, got {cfg!r}")
         for name, value in (("batch_size", batch_size), ("num_pages", num_pages),
                             ("page_size", page_size), ("max_pages", max_pages)):
             if not is_int(value) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        resolved = jnp.dtype(cfg.dtype if dtype is None else dtype)
+        resolved = cache_dtype(cfg, dtype)
         shape = (cfg.n_layers, num_pages, cfg.n_kv_heads, page_size, cfg.head_dim)
         return cls(k=jnp.zeros(shape, resolved), v=jnp.zeros(shape, resolved),
                    table=jnp.full((batch_size, max_pages), num_pages, jnp.int32),
