@@ -64,7 +64,9 @@ _FLAGS = experiment.define_flags("configs/batching.py")
 
 
 @functools.lru_cache(maxsize=2)
-def _model(model_json: str, vocab_size: int, seed: int) -> dl.Transformer:
+def random_model(model_json: str, vocab_size: int, seed: int) -> dl.Transformer:
+    """The model of section ``model_json`` (JSON, sorted keys: hashable for the cache) with random
+    weights drawn from ``seed``; kept across the points of one process."""
     cfg = presets.build_model_config(json.loads(model_json), vocab_size)
     return dl.Transformer(cfg, rngs=nnx.Rngs(seed))
 
@@ -120,7 +122,7 @@ def evaluate(config, ctx) -> dict:
     if (not isinstance(config.replays, int) or isinstance(config.replays, bool)
             or config.replays < 1):
         raise ValueError(f"replays must be an int >= 1, got {config.replays!r}")
-    model = _model(json.dumps(config.model.to_dict(), sort_keys=True), config.vocab_size,
+    model = random_model(json.dumps(config.model.to_dict(), sort_keys=True), config.vocab_size,
                    config.seed)
     e = config.engine
     chunked = f", prefill chunk {e.prefill_chunk}" if e.prefill_chunk else ""

@@ -180,8 +180,8 @@ def evaluate(config, ctx) -> dict:
     _check(config)
     from experiments import batching  # its flags go to a private FlagValues: ours are defined
 
-    model = batching._model(json.dumps(config.model.to_dict(), sort_keys=True),
-                            config.vocab_size, config.seed)
+    model = batching.random_model(json.dumps(config.model.to_dict(), sort_keys=True),
+                                  config.vocab_size, config.seed)
     return _step_cost(config, model, ctx) if config.arm == "step" else _arm(config, model, ctx)
 
 
