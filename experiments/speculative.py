@@ -607,48 +607,91 @@ def _mean_alpha(*columns: np.ndarray) -> np.ndarray:
     return np.mean([ratio_of_sums(a, t) for a, t in zip(columns[::2], columns[1::2])], axis=0)
 
 
-def _distillation(rows, temperature: float) -> str | None:
-    """The distillation claim at ``temperature`` (batch 1): alpha with the distilled draft minus
-    alpha with the trained one, each the mean over the gammas both ran of that gamma's alpha (as
-    the page said before intervals, every gamma weighted equally), with a paired bootstrap over the
-    prompts. Pooled over gammas rather than one claim per gamma: the same prompts (and seeds) run
-    at every gamma, so a prompt's counts at all gammas are resampled together as one unit, and one
-    claim per temperature rests on all the proposals. Judged by ``results.verdict``."""
-    by_gamma = {d: {r["config"]["gamma"]: r for r in _where(
-        rows, drafter=d, temperature=temperature, batch_size=1) if _m(r, "alpha") is not None}
-                for d in ("draft", "distilled")}
-    gammas = sorted(set(by_gamma["draft"]) & set(by_gamma["distilled"]))
+def _mean_alphas(groups: dict) -> tuple[list, dict, object] | None:
+    """Over the gammas both groups ran (``groups``: two names -> {gamma: row}): the gammas, each
+    group's mean over them of each gamma's alpha, and the second's minus the first's; intervals
+    from a paired bootstrap over the prompts when the rows keep per-prompt counts. Pooled over
+    gammas rather than one value per gamma: the same prompts (and seeds) run at every gamma, so a
+    prompt's counts at all gammas are resampled together as one unit (every gamma weighted
+    equally, as the page said before intervals)."""
+    gammas = sorted(set.intersection(*(set(group) for group in groups.values())))
     if not gammas:
         return None
     means, columns = {}, {}
-    for drafter, group in by_gamma.items():
-        means[drafter] = statistics.mean(_m(group[g], "alpha") for g in gammas)
+    for name, group in groups.items():
+        means[name] = statistics.mean(_m(group[g], "alpha") for g in gammas)
         found = [_columns(group[g], "alpha") for g in gammas]
-        columns[drafter] = (None if None in found or len({len(c[0]) for c in found}) > 1 else
-                            tuple(c for pair in found for c in pair))
-    difference = means["distilled"] - means["draft"]
-    if columns["draft"] and columns["distilled"] and len(columns["draft"][0]) == len(
-            columns["distilled"][0]):
-        means = {d: bootstrap(_mean_alpha, columns[d]) for d in means}
-        difference = bootstrap_difference(_mean_alpha, columns["distilled"], columns["draft"])
+        columns[name] = (None if None in found or len({len(c[0]) for c in found}) > 1 else
+                         tuple(c for pair in found for c in pair))
+    first, second = groups
+    difference = means[second] - means[first]
+    if columns[first] and columns[second] and len(columns[first][0]) == len(columns[second][0]):
+        means = {name: bootstrap(_mean_alpha, columns[name]) for name in means}
+        difference = bootstrap_difference(_mean_alpha, columns[second], columns[first])
+    return gammas, means, difference
+
+
+def _alphas_by_gamma(rows, drafter: str, temperature: float) -> dict:
+    return {r["config"]["gamma"]: r for r in _where(rows, drafter=drafter,
+                                                    temperature=temperature, batch_size=1)
+            if _m(r, "alpha") is not None}
+
+
+def _paired(difference) -> str:
+    return (f" (paired over the {difference.units} prompts)"
+            if isinstance(difference, Interval) else "")
+
+
+def _distillation(rows, temperature: float, seed: int | None = None) -> str | None:
+    """The distillation claim at ``temperature`` (batch 1): alpha with the distilled draft minus
+    alpha with the trained one, each the mean over the gammas both ran (``_mean_alphas``), judged
+    by ``results.verdict``. ``seed``: the drafters' training seed, named in the line (None: one
+    seed, not named)."""
+    found = _mean_alphas({d: _alphas_by_gamma(rows, d, temperature)
+                          for d in ("draft", "distilled")})
+    if found is None:
+        return None
+    gammas, means, difference = found
     judged = results.verdict(difference if isinstance(difference, Interval) else None,
                              above="distillation raises acceptance",
                              below="distillation lowers acceptance", units="prompts",
                              missing=NO_UNITS)
-    prompts = (f" (paired over the {difference.units} prompts)"
-               if isinstance(difference, Interval) else "")
-    return (f"- Temperature {temperature:g}, batch 1, mean over gamma "
+    return (f"- Temperature {temperature:g}, batch 1, "
+            f"{'' if seed is None else f'drafters trained from seed {seed}, '}mean over gamma "
             f"{', '.join(map(str, gammas))}: alpha "
             f"{results.format_value(means['draft'], '{:.3f}')} with the trained draft, "
             f"{results.format_value(means['distilled'], '{:.3f}')} with the distilled one; "
-            f"distilled minus trained {results.format_value(difference, '{:+.3f}')}{prompts}: "
-            f"{judged}.")
+            f"distilled minus trained {results.format_value(difference, '{:+.3f}')}"
+            f"{_paired(difference)}: {judged}.")
 
 
-def _summary(rows, targets: bool) -> str:
+def _seed_spread(rows, reseeded, temperature: float) -> str | None:
+    """How far a second training seed moves each model drafter's alpha at ``temperature`` (batch
+    1), over the gammas both seeds ran, on the same prompts."""
+    parts = []
+    for drafter in ("draft", "distilled"):
+        for seed in sorted({draft_seed(r) for r in reseeded if r["config"]["drafter"] == drafter}):
+            found = _mean_alphas({0: _alphas_by_gamma(rows, drafter, temperature),
+                                  seed: _alphas_by_gamma(
+                                      [r for r in reseeded if draft_seed(r) == seed], drafter,
+                                      temperature)})
+            if found is None:
+                continue
+            gammas, means, difference = found
+            parts.append(
+                f"{DRAFTER_LABELS[drafter]} at gamma {', '.join(map(str, gammas))}: alpha "
+                f"{results.format_value(means[0], '{:.3f}')} (seed 0), "
+                f"{results.format_value(means[seed], '{:.3f}')} (seed {seed}), seed {seed} minus "
+                f"seed 0 {results.format_value(difference, '{:+.3f}')}{_paired(difference)}")
+    if not parts:
+        return None
+    return f"- Seed spread, temperature {temperature:g}, batch 1: " + "; ".join(parts) + "."
+
+
+def _summary(rows, targets: bool, reseeded=()) -> str:
     """The reading of the rows, computed from them: the targets (on the default study's page),
     judged by their intervals, the best points, which prediction the measurements follow and the
-    distillation claim."""
+    distillation claim, at each drafter seed (``reseeded``: the rows of seeds other than 0)."""
     lines = []
     for label, drafter, batch, temperature, least in (SPEED_TARGETS if targets else ()):
         best = _best(rows, drafter, batch, temperature)
@@ -696,7 +739,13 @@ def _summary(rows, targets: bool) -> str:
         f" What the second prediction still misses is what an isolated round does not show: at "
         f"batch > 1 a batch runs as many rounds as its slowest row.")
     for temperature in sorted({r["config"]["temperature"] for r in rows}):
-        line = _distillation(rows, temperature)
+        for seed in sorted({0} | {draft_seed(r) for r in reseeded}):
+            line = _distillation(rows if seed == 0 else
+                                 [r for r in reseeded if draft_seed(r) == seed], temperature,
+                                 seed=seed if reseeded else None)
+            if line is not None:
+                lines.append(line)
+        line = _seed_spread(rows, reseeded, temperature) if reseeded else None
         if line is not None:
             lines.append(line)
     loads = [_m(r, "load_1min") for r in rows]
@@ -800,19 +849,34 @@ def report(rows, out_dir) -> list[pathlib.Path]:
     for row in rows:
         targets.setdefault(_target_name(row), []).append(row)
     return [path for name, group in targets.items()
-            for path in _page(group, pathlib.Path(out_dir),
-                              "speculative" + ("" if name == DEFAULT_TARGET else f"_{name}"))]
+            for path in _page([r for r in group if draft_seed(r) == 0], pathlib.Path(out_dir),
+                              "speculative" + ("" if name == DEFAULT_TARGET else f"_{name}"),
+                              reseeded=[r for r in group if draft_seed(r) != 0])]
 
 
-def _page(rows, out_dir: pathlib.Path, name: str) -> list[pathlib.Path]:
-    """The page of one target's rows, its files named ``<name>...``."""
+def draft_seed(row) -> int:
+    """The training seed of the row's model drafter (0 for prompt lookup): rows of another seed
+    than 0 are the distillation claim's second seed, kept out of the grids and best tables."""
+    config = row["config"]
+    field = {"draft": ("draft", "train"), "distilled": ("distill_train",)}.get(config["drafter"])
+    if field is None:
+        return 0
+    section = config
+    for key in field:
+        section = section[key]
+    return section["seed"]
+
+
+def _page(rows, out_dir: pathlib.Path, name: str, reseeded=()) -> list[pathlib.Path]:
+    """The page of one target's rows, its files named ``<name>...``; ``reseeded``: its rows with
+    drafters trained from another seed (the distillation claim's second seed, and a table)."""
     pretrained, target = _pretrained(rows[0]), _target_name(rows[0])
     page = results.Page(
         "Speculative decoding" if target == DEFAULT_TARGET else
         f"Speculative decoding of the pretrained `{pretrained}`" if pretrained else
         f"Speculative decoding of `{target}` (comparison rows)", rows)
     page.text(_intro(rows))
-    page.text(_summary(rows, targets=target == DEFAULT_TARGET))
+    page.text(_summary(rows, targets=target == DEFAULT_TARGET, reseeded=reseeded))
     page.table(_best_table(rows), out_dir / f"{name}_best.csv", number_format="{:.3g}",
                caption="**Best gamma per drafter, batch size and temperature** (by measured "
                        "speed-up).")
@@ -830,8 +894,15 @@ def _page(rows, out_dir: pathlib.Path, name: str) -> list[pathlib.Path]:
     page.table(_points_table(rows), out_dir / f"{name}.csv", number_format="{:.3g}",
                caption="**Every point.** `round cost`: measured time per round over the "
                        "theory's gamma * c + 1 target steps.")
-    return [page.write(out_dir / f"{name}.md"), out_dir / f"{name}.csv",
-            out_dir / f"{name}_best.csv", speedup, calls]
+    written = [out_dir / f"{name}.csv", out_dir / f"{name}_best.csv", speedup, calls]
+    if reseeded:
+        seeds = sorted({draft_seed(r) for r in reseeded})
+        page.table(_points_table(reseeded), out_dir / f"{name}_seeds.csv",
+                   number_format="{:.3g}",
+                   caption=f"**The model drafters trained from seed {', '.join(map(str, seeds))}"
+                           f"** (the points above: seed 0), for the distillation claim.")
+        written.append(out_dir / f"{name}_seeds.csv")
+    return [page.write(out_dir / f"{name}.md"), *written]
 
 
 def main(argv) -> None:

@@ -28,10 +28,18 @@ def test_the_default_sweep_is_medium_with_a_small_row_set():
     points = experiment.expand(spec_config.get_config(), spec_config.get_sweep())
     medium = [p.config for p in points if p.config.target.model.d_model == 512]
     small = [p.config for p in points if p.config.target.model.d_model == 128]
-    assert (len(points), len(medium), len(small)) == (108, 72, 36)
+    reseeded = [c for c in medium if c.draft.train.seed or c.distill_train.seed]
+    medium = [c for c in medium if c not in reseeded]
+    assert (len(points), len(medium), len(reseeded), len(small)) == (116, 72, 8, 36)
     assert {(c.drafter, c.batch_size, c.temperature, c.gamma) for c in medium} == {
         (d, b, t, g) for d in ("draft", "distilled", "ngram") for b in (1, 8) for t in (0.0, 0.7)
         for g in (1, 2, 3, 4, 6, 8)}
+    # The second seed: of the drafter's own model only, at batch 1.
+    assert {(c.drafter, c.batch_size, c.temperature, c.gamma, c.draft.train.seed,
+             c.distill_train.seed) for c in reseeded} == {
+        (d, 1, t, g, int(d == "draft"), int(d == "distilled")) for d in ("draft", "distilled")
+        for t in (0.0, 0.7) for g in (2, 4)}
+    assert [study.draft_seed({"config": c.to_dict()}) for c in reseeded] == [1] * 8
     assert {(c.drafter, c.batch_size, c.temperature, c.gamma) for c in small} == {
         (d, 1, t, g) for d in ("draft", "distilled", "ngram") for t in (0.0, 0.7)
         for g in (1, 2, 3, 4, 6, 8)}
@@ -262,3 +270,43 @@ def test_the_distillation_claim_is_judged_by_a_paired_bootstrap_over_prompts(tmp
             f"trained draft, {alpha(distilled[0.7])} with the distilled one; distilled minus "
             f"trained {results.format_value(noise, '{:+.3f}')} (paired over the 8 prompts): "
             f"{judged}.") in main
+
+
+def test_a_second_drafter_seed_has_its_own_claim_and_spread_and_stays_out_of_the_grids(tmp_path):
+    default = spec_config.get_config().to_dict()
+    trained = [5, 6, 7, 8, 5, 6, 7, 8]
+
+    def reseeded(row):
+        field = row["config"]["draft"]["train"] if row["config"]["drafter"] == "draft" else (
+            row["config"]["distill_train"])
+        field["seed"] = 1
+        return row
+
+    rows = [with_units(fake_row(default, d, g, 0.0, 1),
+                       trained if d == "draft" else [a + 1 for a in trained], *CONSTANT)
+            for d in ("draft", "distilled", "ngram") for g in (1, 2)]
+    # Seed 1: the trained draft accepts one more proposal on every prompt than at seed 0, and the
+    # distilled one as many as the trained draft: no gain at this seed.
+    seed1 = [reseeded(with_units(fake_row(default, d, 2, 0.0, 1), [a + 1 for a in trained],
+                                 *CONSTANT)) for d in ("draft", "distilled")]
+    written = study.report(rows + seed1, tmp_path)
+    assert tmp_path / "speculative_seeds.csv" in written
+    main = (tmp_path / "speculative.md").read_text()
+    assert "- Temperature 0, batch 1, drafters trained from seed 0, mean over gamma 1, 2:" in main
+    assert "distilled minus trained +0.100 [+0.100, +0.100] (paired over the 8 prompts): " \
+           "distillation raises acceptance." in main
+    assert re.search(r"- Temperature 0, batch 1, drafters trained from seed 1, mean over gamma 2:"
+                     r".* distilled minus trained \+0\.000 \[\+0\.000, \+0\.000\] \(paired "
+                     r"over the 8 prompts\): not distinguishable", main)
+    low, high = (results.format_value(stats.bootstrap(
+        stats.ratio_of_sums, (np.asarray(accepted, float), np.full(8, 10.0))), "{:.3f}")
+        for accepted in (trained, [a + 1 for a in trained]))
+    assert (f"- Seed spread, temperature 0, batch 1: draft (trained) at gamma 2: alpha {low} "
+            f"(seed 0), {high} (seed 1), seed 1 minus seed 0 +0.100 [+0.100, +0.100] (paired "
+            f"over the 8 prompts); draft (distilled) at gamma 2: alpha {high} (seed 0), {high} "
+            f"(seed 1), seed 1 minus seed 0 +0.000 [+0.000, +0.000] (paired over the 8 "
+            f"prompts).") in main
+    # The grids and best tables hold seed 0 only; the seed-1 rows have a table of their own.
+    assert (tmp_path / "speculative.csv").read_text().count("\n") == 1 + 6
+    assert (tmp_path / "speculative_seeds.csv").read_text().count("\n") == 1 + 2
+    assert "**The model drafters trained from seed 1** (the points above: seed 0)" in main
