@@ -3,6 +3,7 @@ replay on paged memory, preemptions included, compiles none of the engine's prog
 points of every arm, the page rendered from them, and the roofline prediction against a
 hand-computed case."""
 
+import math
 import types
 
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 from flax import nnx
 
 import decodelab as dl
-from decodelab import compiles, experiment, serving
+from decodelab import compiles, experiment, results, serving
 from decodelab.experiment import runner
 from study_config import config_module
 
@@ -102,6 +103,27 @@ def test_the_page_renders_from_the_rows(study, rows, tmp_path):
     assert "| 64 |" in page and "**Targets.**" in page
     assert "**The decomposition predicted for the published benchmark**" in page
     assert tmp_path / "paged_throughput.png" in written
+    assert "| paged batch, pool 96% full | memory, full pool | predicted total, full pool |" in page
+
+
+def test_the_memory_factor_is_read_against_what_rounds_of_each_batch_cost(study, rows):
+    """The reading caps each arm's tokens/s by its rounds alone: (b) decodes all its padded
+    slots, (c) its occupied slots rounded up to a power of two; seconds per round interpolated
+    between the `step` points."""
+    _, continuous, paged, small, big = (r["metrics"] for r in rows)
+    text = study._why_memory(study._decomposition(rows, results.Page("x", rows)), rows)
+    steps = {2: small["step_s"], 16: big["step_s"]}
+
+    def round_s(batch):
+        return float(np.interp(batch, sorted(steps), [steps[b] for b in sorted(steps)]))
+
+    bucket = 1 << (math.ceil(paged["mean_running"]) - 1).bit_length()
+    cap_b = continuous["mean_running"] / round_s(continuous["slots"])
+    cap_c = paged["mean_running"] / round_s(bucket)
+    assert (f"cap (b) at {cap_b:.0f} and (c) at {cap_c:.0f} output tokens/s "
+            f"({cap_c / cap_b:.2f}x)") in text
+    assert f"({bucket} rows at its mean of {paged['mean_running']:.1f} running" in text
+    assert f"pool occupancy over the run was {paged['page_occupancy']:.2f}" in text
 
 
 def test_the_roofline_prediction_against_a_hand_computed_case(study):
