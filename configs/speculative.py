@@ -28,9 +28,9 @@ for the 300 steps on that busy machine (9.5 minutes on a quiet one); the `draft`
 steps take a few minutes. The sweep: 72 `medium` points, measured at 91-115 s each at batch 1
 on a quiet machine (the first three: interleaved repetitions of 8 prompts x 128 tokens, the cost
 ratio, the verify cost and the round overhead, and compiles), so ~2 hours, and 36 `small` points.
-The points are ordered batch 1 greedy, batch 1 sampled, batch 8, then 8 points with a second
-training seed of each model drafter (for the distillation claim; ~13 minutes of training): the run
-is resumable, so it can be done in parts (finished points are kept).
+The points are ordered batch 1 greedy, batch 1 sampled, batch 8 greedy, then 8 points with a
+second training seed of each model drafter (for the distillation claim; ~13 minutes of training),
+then batch 8 sampled: the run is resumable, so it can be done in parts (finished points are kept).
 
 A quick look (two training steps per model; two `medium` points at temperature 0.7: the distilled
 draft at batch 1, prompt lookup at batch 8; the `small` rows set their own training steps):
@@ -158,4 +158,8 @@ def get_sweep(arg: str | None = None) -> list[dict]:
     reseeded = [{"batch_size": 1, "temperature": t, "drafter": d, "gamma": g, field: 1}
                 for t in TEMPERATURES for d, field in DRAFT_SEED_FIELDS.items()
                 for g in SEED_GAMMAS]
-    return medium + reseeded + [{**SMALL_TARGET, **point} for point in small]
+    # The second seed before batch 8 sampled (no target rests on those rows).
+    split = medium.index({"batch_size": BATCH_SIZES[-1], "temperature": TEMPERATURES[-1],
+                          "drafter": DRAFTERS[0], "gamma": GAMMAS[0]})
+    return (medium[:split] + reseeded + medium[split:]
+            + [{**SMALL_TARGET, **point} for point in small])
