@@ -18,14 +18,17 @@ in consecutive batches of ``batch_size``; every request generates exactly ``new_
   a proposal is tested when every earlier one of its round was accepted).
 - ``tokens_per_call``: output tokens / target calls (verify passes), all requests together;
   ``expected_tokens_per_call = (1 - alpha^(g+1)) / (1 - alpha)``.
-- ``c``: the cost ratio, measured in this process at this batch size and temperature. For a draft
-  model, its decode-step time over the target's, each from ``dl.generate`` runs of
-  ``step_tokens`` and of 1 token (the difference over ``step_tokens - 1`` steps). For prompt
-  lookup, the time of one proposal (``propose`` below) / gamma over the target's step time.
+- ``c``: the cost ratio, measured at this point. For a draft model, its decode-step time over
+  the target's, each from ``dl.generate`` runs of ``step_tokens`` and of 1 token (the difference
+  over ``step_tokens - 1`` steps). For prompt lookup, the time of one proposal (``propose``
+  below) / gamma over the target's step time.
 - ``verify_cost`` v(gamma), ``propose_cost``, ``isolated_round_cost``: the seconds of the target's
   verify pass over gamma + 1 tokens, of the drafter's proposal, and of a whole round, each timed
   alone (a compiled loop repeating it from the state the first round starts from, the caches
-  rewound after each; ``round_part_seconds``), over the target's decode step.
+  rewound after each), over the target's decode step. All these runs are timed round-robin, once
+  per repetition (``cost_seconds``), each ratio taken within its repetition and the median over
+  repetitions reported: the machine's speed drifts by up to 2x over tens of seconds.
+  ``target_step_ms`` and ``draft_step_ms``: medians.
 - ``overhead``: what an isolated round costs beyond its proposal and its verify pass,
   ``isolated_round_cost - propose_cost - v``, in target steps: the accept test, the residual or
   bonus draw, stop checks, recording and rewinds (and, for a model draft on a sampled rejection,
@@ -36,9 +39,10 @@ in consecutive batches of ``batch_size``; every request generates exactly ``new_
   tokens per call over the measured cost of a round.
 - ``speedup``: median seconds of target-only ``dl.generate`` over the median seconds of
   ``speculative_generate`` for all prompts, with the same parameters, seeds and cache size
-  (``prompt bucket + new_tokens + cache_slack``). After one warm-up run of each (compiles), the
-  two are timed ``repeats`` times, alternately, so that a change in the machine's load reaches
-  both. ``compile_s``: the first speculative run minus the median.
+  (``prompt bucket + new_tokens + cache_slack``). After one warm-up run of each (compiles), all
+  prompts are timed ``repeats`` times, each batch's two runs back to back in alternating order,
+  so that a drift in the machine's speed reaches both sides of every pair. ``compile_s``: the
+  first speculative run minus the median.
 - ``round_cost``: measured seconds per loop round (``speculative_generate`` time over its rounds;
   a batch's rounds are its slowest row's) over the theory's charge per round, ``(g c + 1)`` target
   steps: above 1 where verifying ``g + 1`` tokens, the bookkeeping of a round or a batch waiting
@@ -135,15 +139,11 @@ def _seconds(fn) -> float:
     return time.perf_counter() - start
 
 
-def step_seconds(model, prompts, params, step_tokens: int, max_len: int, repeats: int) -> float:
-    """One decode step of ``model`` in ``dl.generate`` at this batch and these parameters:
-    (median time of ``step_tokens`` tokens - median time of 1) / (step_tokens - 1)."""
-    run = functools.partial(generate, model, prompts, params, seed=0, max_len=max_len)
-    times = {}
-    for n in (step_tokens, 1):
-        run(n)  # warm-up (compiles)
-        times[n] = statistics.median(_seconds(lambda: run(n)) for _ in range(repeats))
-    return max(times[step_tokens] - times[1], 1e-9) / (step_tokens - 1)
+def _step_runs(model, prompts, params, step_tokens: int, max_len: int) -> tuple:
+    """``dl.generate`` of ``step_tokens`` tokens and of 1, whose time difference over
+    ``step_tokens - 1`` is one decode step of ``model`` at this batch and these parameters."""
+    return tuple(functools.partial(generate, model, prompts, params, n, seed=0, max_len=max_len)
+                 for n in (step_tokens, 1))
 
 
 def start_state(target, drafter, draft_weights, prompts, params, gamma: int, max_len: int,
@@ -163,6 +163,7 @@ def start_state(target, drafter, draft_weights, prompts, params, gamma: int, max
 
 
 ROUND_PARTS = ("propose", "verify", "round")
+COST_REPEATS = 5  # repetitions of the cost timings (at least; ``config.repeats`` if more)
 
 
 def _rewound(cache, before):
@@ -199,12 +200,18 @@ def _repeat_part(weights, state, proposal, *, graphdef, drafter, part, count):
     return jax.lax.fori_loop(0, count, body, (state, jnp.zeros((), jnp.float32)))[1]
 
 
-def round_part_seconds(target, draft, prompts, params, gamma: int, max_len: int,
-                       max_new_tokens: int, repeats: int, count: int = 20) -> dict[str, float]:
-    """Seconds of each part of one round at this batch (``ROUND_PARTS``): the drafter's proposal,
-    the target's verify pass over ``gamma + 1`` tokens, and a whole round (proposal, verify,
-    accept test, residual draw, stop checks, record, rewinds), each timed alone from the state
-    the first round starts from: median over ``repeats`` of a loop of ``count``, / ``count``."""
+def cost_seconds(target, draft, prompts, params, gamma: int, max_len: int,
+                 max_new_tokens: int, step_tokens: int, repeats: int,
+                 count: int = 20) -> dict[str, list[float]]:
+    """Seconds of what the predictions charge, one value per repetition: ``target_step`` and (for
+    a draft model) ``draft_step``, a decode step of ``dl.generate`` (``_step_runs``); and each
+    part of one round at this batch (``ROUND_PARTS``): the drafter's proposal, the target's verify
+    pass over ``gamma + 1`` tokens and a whole round (proposal, verify, accept test, residual
+    draw, stop checks, record, rewinds), each a compiled loop of ``count`` from the state the
+    first round starts from, over ``count``. Every run is timed once per repetition, round-robin,
+    so that a cost ratio divides measurements taken within seconds of each other: this machine's
+    speed drifts by up to 2x over tens of seconds, so costs measured minutes apart do not
+    compare."""
     if isinstance(draft, speculative.Drafter):
         drafter, draft_weights = draft, None
     else:
@@ -214,12 +221,26 @@ def round_part_seconds(target, draft, prompts, params, gamma: int, max_len: int,
     state = start_state(target, drafter, draft_weights, prompts, params, gamma, max_len,
                         max_new_tokens)
     proposal, _ = jax.jit(drafter.propose)(draft_weights, state)
-    seconds = {}
+    runs = dict(zip(("target_many", "target_one"),
+                    _step_runs(target, prompts, params, step_tokens, max_len)))
+    if draft_weights is not None:
+        runs.update(zip(("draft_many", "draft_one"),
+                        _step_runs(draft, prompts, params, step_tokens, max_len)))
     for part in ROUND_PARTS:
-        run = functools.partial(_repeat_part, (target_weights, draft_weights), state, proposal,
-                                graphdef=graphdef, drafter=drafter, part=part, count=count)
+        runs[part] = functools.partial(_repeat_part, (target_weights, draft_weights), state,
+                                       proposal, graphdef=graphdef, drafter=drafter, part=part,
+                                       count=count)
+    for run in runs.values():
         run()  # warm-up (compiles)
-        seconds[part] = statistics.median(_seconds(run) for _ in range(repeats)) / count
+    times = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            times[name].append(_seconds(run))
+    seconds = {part: [t / count for t in times[part]] for part in ROUND_PARTS}
+    for model in ("target", "draft"):
+        if f"{model}_many" in times:
+            seconds[f"{model}_step"] = [max(many - one, 1e-9) / (step_tokens - 1) for many, one
+                                        in zip(times[f"{model}_many"], times[f"{model}_one"])]
     return seconds
 
 
@@ -245,39 +266,43 @@ def evaluate(config, ctx) -> dict:
         return speculative.speculative_generate(target, drafter, chunk, params, gamma, N,
                                                 seed=seeds, max_len=max_len)
 
-    def timed(run_batch):  # seconds of each batch, one after another
-        return [_seconds(functools.partial(run_batch, i)) for i in range(len(batches))]
+    def timed_pairs(repetition):  # each batch's target and speculative seconds, back to back
+        pair = ([], [])
+        for i in range(len(batches)):
+            order = (0, 1) if (repetition + i) % 2 == 0 else (1, 0)
+            for arm in order:
+                run = (target_batch, speculative_batch)[arm]
+                pair[arm].append(_seconds(functools.partial(run, i)))
+        return pair
 
     ctx.status("warm-up")
     first = time.perf_counter()
     outputs = [speculative_batch(i) for i in range(len(batches))]
     first = time.perf_counter() - first
-    timed(target_batch)
+    for i in range(len(batches)):
+        target_batch(i)
     ctx.status("timing")
     target_times, speculative_times = [], []  # [repetition][batch] seconds
-    for _ in range(config.repeats):
-        target_times.append(timed(target_batch))
-        speculative_times.append(timed(speculative_batch))
+    for repetition in range(config.repeats):
+        target_s_, speculative_s_ = timed_pairs(repetition)
+        target_times.append(target_s_)
+        speculative_times.append(speculative_s_)
     target_s = statistics.median(sum(t) for t in target_times)
     speculative_s = statistics.median(sum(t) for t in speculative_times)
 
-    ctx.status("cost ratio")
-    step_repeats = max(config.repeats, 3)
-    target_key = experiment.config_hash(config.target)  # step times are per target model
-    target_step = _cached(("step", target_key, B, config.temperature), lambda: step_seconds(
-        target, batches[0][0], params, config.step_tokens, max_len, step_repeats))
-    parts = round_part_seconds(target, drafter, batches[0][0], params, gamma, max_len, N,
-                               step_repeats)
-    if config.drafter == "ngram":
-        draft_step = parts["propose"] / gamma
-    else:
-        draft_step = _cached(("step", target_key, config.drafter, B, config.temperature),
-                             lambda: step_seconds(drafter, batches[0][0], params,
-                                                  config.step_tokens, max_len, step_repeats))
-    c = draft_step / target_step
-    verify_cost = parts["verify"] / target_step
-    isolated_round_cost = parts["round"] / target_step
-    propose_cost = parts["propose"] / target_step
+    ctx.status("costs")
+    costs = cost_seconds(target, drafter, batches[0][0], params, gamma, max_len, N,
+                         config.step_tokens, max(config.repeats, COST_REPEATS))
+    steps = costs["target_step"]
+    # Each cost over the target step of its own repetition, then the median over repetitions.
+    per_step = {name: statistics.median(t / step for t, step in zip(costs[name], steps))
+                for name in (*ROUND_PARTS, "draft_step") if name in costs}
+    target_step = statistics.median(steps)
+    c = per_step["draft_step"] if "draft_step" in per_step else per_step["propose"] / gamma
+    draft_step = c * target_step
+    verify_cost = per_step["verify"]
+    isolated_round_cost = per_step["round"]
+    propose_cost = per_step["propose"]
     overhead = isolated_round_cost - propose_cost - verify_cost
 
     stats = [out.stats for out in outputs]
