@@ -368,9 +368,8 @@ def _why_memory(judged, rows) -> str | None:
         f"pool was far from full: it holds ~{capacity:.0f} requests of the trace's mean length, "
         f"but a trace of {config['trace']['num_requests']} requests fills and drains it, so "
         f"(c)'s pool occupancy over the run was {c['page_occupancy']:.2f}. On a GPU, where a "
-        f"decode round of a large model reads its weights once for the whole batch, the same "
-        f"{_times(running)} more requests buy throughput nearly in proportion (the roofline "
-        f"prediction below).")
+        f"decode round of a large model reads its weights once for the whole batch, more "
+        f"requests buy throughput much closer to in proportion (the roofline prediction below).")
 
 
 # The pool's occupancy in a saturated steady state (vLLM's paper: under 4% of KV memory wasted).
