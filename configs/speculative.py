@@ -25,9 +25,9 @@ costs far more than the draft's own step, so DISTILL_STEPS = 300 steps are used 
 recipe otherwise, checkpointed every 100). Timed over 10 steps (after 2 that compile) on the 2 CPU
 cores: 3.8 s a step under a 1-minute load average of ~13 (other work running), i.e. ~19 minutes
 for the 300 steps on that busy machine (9.5 minutes on a quiet one); the `draft` preset's own 800
-steps take a few minutes. The sweep: 72 `medium` points, measured at 91-115 s each at batch 1
-on a quiet machine (the first three: interleaved repetitions of 8 prompts x 128 tokens, the cost
-ratio, the verify cost and the round overhead, and compiles), so ~2 hours, and 36 `small` points.
+steps take a few minutes. The sweep: 72 `medium` points, measured at 60-110 s each (median ~85
+s) at batch 1 and 8 on a quiet machine (3 paired repetitions of 8 prompts x 128 tokens, 5
+round-robin repetitions of the costs, and compiles), so ~1.7 hours, and 36 `small` points.
 The points are ordered batch 1 greedy, batch 1 sampled, batch 8 greedy, then 8 points with a
 second training seed of each model drafter (for the distillation claim; ~13 minutes of training),
 then batch 8 sampled: the run is resumable, so it can be done in parts (finished points are kept).

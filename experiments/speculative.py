@@ -246,6 +246,12 @@ def cost_seconds(target, draft, prompts, params, gamma: int, max_len: int,
 
 def evaluate(config, ctx) -> dict:
     load = os.getloadavg()[0]
+    # Each point compiles programs of its own (per gamma, drafter and round part), and a process
+    # keeps every executable with its memory maps: a first full run reached the kernel's limit
+    # (vm.max_map_count, 65530) after 54 points and crashed in LLVM ("Cannot allocate memory").
+    # Every point warms up before it times, so dropping earlier points' programs costs only
+    # their recompilation where shapes repeat.
+    jax.clear_caches()
     target, drafter, tokenizer = load_models(config, ctx)
     prompts = held_out_prompts(tokenizer, config.num_prompts, config.prompt_tokens)
     B, N, gamma = config.batch_size, config.new_tokens, config.gamma
@@ -763,6 +769,7 @@ def _summary(rows, targets: bool, reseeded=()) -> str:
         f"{min(_m(r, 'overhead') for r in rows):.2f} to {max(_m(r, 'overhead') for r in rows):.2f}."
         f" What the second prediction still misses is what an isolated round does not show: at "
         f"batch > 1 a batch runs as many rounds as its slowest row.")
+    lines.append(_verify_growth(rows))
     for temperature in sorted({r["config"]["temperature"] for r in rows}):
         for seed in sorted({0} | {draft_seed(r) for r in reseeded}):
             line = _distillation(rows if seed == 0 else
@@ -781,6 +788,22 @@ def _summary(rows, targets: bool, reseeded=()) -> str:
                  f"with whatever else ran, which the interleaved repetitions spread over both "
                  f"sides of each ratio.")
     return "\n".join(lines)
+
+
+def _verify_growth(rows) -> str:
+    """How the verify pass's cost grows with the tokens it checks: the median v over the points of
+    each batch size and gamma, against the theory's 1."""
+    parts = []
+    for batch in sorted({r["config"]["batch_size"] for r in rows}):
+        by_gamma = {}
+        for r in _where(rows, batch_size=batch):
+            by_gamma.setdefault(r["config"]["gamma"], []).append(_m(r, "verify_cost"))
+        parts.append(f"at batch {batch}, " + ", ".join(
+            f"{statistics.median(v):.2f} at gamma {g}" for g, v in sorted(by_gamma.items())))
+    return (f"The verify pass over gamma + 1 tokens, in target decode steps (median over the "
+            f"points; the theory charges 1): {'; '.join(parts)}. Where it grows with gamma, the "
+            f"target's pass is bound by arithmetic rather than by reading its weights once, so "
+            f"checking more proposals per round is not free, and the best gamma is small.")
 
 
 def _pretrained(row) -> str | None:

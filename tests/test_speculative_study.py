@@ -144,6 +144,9 @@ def test_the_page_renders_each_targets_rows_on_its_own_page(tmp_path):
             f"the median alone; {old}** — draft (trained) at gamma 2: 1.22x.") in main
     assert (f"- Temperature 0, batch 1, mean over gamma 1, 2: alpha 0.700 with the trained draft, "
             f"0.700 with the distilled one; distilled minus trained +0.000: {old}.") in main
+    assert ("The verify pass over gamma + 1 tokens, in target decode steps (median over the "
+            "points; the theory charges 1): at batch 1, 1.50 at gamma 1, 1.50 at gamma 2; at "
+            "batch 8, 1.50 at gamma 1, 1.50 at gamma 2.") in main
     assert "the same preset distilled from the target for 300 steps" in main
     assert "at batch 1 the prompts run one after another, at batch 8 together" in main
     assert comparison.startswith("# Speculative decoding of `small` (comparison rows)\n")
