@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 import decodelab as dl
-from decodelab import compiles, experiment, results, serving
+from decodelab import compiles, experiment, serving
 from decodelab.experiment import runner
 from study_config import config_module
 
@@ -106,12 +106,13 @@ def test_the_page_renders_from_the_rows(study, rows, tmp_path):
     assert "| paged batch, pool 96% full | memory, full pool | predicted total, full pool |" in page
 
 
-def test_the_memory_factor_is_read_against_what_rounds_of_each_batch_cost(study, rows):
+def test_the_memory_factor_is_read_against_what_rounds_of_each_batch_cost(study, rows, tmp_path):
     """The reading caps each arm's tokens/s by its rounds alone: (b) decodes all its padded
     slots, (c) its occupied slots rounded up to a power of two; seconds per round interpolated
     between the `step` points."""
     _, continuous, paged, small, big = (r["metrics"] for r in rows)
-    text = study._why_memory(study._decomposition(rows, results.Page("x", rows)), rows)
+    study.report(rows, tmp_path)
+    text = (tmp_path / "paged.md").read_text()
     steps = {2: small["step_s"], 16: big["step_s"]}
 
     def round_s(batch):
