@@ -898,10 +898,14 @@ def report(rows, out_dir) -> list[pathlib.Path]:
     targets: dict[str, list] = {}
     for row in rows:
         targets.setdefault(_target_name(row), []).append(row)
+    seed0 = {name: [r for r in group if draft_seed(r) == 0] for name, group in targets.items()}
     return [path for name, group in targets.items()
-            for path in _page([r for r in group if draft_seed(r) == 0], pathlib.Path(out_dir),
+            for path in _page(seed0[name], pathlib.Path(out_dir),
                               "speculative" + ("" if name == DEFAULT_TARGET else f"_{name}"),
-                              reseeded=[r for r in group if draft_seed(r) != 0])]
+                              reseeded=[r for r in group if draft_seed(r) != 0],
+                              compared={other: rows for other, rows in seed0.items()
+                                        if name == DEFAULT_TARGET and other != name
+                                        and rows and not _pretrained(rows[0])})]
 
 
 def draft_seed(row) -> int:
@@ -917,9 +921,36 @@ def draft_seed(row) -> int:
     return section["seed"]
 
 
-def _page(rows, out_dir: pathlib.Path, name: str, reseeded=()) -> list[pathlib.Path]:
+def _comparison(rows, compared: dict) -> str | None:
+    """The best batch-1 speed-up of each drafter beside the same drafter's on another target
+    trained here (the `small` comparison rows): what a larger target buys the same drafters."""
+    lines = []
+    for name, other in compared.items():
+        cells = []
+        for drafter, label in DRAFTER_LABELS.items():
+            for temperature in sorted({r["config"]["temperature"] for r in rows}):
+                here, there = (_best(group, drafter, 1, temperature) for group in (rows, other))
+                if here is None or there is None:
+                    continue
+                cells.append(
+                    f"{label} at temperature {temperature:g}: "
+                    + " against ".join(f"{_times(_cells(best)['speedup'])} (gamma "
+                                       f"{best['config']['gamma']}, c = {_m(best, 'c'):.3f})"
+                                       for best in (here, there)))
+        if cells:
+            lines.append(
+                f"**Against the `{name}` target** (its page: [speculative_{name}.md]"
+                f"(speculative_{name}.md); the same drafters and sweep), best speed-up at batch 1 "
+                f"here against there: " + "; ".join(cells) + ".")
+    return "\n\n".join(lines) or None
+
+
+def _page(rows, out_dir: pathlib.Path, name: str, reseeded=(),
+          compared=None) -> list[pathlib.Path]:
     """The page of one target's rows, its files named ``<name>...``; ``reseeded``: its rows with
-    drafters trained from another seed (the distillation claim's second seed, and a table)."""
+    drafters trained from another seed (the distillation claim's second seed, and a table);
+    ``compared``: other targets' rows (name -> rows) whose best points the page sets beside its
+    own."""
     pretrained, target = _pretrained(rows[0]), _target_name(rows[0])
     page = results.Page(
         "Speculative decoding" if target == DEFAULT_TARGET else
@@ -927,6 +958,9 @@ def _page(rows, out_dir: pathlib.Path, name: str, reseeded=()) -> list[pathlib.P
         f"Speculative decoding of `{target}` (comparison rows)", rows)
     page.text(_intro(rows))
     page.text(_summary(rows, targets=target == DEFAULT_TARGET, reseeded=reseeded))
+    comparison = _comparison(rows, compared or {})
+    if comparison:
+        page.text(comparison)
     page.table(_best_table(rows), out_dir / f"{name}_best.csv", number_format="{:.3g}",
                caption="**Best gamma per drafter, batch size and temperature** (by measured "
                        "speed-up).")

@@ -189,13 +189,23 @@ def test_taylor_importance_is_the_loss_derivative_with_respect_to_a_head_mask(mo
             assert importance[layer, group] == pytest.approx(abs(derivative), rel=0.02)
 
 
-def test_a_structurally_pruned_checkpoint_round_trips_with_its_config(model, tokens, tmp_path):
+def test_pruned_checkpoints_round_trip_their_zeros_and_smaller_config(model, tokens, tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(data.split_documents("train")["hamlet"][:20000], encoding="utf-8")
     tokenizer = dl.Tokenizer.train([corpus], vocab_size=TINY["vocab_size"], model_type="bpe")
+    sparse = dl.prune(model, sparsity=0.5, pattern="2:4")
+    dl.save_checkpoint(tmp_path / "sparse", sparse, tokenizer)
+    loaded, _ = dl.load_checkpoint(tmp_path / "sparse")
+    saved, restored = matrices(sparse), matrices(loaded)
+    assert saved.keys() == restored.keys()
+    for path, matrix in saved.items():
+        np.testing.assert_array_equal(restored[path], matrix)
+        assert (matrix == 0).mean() == 0.5
+    np.testing.assert_array_equal(logits(loaded, tokens), logits(sparse, tokens))
+
     smaller = prune_neurons(prune_heads(model, 0.5), 0.5)
-    dl.save_checkpoint(tmp_path / "ckpt", smaller, tokenizer)
-    loaded, _ = dl.load_checkpoint(tmp_path / "ckpt")
+    dl.save_checkpoint(tmp_path / "smaller", smaller, tokenizer)
+    loaded, _ = dl.load_checkpoint(tmp_path / "smaller")
     assert loaded.config == smaller.config
     assert (loaded.config.n_heads, loaded.config.d_ff) == (2, 128)
     np.testing.assert_array_equal(logits(loaded, tokens), logits(smaller, tokens))

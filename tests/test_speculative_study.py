@@ -151,6 +151,14 @@ def test_the_page_renders_each_targets_rows_on_its_own_page(tmp_path):
     assert "at batch 1 the prompts run one after another, at batch 8 together" in main
     assert comparison.startswith("# Speculative decoding of `small` (comparison rows)\n")
     assert "Target: `small`" in comparison and "**>=" not in comparison
+    # The default page sets each drafter's best batch-1 point beside the `small` target's (not
+    # the pretrained target's, which has its own tokenizer and sweep).
+    assert ("**Against the `small` target** (its page: [speculative_small.md]"
+            "(speculative_small.md); the same drafters and sweep), best speed-up at batch 1 here "
+            "against there: draft (trained) at temperature 0: 1.22x (gamma 2, c = 0.100) against "
+            "1.22x (gamma 2, c = 0.100); ") in main
+    assert main.count(" against 1.22x (gamma 2, c = 0.100)") == 6
+    assert "smollm2" not in main and "Against the" not in comparison + real
     assert "Target: the pretrained `smollm2-135m`" in real
     assert "**>=" not in real and "distilled" not in real
     assert "trained on the corpus in the target's tokens" in real
