@@ -409,6 +409,14 @@ def _targets(rows) -> str:
                    f"{times(speed_cell(neurons, 1))} the dense model's (target >= 1.15x: "
                    f"{speed_judged(neurons, 1.15)}), mean KLD {cell(neurons, 'kl_mean'):.3g}, same "
                    f"top {cell(neurons, 'same_top'):.4g}%.")
+        dense = _find(rows, kind="dense", recovery_steps=0, weights="")
+        if dense is not None:
+            ceiling = _m(dense, "parameter_bytes") / _m(neurons, "parameter_bytes")
+            out.append(f"  Its ceiling: it removes {1 - 1 / ceiling:.1%} of the parameter bytes "
+                       f"({_m(dense, 'parameter_bytes') / 1e6:.1f} to "
+                       f"{_m(neurons, 'parameter_bytes') / 1e6:.1f} MB), so a step bound by "
+                       f"reading its weights gains at most {ceiling:.2f}x; reading the KV cache and "
+                       f"each step's fixed costs do not shrink, so the gain is less.")
     wall = sum(r.get("wall_time_s", 0.0) for r in rows)
     out.append(f"- The study's points took {wall / 60:.0f} minutes in all (target: under 90).")
     return "\n".join(out)

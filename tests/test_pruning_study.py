@@ -1,6 +1,8 @@
 """The pruning study: its sweep, two real points on a tiny model (a head group removed and
 recovered, Wanda 2:4), and the page rendered from rows alone."""
 
+import copy
+
 import numpy as np
 import pytest
 
@@ -85,6 +87,24 @@ def test_the_page_renders_from_the_rows(study, rows, tmp_path):
     assert "| heads -50% (taylor) + 2 recovery steps |" in page
     assert "- Requested sparsity: every unstructured and N:M row holds it" in page
     assert "**No speed from zeros.**" in page
+
+
+def test_the_neuron_target_is_read_against_its_weight_bytes_ceiling(study, rows, tmp_path):
+    provenance = dict.fromkeys(experiment.PROVENANCE_FIELDS, "x")
+    dense = copy.deepcopy(rows[2])
+    neurons = copy.deepcopy(rows[0])  # a removal row, relabelled as 25% of the hidden units
+    neurons["config"].update(kind="neurons", fraction=0.25, recovery_steps=0)
+    neurons["metrics"]["parameter_bytes"] = 0.8 * dense["metrics"]["parameter_bytes"]
+    full = [dict(experiment="pruning", config_hash=str(i), seed=0, sweep_index=i, overrides={},
+                 start_time="2026-01-01T00:00:00+00:00", provenance=provenance, **row)
+            for i, row in enumerate([dense, neurons])]
+    study.report(full, tmp_path)
+    page = (tmp_path / "pruning.md").read_text()
+    assert "- 25% of hidden units removed: decode at batch 1 " in page
+    assert ("  Its ceiling: it removes 20.0% of the parameter bytes, so a step bound by reading "
+            "its weights gains at most 1.25x") in page.replace(
+        f" ({dense['metrics']['parameter_bytes'] / 1e6:.1f} to "
+        f"{neurons['metrics']['parameter_bytes'] / 1e6:.1f} MB)", "")
 
 
 def test_a_pretrained_model_is_not_recovered(study, tmp_path):
