@@ -27,7 +27,8 @@ cores: 3.8 s a step under a 1-minute load average of ~13 (other work running), i
 for the 300 steps on that busy machine (9.5 minutes on a quiet one); the `draft` preset's own 800
 steps take a few minutes. The sweep: 72 `medium` points, measured at 60-110 s each (median ~85
 s) at batch 1 and 8 on a quiet machine (3 paired repetitions of 8 prompts x 128 tokens, 5
-round-robin repetitions of the costs, and compiles), so ~1.7 hours, and 36 `small` points.
+round-robin repetitions of the costs, and compiles), so ~1.7 hours (measured: 1 h 22 min of
+point wall time), and 36 `small` points (measured: 26 minutes, with their models' training).
 The points are ordered batch 1 greedy, batch 1 sampled, batch 8 greedy, then 8 points with a
 second training seed of each model drafter (for the distillation claim; ~13 minutes of training),
 then batch 8 sampled: the run is resumable, so it can be done in parts (finished points are kept).
@@ -50,9 +51,11 @@ On a real target (a pretrained preset, e.g. SmolLM2-135M-Instruct), with prompt 
 
 The prompts are plain-text windows of the test plays in the target's tokens (no chat turn: the
 instruct model continues the text), and the sweep is smaller (batch 1, fewer gammas and
-temperatures, fewer and shorter requests): ~35 s a point (estimated) on 2 busy CPU cores
-(SmolLM2 decodes ~40 tokens/s at batch 1), ~10 minutes for the 16 points after ~4 minutes of
-draft training.
+temperatures, fewer and shorter requests). Measured on 2 quiet CPU cores (SmolLM2 decodes ~40
+tokens/s at batch 1): 45 minutes of point wall time for the 16 points, ~8 of them the draft's
+300 training steps inside the first point and ~2.3 minutes each point after it (most of it
+the round-robin cost timing: 5 repetitions of each of the target step, draft step, proposal,
+verify pass and round).
 """
 
 from ml_collections import config_dict
