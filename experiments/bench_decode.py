@@ -510,6 +510,7 @@ def benchmark(config, ctx) -> dict:
         **nocache,
         "cache_speedup": _ratio(ours["tokens_per_s"], nocache["nocache_tokens_per_s"]),
         "hf_generate_s": hf.get("hf_generate_s"), "hf_tokens_per_s": hf_tokens_per_s,
+        "hf_generate_reps_s": hf.get("hf_generate_reps_s"),
         "hf_step_ms": None if not hf else 1e3 * hf["hf_generate_s"] / N,
         "speed_vs_hf": _ratio(ours["tokens_per_s"], hf_tokens_per_s),
         "hf_version": hf.get("hf_version", "not run" if not config.peer.enabled
@@ -901,6 +902,23 @@ def _models(metrics: list[dict], vocab_size: int) -> str:
     return "; and ".join(parts)
 
 
+def _load_reading(metrics) -> str:
+    """What the 1-minute load averages at the points' starts say. Points run back to back, so a
+    load up to the benchmark's own thread count is what its previous point leaves behind; only a
+    load well above it (half a core more) says that other processes shared the machine."""
+    busy, threads = max(m["load_avg_1min"] for m in metrics), metrics[0]["threads"]
+    if busy >= threads + 0.5:
+        return (f"**The machine was shared during this run** (1-minute load average up to "
+                f"{busy:.1f} on {threads} cores, more than the benchmark's own {threads} threads "
+                "leave): other processes took CPU time from the measurements, so speeds are lower "
+                "and noisier than on an idle machine, and PyTorch's OpenMP threads, which wait "
+                "for each other at every operation, lose the most. Compare rows measured at "
+                "similar load.")
+    return (f"1-minute load average up to {busy:.1f} on {threads} cores: no more than the "
+            f"benchmark's own {threads} threads leave behind from the point before (points run "
+            "back to back), so no other process is seen sharing the machine.")
+
+
 def report(rows, out_dir) -> list[pathlib.Path]:
     out_dir = pathlib.Path(out_dir)
     metrics = [_with_intervals(m) for m in _metric_rows(rows)]
@@ -930,14 +948,7 @@ def report(rows, out_dir) -> list[pathlib.Path]:
         f"XLA and PyTorch; 1-minute load average at the start of each point "
         f"{_fmt_range([m['load_avg_1min'] for m in metrics], '', 2).strip()}. Peer: "
         f"{'; '.join(hf_versions)}.")
-    busy = max(m["load_avg_1min"] for m in metrics + max_len_rows + breakdown_rows)
-    if busy >= 0.75 * metrics[0]["threads"]:
-        page.text(
-            f"**The machine was shared during this run** (1-minute load average up to {busy:.1f} "
-            f"on {metrics[0]['threads']} cores): other processes took CPU time from every "
-            "measurement, so all speeds are lower and noisier than on an idle machine, and "
-            "PyTorch's OpenMP threads, which wait for each other at every operation, lose the "
-            "most. Compare rows measured at similar load.")
+    page.text(_load_reading(metrics + max_len_rows + breakdown_rows))
     page.text(
         "How each number is made (details in `experiments/bench_decode.py`): tokens/s = batch x "
         f"{N} / the wall time of one whole `generate` call; decodelab step ms = (that time - the "

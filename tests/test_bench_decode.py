@@ -93,8 +93,8 @@ def test_every_figure_is_present_and_finite_and_the_peer_is_na_when_disabled(met
     assert metrics["params"] == presets.build_model_config(
         presets.model_section("tiny"), 4096).num_params()
     assert metrics["roofline_bound"] in ("memory", "compute")
-    assert (metrics["hf_tokens_per_s"], metrics["speed_vs_hf"], metrics["hf_step_ms"]) == (
-        None, None, None)
+    assert (metrics["hf_tokens_per_s"], metrics["speed_vs_hf"], metrics["hf_step_ms"],
+            metrics["hf_generate_reps_s"]) == (None, None, None, None)
     assert metrics["hf_version"] == "not run"
     # llama.cpp runs only on a pretrained preset's GGUF file.
     assert (metrics["llama_version"], metrics["speed_vs_llama_f32"]) == ("not run", None)
@@ -386,3 +386,24 @@ def test_a_pretrained_preset_sweeps_batch_1_and_8_with_its_own_weights(smollm2_i
     assert [p.config.batch_size for p in points] == [1, 8]
     assert {(p.config.preset, p.config.model.pretrained) for p in points} == {
         ("smollm2-135m", "smollm2-135m")}
+
+
+def test_a_load_up_to_the_benchmarks_own_threads_is_not_read_as_a_shared_machine():
+    own = [{"load_avg_1min": 1.9, "threads": 2}, {"load_avg_1min": 1.4, "threads": 2}]
+    assert bench_decode._load_reading(own).startswith(
+        "1-minute load average up to 1.9 on 2 cores: no more than the benchmark's own 2 threads")
+    shared = own + [{"load_avg_1min": 2.6, "threads": 2}]
+    assert bench_decode._load_reading(shared).startswith(
+        "**The machine was shared during this run** (1-minute load average up to 2.6 on 2 cores")
+
+
+@pytest.mark.skipif(not HAS_PEER, reason="needs the peer extra (torch, transformers)")
+def test_a_row_keeps_every_peer_repetition_so_the_peer_target_is_judged(tmp_path):
+    config = small_config(**{"peer.enabled": True, "peer.repeats": 2, "repeats": 2})
+    row = experiment.run(config, [{}], bench_decode.benchmark, tmp_path, progress=False)[0]
+    reps = row["metrics"]["hf_generate_reps_s"]
+    assert len(reps) == 2 and row["metrics"]["hf_generate_s"] == pytest.approx(np.median(reps))
+    bench_decode.report([row], tmp_path)
+    page = (tmp_path / "decode_speed.md").read_text()
+    assert "**Faster than transformers on every row: " in page
+    assert f"tiny batch 2 not judged ({bench_decode.NO_REPS})" not in page
