@@ -903,9 +903,9 @@ def report(rows, out_dir) -> list[pathlib.Path]:
             for path in _page(seed0[name], pathlib.Path(out_dir),
                               "speculative" + ("" if name == DEFAULT_TARGET else f"_{name}"),
                               reseeded=[r for r in group if draft_seed(r) != 0],
-                              compared={other: rows for other, rows in seed0.items()
+                              compared={other: group0 for other, group0 in seed0.items()
                                         if name == DEFAULT_TARGET and other != name
-                                        and rows and not _pretrained(rows[0])})]
+                                        and group0 and not _pretrained(group0[0])})]
 
 
 def draft_seed(row) -> int:
