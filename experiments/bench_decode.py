@@ -902,7 +902,7 @@ def _models(metrics: list[dict], vocab_size: int) -> str:
     return "; and ".join(parts)
 
 
-def _load_reading(metrics) -> str:
+def load_reading(metrics) -> str:
     """What the 1-minute load averages at the points' starts say. Points run back to back, so a
     load up to the benchmark's own thread count is what its previous point leaves behind; only a
     load well above it (half a core more) says that other processes shared the machine."""
@@ -948,7 +948,7 @@ def report(rows, out_dir) -> list[pathlib.Path]:
         f"XLA and PyTorch; 1-minute load average at the start of each point "
         f"{_fmt_range([m['load_avg_1min'] for m in metrics], '', 2).strip()}. Peer: "
         f"{'; '.join(hf_versions)}.")
-    page.text(_load_reading(metrics + max_len_rows + breakdown_rows))
+    page.text(load_reading(metrics + max_len_rows + breakdown_rows))
     page.text(
         "How each number is made (details in `experiments/bench_decode.py`): tokens/s = batch x "
         f"{N} / the wall time of one whole `generate` call; decodelab step ms = (that time - the "

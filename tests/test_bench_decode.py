@@ -390,10 +390,10 @@ def test_a_pretrained_preset_sweeps_batch_1_and_8_with_its_own_weights(smollm2_i
 
 def test_a_load_up_to_the_benchmarks_own_threads_is_not_read_as_a_shared_machine():
     own = [{"load_avg_1min": 1.9, "threads": 2}, {"load_avg_1min": 1.4, "threads": 2}]
-    assert bench_decode._load_reading(own).startswith(
+    assert bench_decode.load_reading(own).startswith(
         "1-minute load average up to 1.9 on 2 cores: no more than the benchmark's own 2 threads")
     shared = own + [{"load_avg_1min": 2.6, "threads": 2}]
-    assert bench_decode._load_reading(shared).startswith(
+    assert bench_decode.load_reading(shared).startswith(
         "**The machine was shared during this run** (1-minute load average up to 2.6 on 2 cores")
 
 
