@@ -6,6 +6,11 @@ Several --workdir (e.g. one per sweep shard) are merged by config hash. If `expe
 defines `report(rows, out_dir)` (found by `experiments.study_report`), that renders the study's page;
 otherwise a generic table of every point (swept keys and metrics) is written to
 `<out>/<experiment>.md` and `.csv`.
+
+The rows rendered are also written to `<out>/rows/<first workdir's name>/rows.jsonl` (`--keep_rows`),
+so a clean checkout holds what each committed page was rendered from: render it again with
+`--workdir=results/rows/<name>`, or resume its sweep after copying that file into the sweep's workdir
+(`mkdir -p runs/<name> && cp results/rows/<name>/rows.jsonl runs/<name>/`).
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from experiments import study_report
 _WORKDIR = flags.DEFINE_multi_string("workdir", None, "Folder holding rows.jsonl; repeat to merge "
                                      "shards.", required=True)
 _OUT = flags.DEFINE_string("out", None, "Output folder; default <first workdir>/report.")
+_KEEP_ROWS = flags.DEFINE_bool("keep_rows", True, "Also write the rows rendered to "
+                               "<out>/rows/<first workdir's name>/rows.jsonl.")
 
 
 def main(argv) -> None:
@@ -29,8 +36,17 @@ def main(argv) -> None:
     name = rows[0]["experiment"]
     study = study_report(name)
     written = study(rows, out_dir) if study else results.generic_report(rows, out_dir)
+    if _KEEP_ROWS.value:
+        written = [*(written or []), keep_rows(rows, out_dir, _WORKDIR.value[0])]
     for path in written or []:
         print(path)
+
+
+def keep_rows(rows: list[dict], out_dir: pathlib.Path, workdir: str) -> pathlib.Path:
+    """Write ``rows`` as ``<out_dir>/rows/<workdir's name>/rows.jsonl`` (replacing what was there)
+    and return its path; a no-op write when ``workdir`` is that folder already."""
+    name = pathlib.Path(workdir).resolve().name
+    return experiment.write_rows(out_dir / "rows" / name, rows)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import math
 import os
 import pathlib
 import runpy
+import shutil
 import signal
 import subprocess
 import sys
@@ -366,6 +367,27 @@ def test_merge_rows_keeps_each_hash_once_and_refuses_two_experiments(tmp_path):
                            progress=False)
     with pytest.raises(ValueError, match=r"one experiment to merge, got \['other', 'toy'\]"):
         experiment.merge_rows(a, other)
+
+
+def test_write_rows_replaces_the_file_and_a_sweep_resumes_from_the_copy(tmp_path):
+    sweep = experiment.product({"eval.length": [8, 16, 32]})
+    first = experiment.run(toy_config(), sweep[:2], measure, tmp_path / "run", progress=False)
+    path = experiment.write_rows(tmp_path / "kept", first + first)
+    assert path == tmp_path / "kept" / "rows.jsonl"
+    assert experiment.read_rows(tmp_path / "kept") == first
+    experiment.write_rows(tmp_path / "kept", first[:1])
+    assert experiment.read_rows(tmp_path / "kept") == first[:1]
+    with pytest.raises(ValueError, match=r"ROW_FIELDS, got one without \['metrics'\]"):
+        experiment.write_rows(tmp_path / "kept", [{k: v for k, v in first[0].items()
+                                                   if k != "metrics"}])
+    assert experiment.read_rows(tmp_path / "kept") == first[:1]
+    # A fresh workdir seeded with the kept rows runs only the points they lack.
+    (tmp_path / "fresh").mkdir()
+    shutil.copy(path, tmp_path / "fresh" / "rows.jsonl")
+    ran = []
+    rows = experiment.run(toy_config(), sweep, lambda c, ctx: ran.append(c.eval.length)
+                          or measure(c, ctx), tmp_path / "fresh", progress=False)
+    assert ran == [16, 32] and len(rows) == 3
 
 
 def test_concurrent_writers_sharing_a_workdir_lose_no_row(tmp_path):

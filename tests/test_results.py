@@ -204,6 +204,17 @@ def test_the_report_renders_from_rows_alone(workdir, tmp_path):
         "model.position,eval.length,perplexity,note,wall_time_s"
     assert (out / "toy_perplexity.png").read_bytes().startswith(PNG_MAGIC)
     assert "![perplexity against eval.length](toy_perplexity.png)" in page
+    # The rows rendered are kept beside the page, under the workdir's name, and render it again.
+    kept = out / "rows" / "copy"
+    assert experiment.read_rows(kept) == experiment.read_rows(fresh)
+    assert str(kept / "rows.jsonl") in done.stdout.splitlines()
+    again = subprocess.run([sys.executable, "-m", "experiments.report", f"--workdir={kept}",
+                            f"--out={tmp_path / 'again'}", "--nokeep_rows"], cwd=REPO,
+                           capture_output=True, text=True, timeout=60,
+                           env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert again.returncode == 0, again.stderr
+    assert (tmp_path / "again" / "toy.csv").read_text() == (out / "toy.csv").read_text()
+    assert not (tmp_path / "again" / "rows").exists()
 
 
 def test_the_report_merges_shards_given_as_several_workdirs(workdir, tmp_path):

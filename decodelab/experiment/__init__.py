@@ -64,7 +64,7 @@ from decodelab.experiment.overrides import apply_overrides, check_base_config, c
 
 # The rows file.
 from decodelab.experiment.rows import (LOCK_FILE, ROW_FIELDS, ROWS_FILE, add_rows, check_writable,
-                                      json_dumps, merge_rows, read_rows)
+                                      json_dumps, merge_rows, read_rows, write_rows)
 
 # Provenance.
 from decodelab.experiment.provenance import (PROVENANCE_FIELDS, current_command, git_state,

@@ -147,6 +147,29 @@ def _replace_rows(workdir: pathlib.Path, rows: Sequence[Mapping[str, Any]]) -> N
         os.close(directory)
 
 
+def _check_fields(rows: Sequence[Mapping[str, Any]]) -> None:
+    for row in rows:
+        missing = [f for f in ROW_FIELDS if f not in row]
+        if missing:
+            raise ValueError(f"rows must have every field of ROW_FIELDS, got one without {missing}")
+
+
+def write_rows(workdir: str | os.PathLike, rows: Iterable[Mapping[str, Any]]) -> pathlib.Path:
+    """Make ``rows`` the whole of ``<workdir>/rows.jsonl`` (created if needed), in one atomic
+    write; rows already there are dropped. Returns the file's path.
+
+    For a copy of exactly the rows a page was rendered from (``experiments.report`` keeps one beside
+    the page), which a later run resumes from once copied into its workdir.
+    """
+    workdir = as_workdir(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    rows = merge_rows(rows)
+    _check_fields(rows)
+    with _locked(workdir):
+        _replace_rows(workdir, rows)
+    return workdir / ROWS_FILE
+
+
 def add_rows(workdir: str | os.PathLike, rows: Iterable[Mapping[str, Any]]) -> int:
     """Add ``rows`` to ``<workdir>/rows.jsonl`` (created if needed) in one atomic write; rows whose
     config hash is already there are skipped. Returns how many were added.
@@ -156,10 +179,7 @@ def add_rows(workdir: str | os.PathLike, rows: Iterable[Mapping[str, Any]]) -> i
     workdir = as_workdir(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     rows = list(rows)
-    for row in rows:
-        missing = [f for f in ROW_FIELDS if f not in row]
-        if missing:
-            raise ValueError(f"rows must have every field of ROW_FIELDS, got one without {missing}")
+    _check_fields(rows)
     with _locked(workdir):
         existing = read_rows(workdir)
         merged = merge_rows(existing, rows)
