@@ -17,7 +17,8 @@ a target) is called only when its interval excludes zero (or the target).
 
 Every markdown page starts with where its numbers come from, read from the rows: the commands that
 produced the rows and the one that rendered the page, the git commit (and whether the tree was dirty)
-and the machine (backend, device kind, CPU count). Plots use Matplotlib's object API with the Agg
+and the machine (backend, device kind, CPU count), and how busy other processes kept its cores
+during the points (``other_cores``). Plots use Matplotlib's object API with the Agg
 canvas, so rendering needs no display and leaves pyplot's global state alone.
 """
 
@@ -354,8 +355,24 @@ def provenance_lines(rows: Sequence[Mapping[str, Any]], command: str | None = No
         + f" (rows), then `{current_command() if command is None else command}` (this page).",
         f"Commit: {_tally(commits)}. Machine: {_tally(machines)}. Software: {_tally(software)}.",
         f"{len(rows)} points run {starts[0]} to {starts[-1]}, "
-        f"{_duration(wall)} of point wall time.",
+        f"{_duration(wall)} of point wall time{_sharing(rows)}.",
     ]
+
+
+def other_cores(rows: Sequence[Mapping[str, Any]]) -> list[float]:
+    """Per row that records it (``other_cpu_s``, see ``experiment.cpu_seconds``): the cores other
+    processes kept busy on average during the point, ``other_cpu_s / wall_time_s``."""
+    return [row["other_cpu_s"] / row["wall_time_s"] for row in rows
+            if row.get("other_cpu_s") is not None and row.get("wall_time_s")]
+
+
+def _sharing(rows: Sequence[Mapping[str, Any]]) -> str:
+    shares = other_cores(rows)
+    if not shares:
+        return ""
+    counted = "" if len(shares) == len(rows) else f" of the {len(shares)} that recorded it"
+    return (f"; other processes kept {sum(shares) / len(shares):.2f} cores busy on average during "
+            f"a point{counted} (at most {max(shares):.2f})")
 
 
 def _duration(seconds: float) -> str:

@@ -902,18 +902,34 @@ def _models(metrics: list[dict], vocab_size: int) -> str:
     return "; and ".join(parts)
 
 
-def load_reading(metrics) -> str:
-    """What the 1-minute load averages at the points' starts say. Points run back to back, so a
-    load up to the benchmark's own thread count is what its previous point leaves behind; only a
-    load well above it (half a core more) says that other processes shared the machine."""
+# Cores other processes kept busy on average during a point, from which on a page says the
+# machine was shared (a tenth of a core is the background of an idle machine at most).
+SHARED_CORES = 0.25
+
+
+def load_reading(metrics, other_cores=()) -> str:
+    """Whether other processes shared the machine. Where the rows record it, judged by the cores
+    other processes kept busy during each point (``results.other_cores``: the machine's CPU time
+    less the benchmark's own); otherwise by the 1-minute load averages at the points' starts:
+    points run back to back, so a load up to the benchmark's own thread count is what its previous
+    point leaves behind, and only a load well above it (half a core more) says that others ran."""
     busy, threads = max(m["load_avg_1min"] for m in metrics), metrics[0]["threads"]
+    shared = ("other processes took CPU time from the measurements, so speeds are lower and "
+              "noisier than on an idle machine, and PyTorch's OpenMP threads, which wait for each "
+              "other at every operation, lose the most. Compare rows measured at similar load.")
+    if other_cores:
+        worst = max(other_cores)
+        measured = (f"other processes kept up to {worst:.2f} of the {threads} cores busy during a "
+                    "point (the machine's CPU time in /proc/stat less the benchmark's own)")
+        if worst >= SHARED_CORES:
+            return f"**The machine was shared during this run**: {measured}; {shared}"
+        return (f"The machine was not shared: {measured}, under the {SHARED_CORES} that counts as "
+                f"sharing (1-minute load average up to {busy:.1f}, the benchmark's own "
+                f"{threads} threads included).")
     if busy >= threads + 0.5:
         return (f"**The machine was shared during this run** (1-minute load average up to "
                 f"{busy:.1f} on {threads} cores, more than the benchmark's own {threads} threads "
-                "leave): other processes took CPU time from the measurements, so speeds are lower "
-                "and noisier than on an idle machine, and PyTorch's OpenMP threads, which wait "
-                "for each other at every operation, lose the most. Compare rows measured at "
-                "similar load.")
+                f"leave): {shared}")
     return (f"1-minute load average up to {busy:.1f} on {threads} cores: no more than the "
             f"benchmark's own {threads} threads leave behind from the point before (points run "
             "back to back), so no other process is seen sharing the machine.")
@@ -948,7 +964,8 @@ def report(rows, out_dir) -> list[pathlib.Path]:
         f"XLA and PyTorch; 1-minute load average at the start of each point "
         f"{_fmt_range([m['load_avg_1min'] for m in metrics], '', 2).strip()}. Peer: "
         f"{'; '.join(hf_versions)}.")
-    page.text(load_reading(metrics + max_len_rows + breakdown_rows))
+    page.text(load_reading(metrics + max_len_rows + breakdown_rows,
+                           results.other_cores(rows)))
     page.text(
         "How each number is made (details in `experiments/bench_decode.py`): tokens/s = batch x "
         f"{N} / the wall time of one whole `generate` call; decodelab step ms = (that time - the "

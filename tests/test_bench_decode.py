@@ -395,6 +395,12 @@ def test_a_load_up_to_the_benchmarks_own_threads_is_not_read_as_a_shared_machine
     shared = own + [{"load_avg_1min": 2.6, "threads": 2}]
     assert bench_decode.load_reading(shared).startswith(
         "**The machine was shared during this run** (1-minute load average up to 2.6 on 2 cores")
+    # Where rows record the CPU time other processes took, that decides, not the load average.
+    assert bench_decode.load_reading(shared, [0.01, 0.08]).startswith(
+        "The machine was not shared: other processes kept up to 0.08 of the 2 cores busy")
+    assert bench_decode.load_reading(own, [0.01, 0.6]).startswith(
+        "**The machine was shared during this run**: other processes kept up to 0.60 of the 2 "
+        "cores busy during a point")
 
 
 @pytest.mark.skipif(not HAS_PEER, reason="needs the peer extra (torch, transformers)")

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from ml_collections import config_dict
 
-from decodelab import experiment
+from decodelab import experiment, results
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TOY = ["tests/fixtures/toy_experiment.py", "--config=tests/fixtures/toy_config.py"]
@@ -221,6 +221,35 @@ def test_rows_carry_every_provenance_field(tmp_path):
     assert prov["command"] == "python -m experiments.toy --workdir=w"
     assert prov["backend"] == "cpu" and prov["device_kind"] and prov["cpu_count"] == os.cpu_count()
     assert all(prov[f"{n}_version"] for n in ("python", "jax", "jaxlib", "flax"))
+
+
+def test_cpu_seconds_count_this_process_and_the_machine():
+    before = experiment.cpu_seconds()
+    deadline = time.process_time() + 0.3
+    while time.process_time() < deadline:  # burn 0.3 s of this process's CPU
+        pass
+    after = experiment.cpu_seconds()
+    own = after[1] - before[1]
+    assert own >= 0.29
+    # The machine's busy time includes this process's (to /proc/stat's 10 ms ticks, per core).
+    assert after[0] - before[0] >= own - 0.05 * os.cpu_count()
+
+
+def test_a_row_records_the_cpu_time_other_processes_took(tmp_path, monkeypatch):
+    from decodelab.experiment import runner
+    # (machine, own) CPU seconds at the start and the end of each point.
+    readings = iter([(100.0, 10.0), (103.0, 11.5), (200.0, 20.0), (200.5, 21.0), None, None])
+    monkeypatch.setattr(runner, "cpu_seconds", lambda: next(readings))
+    sweep = experiment.product({"eval.length": [8, 16, 32]})
+    rows = experiment.run(toy_config(), sweep, measure, tmp_path, progress=False)
+    assert rows[0]["other_cpu_s"] == 1.5  # 3 s busy, 1.5 s of it this process's
+    assert rows[1]["other_cpu_s"] == 0.0  # tick rounding never makes it negative
+    assert "other_cpu_s" not in rows[2]  # no /proc/stat: not recorded
+    timed = [dict(rows[0], wall_time_s=3.0), dict(rows[1], wall_time_s=1.0), rows[2]]
+    assert results.other_cores(timed) == [0.5, 0.0]
+    assert results.provenance_lines(timed, command="c")[2].endswith(
+        "; other processes kept 0.25 cores busy on average during a point of the 2 that recorded "
+        "it (at most 0.50).")
 
 
 def test_git_state_outside_a_repository_is_unknown(tmp_path):

@@ -49,6 +49,8 @@ What a caller may rely on:
   one, and processes sharing a workdir on one machine never lose each other's rows (shards on
   several machines write to their own workdirs and merge with ``merge_rows`` / ``add_rows``).
   Reading rejects a line that is not a row instead of skipping it.
+- A row also has ``other_cpu_s`` where ``/proc/stat`` is readable: the CPU seconds other processes
+  took during the point (``cpu_seconds``), so a page can say whether its timings shared the machine.
 - Re-running skips every point that has a row, so an interrupted sweep (Ctrl-C, a killed process)
   loses only the points in progress.
 """
@@ -67,8 +69,8 @@ from decodelab.experiment.rows import (LOCK_FILE, ROW_FIELDS, ROWS_FILE, add_row
                                       json_dumps, merge_rows, read_rows, write_rows)
 
 # Provenance.
-from decodelab.experiment.provenance import (PROVENANCE_FIELDS, current_command, git_state,
-                                            provenance)
+from decodelab.experiment.provenance import (PROVENANCE_FIELDS, cpu_seconds, current_command,
+                                            git_state, provenance)
 
 # The runner and the programs.
 from decodelab.experiment.runner import Metrics, PointContext, run

@@ -8,6 +8,7 @@ import importlib.metadata
 import os
 import pathlib
 import platform
+import resource
 import shlex
 import subprocess
 import sys
@@ -68,3 +69,24 @@ def provenance(command: str | None = None) -> dict[str, Any]:
     and the command (this process's unless given). Computed once per process."""
     command = current_command() if command is None else command
     return {**dict(_static_provenance()), "command": command}
+
+
+def cpu_seconds() -> tuple[float, float] | None:
+    """``(machine, own)``: CPU seconds spent so far by every process on the machine (busy time of
+    all cores, from ``/proc/stat``) and by this process with its waited-for children. The growth of
+    ``machine - own`` over an interval is what other processes took from the cores meanwhile, which
+    a load average (a decaying count of runnable threads, this process's own included) cannot
+    separate. None where ``/proc/stat`` is unreadable (not Linux)."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    # user nice system idle iowait irq softirq steal (guest time is counted in user already).
+    ticks = [int(v) for v in fields[1:9]]
+    busy = sum(ticks) - ticks[3] - ticks[4]
+    own = sum(getattr(resource.getrusage(who), part) for who in
+              (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN) for part in ("ru_utime", "ru_stime"))
+    return busy / os.sysconf("SC_CLK_TCK"), own

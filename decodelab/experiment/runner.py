@@ -20,7 +20,7 @@ import jax
 from ml_collections import config_dict
 from tqdm.auto import tqdm
 
-from decodelab.experiment.provenance import provenance
+from decodelab.experiment.provenance import cpu_seconds, provenance
 from decodelab.experiment.rows import add_rows, as_workdir, check_writable, read_rows
 from decodelab.experiment.sweep import Point, expand, shard
 
@@ -145,8 +145,9 @@ def run(
               disable=not progress, dynamic_ncols=True) as bar:
         for point in todo:
             bar.set_postfix_str(_describe(point))
-            start_time, start = _utc_now(), time.perf_counter()
+            start_time, start, cpu_start = _utc_now(), time.perf_counter(), cpu_seconds()
             metrics = point_fn(point.config, PointContext(workdir, point, progress, bar))
+            wall, cpu_end = time.perf_counter() - start, cpu_seconds()
             row = {
                 "experiment": config.experiment,
                 "config_hash": point.config_hash,
@@ -156,9 +157,13 @@ def run(
                 "config": point.config.to_dict(),
                 "metrics": _check_metrics(metrics, point),
                 "start_time": start_time,
-                "wall_time_s": time.perf_counter() - start,
+                "wall_time_s": wall,
                 "provenance": fields,
             }
+            if cpu_start is not None and cpu_end is not None:
+                # CPU seconds other processes took during the point (see cpu_seconds).
+                row["other_cpu_s"] = max(0.0, (cpu_end[0] - cpu_start[0])
+                                         - (cpu_end[1] - cpu_start[1]))
             if jax.process_index() == 0:  # one row per point of a multi-process run
                 add_rows(workdir, [row])
             rows.setdefault(point.config_hash, row)
