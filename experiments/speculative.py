@@ -501,26 +501,31 @@ def _best(rows, drafter, batch, temperature):
     return max(group, key=lambda r: _m(r, "speedup")) if group else None
 
 
+def _best_points(rows, batches=None):
+    """``(drafter, batch, temperature, best point)`` for each group of ``rows`` with points,
+    drafters in label order, then batch sizes (``batches``, default all) and temperatures."""
+    temperatures = sorted({r["config"]["temperature"] for r in rows})
+    for drafter in DRAFTER_LABELS:
+        for batch in batches or sorted({r["config"]["batch_size"] for r in rows}):
+            for temperature in temperatures:
+                best = _best(rows, drafter, batch, temperature)
+                if best is not None:
+                    yield drafter, batch, temperature, best
+
+
 def _best_table(rows) -> results.Table:
     """Per drafter, batch and temperature: the gamma with the largest measured speed-up."""
     columns = ["drafter", "batch", "temperature", "best gamma", "alpha", "c", "v", "overhead",
                "tokens/call", "speed-up", "predicted", "measured / predicted",
                "predicted (measured costs)", "measured / predicted (measured costs)"]
     body = []
-    for drafter in DRAFTER_LABELS:
-        for batch in sorted({r["config"]["batch_size"] for r in rows}):
-            for temperature in sorted({r["config"]["temperature"] for r in rows}):
-                best = _best(rows, drafter, batch, temperature)
-                if best is None:
-                    continue
-                cells = _cells(best)
-                body.append([DRAFTER_LABELS[drafter], batch, temperature,
-                             best["config"]["gamma"], cells["alpha"], _m(best, "c"),
-                             _m(best, "verify_cost"), _m(best, "overhead"),
-                             cells["tokens_per_call"], cells["speedup"],
-                             _m(best, "predicted_speedup"), cells["predicted"],
-                             _m(best, "predicted_speedup_measured_costs"),
-                             cells["measured_costs"]])
+    for drafter, batch, temperature, best in _best_points(rows):
+        cells = _cells(best)
+        body.append([DRAFTER_LABELS[drafter], batch, temperature, best["config"]["gamma"],
+                     cells["alpha"], _m(best, "c"), _m(best, "verify_cost"),
+                     _m(best, "overhead"), cells["tokens_per_call"], cells["speedup"],
+                     _m(best, "predicted_speedup"), cells["predicted"],
+                     _m(best, "predicted_speedup_measured_costs"), cells["measured_costs"]])
     return results.Table(columns, body)
 
 
@@ -927,16 +932,15 @@ def _comparison(rows, compared: dict) -> str | None:
     lines = []
     for name, other in compared.items():
         cells = []
-        for drafter, label in DRAFTER_LABELS.items():
-            for temperature in sorted({r["config"]["temperature"] for r in rows}):
-                here, there = (_best(group, drafter, 1, temperature) for group in (rows, other))
-                if here is None or there is None:
-                    continue
-                cells.append(
-                    f"{label} at temperature {temperature:g}: "
-                    + " against ".join(f"{_times(_cells(best)['speedup'])} (gamma "
-                                       f"{best['config']['gamma']}, c = {_m(best, 'c'):.3f})"
-                                       for best in (here, there)))
+        for drafter, _, temperature, here in _best_points(rows, batches=[1]):
+            there = _best(other, drafter, 1, temperature)
+            if there is None:
+                continue
+            cells.append(
+                f"{DRAFTER_LABELS[drafter]} at temperature {temperature:g}: "
+                + " against ".join(f"{_times(_cells(best)['speedup'])} (gamma "
+                                   f"{best['config']['gamma']}, c = {_m(best, 'c'):.3f})"
+                                   for best in (here, there)))
         if cells:
             lines.append(
                 f"**Against the `{name}` target** (its page: [speculative_{name}.md]"
