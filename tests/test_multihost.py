@@ -41,6 +41,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _assert_trained_alike(actual: np.ndarray, desired: np.ndarray, name: str) -> None:
+    """Parameters of the same training summed over other devices: equal to 1e-5 but for the few
+    whose gradient is at rounding level, which Adam may move the other way (see TRAIN): those stay
+    within twice the learning rate per step, and are at most 0.1% of the tensor."""
+    bound = 2 * TRAIN["learning_rate"] * TRAIN["steps"]
+    np.testing.assert_allclose(actual, desired, rtol=0, atol=bound, err_msg=name)
+    off = np.abs(np.asarray(actual) - np.asarray(desired)) > 1e-5
+    assert off.mean() <= 1e-3, f"{name}: {off.sum()} of {off.size} parameters differ by > 1e-5"
+
+
 def _flat_params(model) -> dict[str, np.ndarray]:
     return {jax.tree_util.keystr(path): np.asarray(leaf) for path, leaf in
             jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(nnx.state(model)))[0]}
@@ -96,7 +106,7 @@ def test_two_processes_train_like_one_device(two_processes, one_device):
         with np.load(two_processes["workdir"] / f"process{index}.npz") as saved:
             assert sorted(saved.files) == sorted(reference)
             for name, value in reference.items():
-                np.testing.assert_allclose(saved[name], value, rtol=0, atol=1e-5, err_msg=name)
+                _assert_trained_alike(saved[name], value, name)
 
 
 @pytest.mark.slow
@@ -111,4 +121,4 @@ def test_the_cache_entry_is_written_once_and_restores_on_one_device(two_processe
     assert loaded.resumed_from == 2
     reference = _flat_params(one_device.model)
     for name, value in _flat_params(loaded.model).items():
-        np.testing.assert_allclose(value, reference[name], rtol=0, atol=1e-5, err_msg=name)
+        _assert_trained_alike(value, reference[name], name)
