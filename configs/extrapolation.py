@@ -57,10 +57,17 @@ def get_sweep(arg: str | None = None) -> list[dict]:
     plain = product({"model.position": list(ENCODINGS), "eval.factor": list(FACTORS)})
     scaled = product({"model.position": ["rope"], "eval.rope_scaling": list(ROPE_SCALINGS),
                       "eval.factor": [f for f in FACTORS if f > 1]})
-    # Appended after the first seed's points, so a workdir of the first seed resumes into these.
-    reseeded = (product({"train.seed": list(MORE_SEEDS), "model.position": list(SEEDED),
-                         "eval.factor": list(FACTORS)})
-                + product({"train.seed": list(MORE_SEEDS), "model.position": ["rope"],
-                           "eval.rope_scaling": list(ROPE_SCALINGS),
-                           "eval.factor": [f for f in FACTORS if f > 1]}))
+    # Appended after the first seed's points, so a workdir of the first seed resumes into these;
+    # one model at a time, each RoPE model's scaled points right after its plain ones, so that a
+    # sweep stopped between models (its workdir's cached models lost) never has to train a model
+    # again for the points it left.
+    reseeded = []
+    for seed in MORE_SEEDS:
+        for position in SEEDED:
+            reseeded += product({"train.seed": [seed], "model.position": [position],
+                                 "eval.factor": list(FACTORS)})
+            if position == "rope":
+                reseeded += product({"train.seed": [seed], "model.position": ["rope"],
+                                     "eval.rope_scaling": list(ROPE_SCALINGS),
+                                     "eval.factor": [f for f in FACTORS if f > 1]})
     return plain + scaled + reseeded

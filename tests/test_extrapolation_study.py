@@ -87,6 +87,10 @@ def test_the_sweep_trains_four_encodings_with_three_seeds_and_keeps_the_first_se
     first = [p for p in points if p.config.train.seed == 0]
     assert [p.index for p in first] == list(range(len(first))) and len(first) == 33
     assert "train.seed" not in first[0].overrides
+    # Then one model at a time: each further (seed, encoding)'s points are contiguous.
+    models = [(p.config.train.seed, p.config.model.position) for p in points[len(first):]]
+    assert len(set(models)) == len([m for i, m in enumerate(models) if i == 0 or m != models[i - 1]])
+    assert len(points) == 83
 
 
 def test_tables_show_each_value_with_its_window_interval(page):
