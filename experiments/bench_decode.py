@@ -902,8 +902,8 @@ def _models(metrics: list[dict], vocab_size: int) -> str:
     return "; and ".join(parts)
 
 
-# Cores other processes kept busy on average during a point, from which on a page says the
-# machine was shared (a tenth of a core is the background of an idle machine at most).
+# The cores other processes kept busy on average during a point from which the page calls the
+# machine shared (an idle machine's background stays well under a tenth of a core).
 SHARED_CORES = 0.25
 
 
