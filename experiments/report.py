@@ -35,16 +35,17 @@ def main(argv) -> None:
     out_dir = pathlib.Path(_OUT.value or pathlib.Path(_WORKDIR.value[0]) / "report")
     name = rows[0]["experiment"]
     study = study_report(name)
-    written = study(rows, out_dir) if study else results.generic_report(rows, out_dir)
+    written = list((study(rows, out_dir) if study else results.generic_report(rows, out_dir))
+                   or [])
     if _KEEP_ROWS.value:
-        written = [*(written or []), keep_rows(rows, out_dir, _WORKDIR.value[0])]
-    for path in written or []:
+        written.append(keep_rows(rows, out_dir, _WORKDIR.value[0]))
+    for path in written:
         print(path)
 
 
 def keep_rows(rows: list[dict], out_dir: pathlib.Path, workdir: str) -> pathlib.Path:
     """Write ``rows`` as ``<out_dir>/rows/<workdir's name>/rows.jsonl`` (replacing what was there)
-    and return its path; a no-op write when ``workdir`` is that folder already."""
+    and return its path (when ``workdir`` is that folder, the same rows are written again)."""
     name = pathlib.Path(workdir).resolve().name
     return experiment.write_rows(out_dir / "rows" / name, rows)
 
