@@ -328,6 +328,33 @@ def verdict(interval: Interval | None, *, above: str, below: str, threshold: flo
                       "be needed)")
 
 
+def _seed_list(seeds: list) -> str:
+    return ("seed " if len(seeds) == 1 else "seeds ") + ", ".join(str(s) for s in seeds)
+
+
+def across_seeds(verdicts: Mapping[Any, Verdict]) -> Verdict:
+    """One claim judged separately on each training seed (``verdicts``: seed -> its verdict) as
+    one verdict: called (``side`` +1 or -1) only when every seed calls it, with the same text,
+    "... on every seed (seeds 0, 1, 2)"; otherwise side 0, "seeds disagree: ...", each outcome
+    with its seeds in seed order ("not distinguishable ... on every seed" when none calls it). An
+    uncalled seed counts as disagreeing: a seed that cannot separate the two is evidence for
+    neither. One seed gives its own verdict unchanged."""
+    if not verdicts:
+        raise ValueError("verdicts must hold at least one seed's verdict, got none")
+    if len(verdicts) == 1:
+        return next(iter(verdicts.values()))
+    groups: dict[str, tuple[int, list]] = {}
+    for seed in sorted(verdicts):
+        judged = verdicts[seed]
+        label = judged.text if judged.side else judged.text.split(" (")[0]
+        groups.setdefault(label, (judged.side, []))[1].append(seed)
+    if len(groups) == 1:
+        (label, (side, seeds)), = groups.items()
+        return Verdict(side, f"{label} on every seed ({_seed_list(seeds)})")
+    return Verdict(0, "seeds disagree: " + "; ".join(
+        f"{label} ({_seed_list(seeds)})" for label, (_, seeds) in groups.items()))
+
+
 def _tally(values: list) -> str:
     counts = collections.Counter(values)
     if len(counts) == 1:

@@ -15,8 +15,9 @@ Two numbers per point, both on the same leading validation tokens:
 Each row also keeps every window's NLL sum (``window_nll``, ``tail_window_nll``): the page's 95%
 intervals resample the windows (``decodelab.stats``), and a comparison of two encodings at one
 length is paired, window by window (both read the same windows). The sweep trains `rope`,
-`alibi`, `sinusoidal` and `t5` with three seeds (``train.seed``); the page's tables and claims are
-the first seed's, with the spread over seeds beside them.
+`alibi`, `sinusoidal` and `t5` with three seeds (``train.seed``); the page's tables are the first
+seed's, with the spread over seeds beside them, and each claim is judged on every seed that trained
+what it compares: called only when every seed's interval calls it the same way.
 """
 
 from __future__ import annotations
@@ -128,67 +129,102 @@ def _by_encoding(rows) -> dict[int, dict[str, dict[int, dict]]]:
     return by
 
 
-def _growth_table(at: dict[str, dict[int, dict]], top: int) -> results.Table:
-    """Per encoding evaluated at L and at ``top`` L: the tail perplexity ratio with its interval
-    (windows of the two lengths resampled independently) and the verdict on "it degrades"."""
+def _growth(by_factor: dict[int, dict], top: int) -> tuple[float | None, results.Verdict] | None:
+    """The tail perplexity at ``top`` L over that at L (an Interval where the rows keep windows,
+    the two lengths' windows resampled independently) and its verdict on "it degrades"; None
+    where either length has no value."""
+    low, high = by_factor.get(1), by_factor.get(top)
+    if low is None or high is None or None in (low["tail_perplexity"], high["tail_perplexity"]):
+        return None
+    cols_high, cols_low = _windows(high, "tail_perplexity"), _windows(low, "tail_perplexity")
+    ratio = (stats.bootstrap_ratio(stats.perplexity, cols_high, cols_low)
+             if cols_high and cols_low else None)
+    judged = results.verdict(ratio, threshold=1.0, above="degrades", below="improves",
+                             units="windows per length", missing=NO_WINDOWS)
+    return (ratio if ratio else high["tail_perplexity"] / low["tail_perplexity"]), judged
+
+
+def _growth_table(by: dict[int, dict[str, dict[int, dict]]], first: int, top: int
+                  ) -> results.Table:
+    """Per encoding evaluated at L and at ``top`` L: the first seed's tail perplexity ratio with
+    its interval and its verdict on "it degrades", and the verdict over every seed that trained
+    the encoding (``results.across_seeds``)."""
     body = []
-    for label, by_factor in at.items():
-        low, high = by_factor.get(1), by_factor.get(top)
-        if low is None or high is None or high["tail_perplexity"] is None:
-            if low is not None:
-                body.append([label, low["tail_perplexity"], None, None, "n/a"])
+    for label, by_factor in by[first].items():
+        if 1 not in by_factor:
             continue
-        cols_high, cols_low = _windows(high, "tail_perplexity"), _windows(low, "tail_perplexity")
-        ratio = (stats.bootstrap_ratio(stats.perplexity, cols_high, cols_low)
-                 if cols_high and cols_low else None)
-        judged = results.verdict(ratio, threshold=1.0, above="degrades", below="improves",
-                                 units="windows per length", missing=NO_WINDOWS)
-        point = ratio if ratio else high["tail_perplexity"] / low["tail_perplexity"]
-        body.append([label, low["tail_perplexity"], high["tail_perplexity"], point, judged.text])
-    return results.Table(["encoding", "at L", f"at {top}L", "ratio", "verdict"], body)
+        growth = {s: _growth(at[label], top) for s, at in sorted(by.items()) if label in at}
+        if growth[first] is None:
+            body.append([label, by_factor[1]["tail_perplexity"], None, None, "n/a", "n/a"])
+            continue
+        judged = {s: g[1] for s, g in growth.items() if g is not None}
+        others = ", ".join(f"{g[0]:.2f} (seed {s})" for s, g in growth.items()
+                           if s != first and g is not None)
+        body.append([label, by_factor[1]["tail_perplexity"], by_factor[top]["tail_perplexity"],
+                     growth[first][0], growth[first][1].text,
+                     f"{others}: {results.across_seeds(judged).text}" if others else
+                     "one seed"])
+    return results.Table(["encoding", "at L", f"at {top}L", "ratio", "verdict",
+                          "other seeds' ratios: verdict over seeds"], body)
 
 
 def _tail(at: dict[str, dict[int, dict]], label: str, factor: int) -> float | None:
     return at.get(label, {}).get(factor, {}).get("tail_perplexity")
 
 
+def _judged(a: dict, b: dict, **labels) -> tuple[str, results.Verdict]:
+    """tail perplexity(a) - tail perplexity(b) as shown (with its paired interval where the rows
+    keep windows) and its verdict (``labels``: ``above`` and ``below``)."""
+    difference = _paired(a, b)
+    shown = (f"{difference:+.1f}" if difference else
+             f"{a['tail_perplexity'] - b['tail_perplexity']:+.1f}")
+    return shown, results.verdict(difference, units="windows", missing=NO_WINDOWS, **labels)
+
+
+def _over_seeds(judged: dict[int, tuple[str, results.Verdict]]) -> str:
+    """``shown: **verdict**`` for one seed; for several, each seed's shown difference and verdict,
+    then the claim over seeds in bold (``results.across_seeds``)."""
+    if len(judged) == 1:
+        (shown, verdict), = judged.values()
+        return f"{shown}: **{verdict.text}**"
+    each = "; ".join(f"seed {s}: {shown}, {verdict.text}" for s, (shown, verdict) in judged.items())
+    overall = results.across_seeds({s: verdict for s, (_, verdict) in judged.items()})
+    return f"{each}. Over seeds: **{overall.text}**"
+
+
 def _comparison_lines(by: dict, first: int, top: int) -> list[str]:
     """The claims of ``COMPARISONS`` and which encoding is best at L and at ``top`` L, each
-    judged on the first seed's windows, with the other seeds' point differences beside them."""
+    judged on every seed that trained what it compares (a paired interval over that seed's
+    windows) and called only when every seed calls it the same way (``results.across_seeds``)."""
     lines = []
-    at = by[first]
     for a, b, factor, claim in COMPARISONS:
         factor = factor or top
-        if None in (_tail(at, a, factor), _tail(at, b, factor)):
-            continue
-        ma, mb = at[a][factor], at[b][factor]
-        difference = _paired(ma, mb)
-        judged = results.verdict(difference, above=f"{a} is worse (higher perplexity)",
-                                 below=f"{a} is better (lower perplexity)", units="windows",
-                                 missing=NO_WINDOWS)
-        shown = (f"{difference:+.1f}" if difference else
-                 f"{ma['tail_perplexity'] - mb['tail_perplexity']:+.1f}")
-        seeds = [f"seed {s}: {_tail(at_s, a, factor) - _tail(at_s, b, factor):+.1f}"
-                 for s, at_s in sorted(by.items())
-                 if s != first and None not in (_tail(at_s, a, factor), _tail(at_s, b, factor))]
-        lines.append(f"- *{claim}* ({factor}L): tail perplexity {a} - {b} = {shown}: "
-                     f"**{judged.text}**" + (f" (other seeds, point estimates: {', '.join(seeds)})"
-                                             if seeds else "") + ".")
+        judged = {s: _judged(at[a][factor], at[b][factor],
+                             above=f"{a} is worse (higher perplexity)",
+                             below=f"{a} is better (lower perplexity)")
+                  for s, at in sorted(by.items())
+                  if None not in (_tail(at, a, factor), _tail(at, b, factor))}
+        if first in judged:
+            lines.append(f"- *{claim}* ({factor}L): tail perplexity {a} - {b}"
+                         f"{' = ' if len(judged) == 1 else ', '}{_over_seeds(judged)}.")
     for factor in sorted({1, top}):
-        plain = sorted(((m[factor]["tail_perplexity"], label) for label, m in at.items()
-                        if "+" not in label and factor in m
-                        and m[factor]["tail_perplexity"] is not None))
-        if len(plain) < 2:
-            continue
-        (_, best), (_, runner_up) = plain[:2]
-        difference = _paired(at[runner_up][factor], at[best][factor])
-        judged = results.verdict(difference, above=f"{best} is the best encoding",
-                                 below=f"{runner_up} is the best encoding", units="windows",
-                                 missing=NO_WINDOWS)
-        shown = f"{difference:+.1f}" if difference else f"{plain[1][0] - plain[0][0]:+.1f}"
-        lines.append(f"- *The lowest tail perplexity at {'L' if factor == 1 else f'{factor}L'}*: "
-                     f"{best} ({plain[0][0]:.1f}), then {runner_up} ({plain[1][0]:.1f}); "
-                     f"{runner_up} - {best} = {shown}: **{judged.text}**.")
+        judged = {}
+        for s, at in sorted(by.items()):
+            plain = sorted(((m[factor]["tail_perplexity"], label) for label, m in at.items()
+                            if "+" not in label and factor in m
+                            and m[factor]["tail_perplexity"] is not None))
+            if len(plain) < 2:
+                continue
+            (low, best), (second, runner_up) = plain[:2]
+            shown, verdict = _judged(at[runner_up][factor], at[best][factor],
+                                     above=f"{best} is the best encoding",
+                                     below=f"{runner_up} is the best encoding")
+            judged[s] = (f"{best} ({low:.1f}), then {runner_up} ({second:.1f}), of "
+                         f"{len(plain)} encodings; {runner_up} - {best} = {shown}", verdict)
+        if first in judged:
+            lines.append(f"- *The lowest tail perplexity at {'L' if factor == 1 else f'{factor}L'}"
+                         "*" + (" (among the encodings each seed trained)" if len(judged) > 1
+                                else "") + f": {_over_seeds(judged)}.")
     return lines
 
 
@@ -261,14 +297,17 @@ def report(rows, out_dir) -> list[pathlib.Path]:
         page.image(path, f"{metric} against context length, one line per encoding")
         plots.append(path)
     by = _by_encoding(rows)
-    growth = _growth_table(by[first], top)
+    growth = _growth_table(by, first, top)
     page.table(growth, out_dir / "extrapolation_growth.csv", number_format="{:.2f}",
-               caption=f"**Tail perplexity at {top}L over that at L**, with its interval (the "
-                       "windows of the two lengths resampled independently) and the verdict on "
-                       "\"it degrades\": called only when the interval excludes 1.")
+               caption=f"**Tail perplexity at {top}L over that at L** (seed {first}), with its "
+                       "interval (the windows of the two lengths resampled independently) and "
+                       "the verdict on \"it degrades\": called only when the interval excludes "
+                       "1; the last column, the other seeds' ratios and the verdict over seeds: "
+                       "called only when every seed's interval calls it.")
     page.text("**Claims, judged by the intervals** (a paired bootstrap of the difference, window "
-              "by window; called only when its interval excludes 0):\n\n"
-              + "\n".join(_comparison_lines(by, first, top)))
+              "by window; called only when its interval excludes 0, and where several seeds "
+              "trained what a claim compares, only when every seed's interval excludes 0 on the "
+              "same side):\n\n" + "\n".join(_comparison_lines(by, first, top)))
     if seeds is not None:
         page.table(seeds, out_dir / "extrapolation_seeds.csv", number_format="{:.1f}",
                    caption="**Tail perplexity over training seeds** (each seed a model trained "

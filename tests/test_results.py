@@ -107,6 +107,33 @@ def test_a_verdict_is_called_only_when_the_interval_excludes_the_threshold():
         judge(0.3)
 
 
+def test_a_claim_over_seeds_is_called_only_when_every_seed_calls_it_the_same_way():
+    def judge(low, high):
+        return results.verdict(Interval((low + high) / 2, low, high, units=40), above="worse",
+                               below="better", units="windows")
+    agree = results.across_seeds({2: judge(-3, -1), 0: judge(-5, -2), 1: judge(-4, -0.5)})
+    assert (agree.side, agree.text) == (-1, "better on every seed (seeds 0, 1, 2)")
+    split = results.across_seeds({0: judge(-5, -2), 1: judge(-1, 2), 2: judge(1, 3)})
+    assert split.side == 0
+    assert split.text == ("seeds disagree: better (seed 0); not distinguishable at this sample "
+                          "size (seed 1); worse (seed 2)")
+    # An uncalled seed keeps the claim from being called, even when the others agree.
+    assert results.across_seeds({0: judge(1, 3), 1: judge(-0.1, 2)}).side == 0
+    none = results.across_seeds({0: judge(-1, 2), 1: judge(-2, 0.5)})
+    assert (none.side, none.text) == (0, "not distinguishable at this sample size on every seed "
+                                         "(seeds 0, 1)")
+    # Called on every seed, but not the same claim (another encoding best on seed 1).
+    best = [results.verdict(Interval(2.0, 1.0, 3.0, units=40), above=f"{name} is the best",
+                            below="-") for name in ("alibi", "rope")]
+    assert results.across_seeds(dict(enumerate(best))).text == (
+        "seeds disagree: alibi is the best (seed 0); rope is the best (seed 1)")
+    # One seed: its own verdict, with its units-needed sentence.
+    one = judge(-1, 2)
+    assert results.across_seeds({0: one}) is one
+    with pytest.raises(ValueError, match="verdicts must hold at least one seed's verdict"):
+        results.across_seeds({})
+
+
 def test_points_table_leaves_out_per_unit_lists():
     row = {"overrides": {"x": 1}, "config": {"x": 1}, "metrics": {
         "ppl": 3.0, "window_nll": [1.0], "per_prompt": {"tokens": [4.0]}}, "wall_time_s": 2.0}
