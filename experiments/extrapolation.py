@@ -292,9 +292,10 @@ def report(rows, out_dir) -> list[pathlib.Path]:
                          ("perplexity", "extrapolation.png")):
         path = results.line_plot(shown, out_dir / name, x="metrics.context_len",
                                  y=f"metrics.{metric}", group="metrics.encoding", logx=True,
-                                 logy=True, title=f"{metric.replace('_', ' ')} vs context length"
+                                 logy=True, title=f"{metric.replace('_', ' ')} vs context length, "
+                                 f"seed {first}"
                                  + (" (95% interval over windows)" if windows_kept else ""))
-        page.image(path, f"{metric} against context length, one line per encoding")
+        page.image(path, f"{metric} against context length, one line per encoding (seed {first})")
         plots.append(path)
     by = _by_encoding(rows)
     growth = _growth_table(by, first, top)
