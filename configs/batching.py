@@ -12,7 +12,7 @@ whole or in chunks of 16 or 64 tokens between decode rounds. Render the page wit
 from ml_collections import config_dict
 
 from decodelab.experiment import product
-from decodelab.presets import model_section
+from decodelab.experiment.presets import model_section
 
 POLICIES = ("static", "dynamic", "continuous")
 RATES = (2.0, 6.0, 16.0, 64.0)  # requests/s; 64 is far past what 8 slots serve (saturation)

@@ -33,7 +33,7 @@ Render the page (every sweep's rows in the workdir) with
 from ml_collections import config_dict
 
 from decodelab.experiment import cross, product
-from decodelab.presets import MODEL_PRESETS, PRETRAINED_MODELS, model_section
+from decodelab.experiment.presets import MODEL_PRESETS, PRETRAINED_MODELS, model_section
 
 PRESETS = ("tiny", "small", "medium")
 BATCH_SIZES = (1, 8, 32)

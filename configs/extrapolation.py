@@ -17,7 +17,7 @@ A quick run of the whole pipeline (minutes on a laptop CPU; the numbers mean not
 from ml_collections import config_dict
 
 from decodelab.experiment import product
-from decodelab.presets import model_section, train_section
+from decodelab.experiment.presets import model_section, train_section
 
 ENCODINGS = ("learned", "sinusoidal", "t5", "alibi", "rope", "nope")
 FACTORS = (1, 2, 4, 8)

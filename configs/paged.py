@@ -20,7 +20,7 @@ depend on weight values; requests run their whole budget, no EOS), as in configs
 from ml_collections import config_dict
 
 from decodelab.experiment import product
-from decodelab.presets import model_section
+from decodelab.experiment.presets import model_section
 
 ARMS = ("static", "continuous", "paged")
 # Slots per request: 2, 4, 8 and 16 times the ~42-token mean request (prompt + output), in pages.

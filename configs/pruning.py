@@ -22,7 +22,8 @@ Wanda and Taylor importance calibrate on 16 training windows of 128 tokens.
 from ml_collections import config_dict
 
 from decodelab.experiment import product
-from decodelab.presets import PRETRAINED_MODELS, check_config_arg, model_section, train_section
+from decodelab.experiment.presets import (PRETRAINED_MODELS, check_config_arg, model_section,
+                                          train_section)
 
 SPARSITIES = (0.1, 0.3, 0.5, 0.7)
 METHODS = ("magnitude", "wanda")

@@ -27,7 +27,8 @@ A quick look (tiny model, a few training steps, one point):
 from ml_collections import config_dict
 
 from decodelab.experiment import product
-from decodelab.presets import PRETRAINED_MODELS, check_config_arg, model_section, train_section
+from decodelab.experiment.presets import (PRETRAINED_MODELS, check_config_arg, model_section,
+                                          train_section)
 
 # (weights, group_size (0: one scale per output channel), scheme, method, activations ("": float,
 # "int8": W8A8)): the weight rows.

@@ -19,7 +19,7 @@ the passage (`prompts.instruction`).
 
 from ml_collections import config_dict
 
-from decodelab.presets import check_config_arg, model_section, train_section
+from decodelab.experiment.presets import check_config_arg, model_section, train_section
 
 # The user turn of a pretrained instruct model's prompts, before the passage.
 INSTRUCTION = ("Continue this passage from a play by Shakespeare. Reply with the next lines only, "

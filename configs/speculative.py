@@ -15,7 +15,7 @@ Render the pages with `python -m experiments.report --workdir=runs/speculative -
 (`results/speculative.md` for `medium`, `results/speculative_small.md` for `small`).
 
 Reusing the `medium` model trained for the quantization study: the trained models are cached per
-workdir under a key of the tokenizer, model and training sections (`decodelab.pipeline`), and these
+workdir under a key of the tokenizer, model and training sections (`decodelab.experiment.artefacts`), and these
 are the quantization study's, so copying its entries saves the training (~1000 steps):
 `mkdir -p runs/speculative && cp -r runs/quantization/tokenizers runs/quantization/models
 runs/speculative/`.
@@ -61,8 +61,8 @@ verify pass and round).
 from ml_collections import config_dict
 
 from decodelab.experiment import product
-from decodelab.presets import (MODEL_PRESETS, PRETRAINED_MODELS, check_config_arg,
-                               model_section, train_section)
+from decodelab.experiment.presets import (MODEL_PRESETS, PRETRAINED_MODELS, check_config_arg,
+                                          model_section, train_section)
 
 DRAFTERS = ("draft", "distilled", "ngram")
 GAMMAS = (1, 2, 3, 4, 6, 8)

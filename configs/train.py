@@ -8,7 +8,7 @@ picks the model preset (``configs/train.py:tiny``); every field can be overridde
 
 from ml_collections import config_dict
 
-from decodelab.presets import model_section, train_section
+from decodelab.experiment.presets import model_section, train_section
 
 
 def get_config(arg: str | None = None) -> config_dict.ConfigDict:
@@ -20,7 +20,7 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
     # Device mesh (decodelab.sharding): rows over `data`, heads and MLP units over `model`;
     # 1 x 1 is one device. E.g. --config.mesh.data=2 --config.mesh.model=4 on 8 devices.
     config.mesh = config_dict.ConfigDict(dict(data=1, model=1))
-    # Optimisation: the shared recipe (decodelab.presets.TRAIN_RECIPE; TrainConfig documents each field).
+    # Optimisation: the shared recipe (decodelab.experiment.presets.TRAIN_RECIPE; TrainConfig documents each field).
     config.train = train_section()
     # Report: validation batch size; one held-out prompt per test play, continued greedily and
     # with each sampling setting below (SamplingParams fields), prompt i with seed `seed + i`.

@@ -1,38 +1,37 @@
 """decodelab: a JAX/XLA research framework for LLM decoding experiments."""
 
 # Configuration
-from decodelab.config import ModelConfig
-
-# Text: tokenizer
-from decodelab.tokenizer import Tokenizer
-
 # Model and cache
-from decodelab.cache import KVCache
-from decodelab.model import Transformer, param_count
-
-# Real checkpoints (GGUF files, Hugging Face directories)
-from decodelab.convert import PretrainedTokenizer, load_gguf, load_hf
-
-# Compression: weights and KV caches stored quantized, weights pruned, judged on one scoreboard
-from decodelab.compare import Scoreboard, compare
-from decodelab.prune import prune, prune_heads, prune_neurons
-from decodelab.kvquant import Kivi, KiviKVCache, QuantizedKVCache, init_cache
-from decodelab.quantize import parameter_bytes, quantize
-
-# Training and checkpoints
-from decodelab.checkpoint import load_checkpoint, save_checkpoint
-from decodelab.train import TrainConfig  # the loop itself: decodelab.train.train
+from decodelab.cache.dense import KVCache
+from decodelab.cache.quantized import Kivi, KiviKVCache, QuantizedKVCache, init_cache
 
 # Sampling and decoding
 from decodelab.checks import set_memory_limit
-from decodelab.request import GenerateOutput
-from decodelab.decode import generate
-from decodelab.sampling import SamplingParams
-from decodelab.beam import BeamSearchOutput, beam_search
-from decodelab.speculative import NgramDrafter, SpeculativeOutput, speculative_generate
+from decodelab.compress.pruning import prune, prune_heads, prune_neurons
+from decodelab.compress.quantization import parameter_bytes, quantize
+from decodelab.config import ModelConfig
+
+# Real checkpoints (GGUF files, Hugging Face directories)
+from decodelab.convert import PretrainedTokenizer, load_gguf, load_hf
+from decodelab.decode.beam import BeamSearchOutput, beam_search
+from decodelab.decode.generation import generate
+from decodelab.decode.request import GenerateOutput
+
+# Compression: weights and KV caches stored quantized, weights pruned, judged on one scoreboard
+from decodelab.measure.scoreboard import Scoreboard, compare
+from decodelab.model import Transformer, param_count
+from decodelab.sampling.params import SamplingParams
 
 # Scale: data and tensor parallel on a device mesh
 from decodelab.sharding import make_mesh, shard
+from decodelab.speculative.generation import NgramDrafter, SpeculativeOutput, speculative_generate
+
+# Text: tokenizer
+from decodelab.text.tokenizer import Tokenizer
+
+# Training and checkpoints
+from decodelab.train.checkpoint import load_checkpoint, save_checkpoint
+from decodelab.train.trainer import TrainConfig  # the loop itself: decodelab.train.trainer.train
 
 __all__ = [
     "KVCache",

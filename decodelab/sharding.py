@@ -91,7 +91,7 @@ def make_mesh(data: int = 1, model: int = 1, *, devices: Sequence[jax.Device] | 
                          devices=devices[:data * model])
 
 
-def _check_mesh(mesh: Any) -> Mesh:
+def check_mesh(mesh: Any) -> Mesh:
     if not isinstance(mesh, Mesh) or tuple(mesh.axis_names) != AXES:
         raise ValueError(f"mesh must be a jax.sharding.Mesh with axes {AXES} (make_mesh), "
                          f"got {mesh!r}")
@@ -147,7 +147,7 @@ def shard_tree(tree: Any, mesh: Mesh,
     placed on ``mesh`` by ``rules``. In a run over several processes every process calls it with
     the same values, and ``mesh`` may be this process's devices only (``make_mesh(...,
     devices=jax.local_devices())``: each process then holds its own copy)."""
-    mesh = _check_mesh(mesh)
+    mesh = check_mesh(mesh)
     if jax.process_count() > 1:
         # Arrays spread over several processes' devices (a model trained on a mesh spanning the
         # hosts): a full copy on every process first, gathered through the processes'
@@ -170,7 +170,7 @@ def abstract_on_mesh(tree: Any, mesh: Mesh,
                      rules: Sequence[tuple[str, tuple[str | None, ...]]] = PARAM_RULES) -> Any:
     """``tree``'s arrays (or shapes) as ``jax.ShapeDtypeStruct``s placed on ``mesh`` by
     ``rules``: the target of an Orbax restore that reads each device's shards straight onto it."""
-    mesh = _check_mesh(mesh)
+    mesh = check_mesh(mesh)
     return jax.tree_util.tree_map_with_path(
         lambda path, x: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=NamedSharding(
             mesh, param_spec(path_name(path), np.shape(x), mesh, rules))), tree)
@@ -296,26 +296,3 @@ def mesh_from_config(section: Any) -> Mesh | None:
     if (section.data, section.model) == (1, 1):
         return None
     return make_mesh(data=section.data, model=section.model)
-
-
-def load_sharded(path, mesh: Mesh, *, step: int | None = None) -> nnx.Module:
-    """The model of a checkpoint (``save_checkpoint`` or a training run's folder; the latest step
-    unless given), restored by Orbax straight onto ``mesh``, each device reading only its shards.
-    The mesh need not have the shape the checkpoint was saved from. (``load_checkpoint`` gives the
-    tokenizer.)"""
-    from decodelab import checkpoint  # checkpoint -> model -> this module
-
-    mesh = _check_mesh(mesh)
-    manager = checkpoint.open_manager(path, read_only=True)
-    try:
-        steps = manager.all_steps()
-        if not steps or (step is not None and step not in steps):
-            raise ValueError(f"step must be one of the saved steps {sorted(steps)} in "
-                             f"{str(path)!r}, got {step!r}")
-        step = manager.latest_step() if step is None else step
-        meta = checkpoint.restore_meta(manager, step)
-        model, _ = checkpoint.restore(manager, step, ModelConfig.from_dict(meta["model_config"]),
-                                      mesh=mesh)
-    finally:
-        manager.close()
-    return model

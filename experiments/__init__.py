@@ -2,7 +2,7 @@
 
 A study module may define ``report(rows, out_dir)``: ``experiments.report`` renders a workdir's
 rows with the ``report`` of the module named by the rows' experiment (``study_report``), or with
-``decodelab.results.generic_report`` when the study has none. The lookup lives here, with the
+``decodelab.report.tables.generic_report`` when the study has none. The lookup lives here, with the
 programs, because the library never imports them.
 """
 

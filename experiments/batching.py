@@ -57,8 +57,11 @@ from absl import app
 from flax import nnx
 
 import decodelab as dl
-from decodelab import experiment, presets, results, serving, stats
-from decodelab.request import bucket_length
+from decodelab import experiment, serving
+from decodelab import report as results
+from decodelab.decode.request import bucket_length
+from decodelab.experiment import presets
+from decodelab.measure import stats
 
 _FLAGS = experiment.define_flags("configs/batching.py")
 
@@ -636,7 +639,7 @@ def _brackets(rows) -> str:
             f"Brackets on latency, TTFT, TPOT and the longest gap: 95% percentile bootstrap "
             f"interval over the completed requests of the point's replay 0 (a trace has "
             f"{rows[0]['config']['trace']['num_requests']}; 2,000 resamples, fixed seed; "
-            f"`decodelab.stats`); a percentile's interval takes that percentile of each "
+            f"`decodelab.measure.stats`); a percentile's interval takes that percentile of each "
             f"resample. A p99 over this many requests interpolates between the two largest "
             f"values and no resample exceeds the largest, so its interval is rough and its upper "
             f"bound is at most the largest value measured. Two points on the same trace "

@@ -12,7 +12,7 @@ of exactly ``new_tokens`` tokens per row (no EOS) into a cache of ``max_len`` sl
 ``prompt_len + new_tokens``). Every figure is the median of ``repeats`` timed runs after a warm-up
 run; every call blocks until its results are on the host; the runs' seconds are kept
 (``generate_reps_s``, ``prefill_reps_s``, ``hf_generate_reps_s``, ``llama[_f32]_*_reps_s``) and
-the page's 95% intervals of the medians and of the ratios resample them (``decodelab.stats``;
+the page's 95% intervals of the medians and of the ratios resample them (``decodelab.measure.stats``;
 repetitions of two programs are resampled independently). What each number is:
 
 - ``generate_s``: one ``dl.generate`` call (prefill, decode loop, results copied to NumPy);
@@ -22,7 +22,7 @@ repetitions of two programs are resampled independently). What each number is:
   ``step_ms = (generate_s - prefill) / (new_tokens - 1)``: what each further token costs, i.e.
   the time per output token of each row once decoding runs (0 if noise makes it negative).
 - ``compile_s``: the first ``generate`` call minus ``generate_s`` (both programs' compilation).
-- ``roofline_step_ms``: ``decodelab.roofline`` with this process's measured bandwidth and matmul
+- ``roofline_step_ms``: ``decodelab.measure.roofline`` with this process's measured bandwidth and matmul
   rate, averaged over the loop's steps; ``roofline_ratio = roofline_step_ms / step_ms`` (1 = at the
   roofline).
 - ``nocache_tokens_per_s``: greedy decoding that recomputes the whole sequence for every new token
@@ -80,11 +80,15 @@ import numpy as np
 from absl import app
 from flax import nnx
 
-from decodelab import experiment, optional, pipeline, presets, results, roofline, sampling, stats
+from decodelab import experiment, optional, sampling
+from decodelab import report as results
 from decodelab.config import ModelConfig
-from decodelab.decode import generate
+from decodelab.decode.generation import generate
+from decodelab.experiment import artefacts as pipeline
+from decodelab.experiment import presets
+from decodelab.measure import roofline, stats
 from decodelab.model import Transformer, attention
-from decodelab.sampling import SamplingParams
+from decodelab.sampling.params import SamplingParams
 from experiments import llama_peer
 
 _FLAGS = experiment.define_flags("configs/bench_decode.py")

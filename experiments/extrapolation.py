@@ -13,7 +13,7 @@ Two numbers per point, both on the same leading validation tokens:
   model never saw in training. At factor 1 it equals ``perplexity`` up to the first window.
 
 Each row also keeps every window's NLL sum (``window_nll``, ``tail_window_nll``): the page's 95%
-intervals resample the windows (``decodelab.stats``), and a comparison of two encodings at one
+intervals resample the windows (``decodelab.measure.stats``), and a comparison of two encodings at one
 length is paired, window by window (both read the same windows). The sweep trains `rope`,
 `alibi`, `sinusoidal` and `t5` with three seeds (``train.seed``); the page's tables are the first
 seed's, with the spread over seeds beside them, and each claim is judged on every seed that trained
@@ -27,8 +27,13 @@ import pathlib
 import numpy as np
 from absl import app
 
-from decodelab import data, experiment, metrics, pipeline, results, stats
+from decodelab import experiment
+from decodelab import report as results
+from decodelab.experiment import artefacts as pipeline
+from decodelab.measure import perplexity as metrics
+from decodelab.measure import stats
 from decodelab.model import with_config
+from decodelab.text import data
 
 _FLAGS = experiment.define_flags("configs/extrapolation.py")
 
@@ -270,7 +275,7 @@ def report(rows, out_dir) -> list[pathlib.Path]:
         "has no row for those positions. See `experiments/extrapolation.py` for exactly what is "
         "scored. "
         + ("Brackets: 95% percentile bootstrap interval over the evaluation windows (2,000 "
-           "resamples, fixed seed; `decodelab.stats`). It measures what other text of the same "
+           "resamples, fixed seed; `decodelab.measure.stats`). It measures what other text of the same "
            "plays could move, not what another training seed could"
            + (": the seed table below does that." if seeds else
               " (these rows hold one seed per encoding).")

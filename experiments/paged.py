@@ -45,8 +45,11 @@ import numpy as np
 from absl import app
 
 import decodelab as dl
-from decodelab import experiment, presets, results, serving, stats
-from decodelab.request import bucket_length
+from decodelab import experiment, serving
+from decodelab import report as results
+from decodelab.decode.request import bucket_length
+from decodelab.experiment import presets
+from decodelab.measure import stats
 
 _FLAGS = experiment.define_flags("configs/paged.py")  # before importing another study's module
 

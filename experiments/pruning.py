@@ -36,10 +36,15 @@ from absl import app
 from matplotlib.figure import Figure
 
 import decodelab as dl
-from decodelab import data, experiment, pipeline, presets, results, stats
-from decodelab.prune import (head_importance, heads_to_keep, prune_heads, prune_neurons,
-                             sparsity_of, update_mask)
-from decodelab.train import TrainConfig, train
+from decodelab import experiment
+from decodelab import report as results
+from decodelab.compress.pruning import (head_importance, heads_to_keep, prune_heads, prune_neurons,
+                                        sparsity_of, update_mask)
+from decodelab.experiment import artefacts as pipeline
+from decodelab.experiment import presets
+from decodelab.measure import stats
+from decodelab.text import data
+from decodelab.train.trainer import TrainConfig, train
 from experiments.scoreboard import (cached, cell, reference_key, speed_cell, speed_judged,
                                     swap_candidate, time_decoding, times, token_windows)
 

@@ -41,11 +41,14 @@ from absl import app
 from matplotlib.figure import Figure
 
 import decodelab as dl
-from decodelab import experiment, optional, pipeline, presets, results, stats
+from decodelab import experiment, optional
+from decodelab import report as results
+from decodelab.experiment import artefacts as pipeline
+from decodelab.experiment import presets
+from decodelab.measure import stats
 from experiments import llama_peer
 from experiments.scoreboard import (cached, cell, judged, reference_key, speed_cell, speed_judged,
-                                    swap_candidate, time_decoding, timed_pair, times,
-                                    token_windows)
+                                    swap_candidate, time_decoding, timed_pair, times, token_windows)
 
 _FLAGS = experiment.define_flags("configs/quantization.py")
 

@@ -19,7 +19,8 @@ import pathlib
 
 from absl import app, flags
 
-from decodelab import experiment, results
+from decodelab import experiment
+from decodelab import report as results
 from experiments import study_report
 
 _WORKDIR = flags.DEFINE_multi_string("workdir", None, "Folder holding rows.jsonl; repeat to merge "

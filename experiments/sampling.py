@@ -26,8 +26,13 @@ import numpy as np
 from absl import app
 from matplotlib.figure import Figure
 
-from decodelab import compiles, data, experiment, pipeline, quality, results, stats, train
-from decodelab.sampling import SamplingParams
+from decodelab import experiment
+from decodelab import report as results
+from decodelab.experiment import artefacts as pipeline
+from decodelab.measure import compiles, quality, stats
+from decodelab.sampling.params import SamplingParams
+from decodelab.text import data
+from decodelab.train import trainer as train
 
 _FLAGS = experiment.define_flags("configs/sampling.py")
 
@@ -452,7 +457,7 @@ def report(rows, out_dir) -> list[pathlib.Path]:
     markdown, table = _table(rows)
     units = all(r["metrics"].get("per_prompt") for r in rows)
     page.text(f"Brackets: 95% percentile bootstrap interval over the {any_row['prompts']} prompts "
-              "(2,000 resamples, fixed seed; `decodelab.stats`); Zipf and the candidate "
+              "(2,000 resamples, fixed seed; `decodelab.measure.stats`); Zipf and the candidate "
               "percentiles, pooled over prompts, have none." if units else
               f"No intervals: {NO_UNITS}.")
     csv_path = out_dir / f"{stem}.csv"

@@ -17,9 +17,13 @@ import jax
 import numpy as np
 
 import decodelab as dl
-from decodelab import data, experiment, results, stats
+from decodelab import experiment
+from decodelab import report as results
+from decodelab.measure import stats
 
 # Models built by a study's points, kept across points of one process (``cached``).
+from decodelab.text import data
+
 CACHE: dict = {}
 
 

@@ -25,8 +25,9 @@ from absl import app, flags
 from flax import nnx
 
 import decodelab as dl
-from decodelab import presets, sharding
+from decodelab import sharding
 from decodelab.config import ModelConfig
+from decodelab.experiment import presets
 
 _OUT = flags.DEFINE_string("out", None, "Write the page here (markdown); print it otherwise.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed generate calls per mesh (median reported).")

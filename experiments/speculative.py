@@ -74,13 +74,18 @@ from absl import app
 from flax import nnx
 from matplotlib.figure import Figure
 
-from decodelab import data, experiment, pipeline, results, sampling, speculative
-from decodelab.decode import generate
+from decodelab import experiment, sampling
+from decodelab import report as results
+from decodelab.decode.generation import generate
+from decodelab.decode.request import bucket_length
+from decodelab.experiment import artefacts as pipeline
+from decodelab.experiment.presets import MODEL_PRESETS
+from decodelab.measure.stats import (RESAMPLES, Interval, bootstrap, bootstrap_difference,
+                                     ratio_of_sums)
 from decodelab.model import param_count
-from decodelab.presets import MODEL_PRESETS
-from decodelab.request import bucket_length
-from decodelab.sampling import SamplingParams
-from decodelab.stats import RESAMPLES, Interval, bootstrap, bootstrap_difference, ratio_of_sums
+from decodelab.sampling.params import SamplingParams
+from decodelab.speculative import generation as speculative
+from decodelab.text import data
 
 _FLAGS = experiment.define_flags("configs/speculative.py")
 
@@ -885,7 +890,7 @@ def _brackets(rows) -> str:
     one_batch = sorted({r["config"]["batch_size"] for r in rows
                         if r["config"]["batch_size"] == r["config"]["num_prompts"]})
     return (f" Brackets: 95% percentile bootstrap interval ({RESAMPLES:,} resamples, fixed "
-            f"seed; `decodelab.stats`): alpha and tokens per call over the prompts; the speed-up "
+            f"seed; `decodelab.measure.stats`): alpha and tokens per call over the prompts; the speed-up "
             f"over the timed batches (at batch 1, the prompts), each batch's target and "
             f"speculative seconds drawn together, its estimate the measured speed-up; measured / "
             f"predicted, the speed-up's interval over the prediction, taken as fixed. The best "

@@ -20,10 +20,14 @@ import numpy as np
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from decodelab import data, experiment, pipeline, quality, sharding, train
-from decodelab.decode import generate
-from decodelab.sampling import SamplingParams
-from decodelab.tokenizer import Tokenizer
+from decodelab import experiment, sharding
+from decodelab.decode.generation import generate
+from decodelab.experiment import artefacts as pipeline
+from decodelab.measure import quality
+from decodelab.sampling.params import SamplingParams
+from decodelab.text import data
+from decodelab.text.tokenizer import Tokenizer
+from decodelab.train import trainer as train
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/train.py", "Training config file.",
                                           lock_config=True)

@@ -26,7 +26,6 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
-
 import requires  # noqa: E402
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
@@ -65,7 +64,7 @@ def smollm2_installed() -> str:
     """The SmolLM2-135M preset name, or a skip where its GGUF (or gguf, which reads it) is not
     installed; scripts/test.sh installs both."""
     requires.importorskip("gguf", reason="a pretrained preset needs gguf (the real extra)")
-    from decodelab import presets
+    from decodelab.experiment import presets
 
     try:
         presets.pretrained_path("smollm2-135m")

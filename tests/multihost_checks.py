@@ -23,7 +23,8 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
 
-from decodelab import pipeline, sharding  # noqa: E402
+from decodelab import sharding  # noqa: E402
+from decodelab.experiment import artefacts as pipeline
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from test_multihost import MODEL, TOKENIZER, TRAIN  # noqa: E402

@@ -38,9 +38,14 @@ import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 
 import decodelab as dl  # noqa: E402
-from decodelab import data, decode, request, sampling, sharding, train  # noqa: E402
-from decodelab.cache import KVCache  # noqa: E402
+from decodelab import sampling, sharding,  # noqa: E402
+from decodelab.cache.dense import KVCache  # noqa: E402
+from decodelab.decode import generation as decode
+from decodelab.decode import request
 from decodelab.serving import Request, SlotEngine  # noqa: E402
+from decodelab.text import data
+from decodelab.train import checkpoint  # noqa: E402
+from decodelab.train import trainer as train  # noqa: E402
 
 MESHES = [(8, 1), (1, 8), (2, 4), (4, 2)]
 POSITIONS = ["learned", "sinusoidal", "t5", "alibi", "rope", "nope"]
@@ -246,7 +251,7 @@ def programs() -> dict:
         dl.save_checkpoint(os.path.join(tmp, "ckpt"), smodel, tokenizer)
         ref_leaves = jax.tree.leaves(jax.device_get(nnx.state(model)))
         for mesh in [(4, 2), (1, 8)]:
-            restored = sharding.load_sharded(os.path.join(tmp, "ckpt"),
+            restored = checkpoint.load_sharded(os.path.join(tmp, "ckpt"),
                                              sharding.make_mesh(*mesh))
             leaves = jax.tree.leaves(nnx.state(restored))
             out[f"restore/{mesh[0]}x{mesh[1]}"] = {

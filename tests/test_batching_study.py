@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 from flax import nnx
 from ml_collections import config_dict
+from study_config import config_module
 
 import decodelab as dl
-from decodelab import compiles, experiment, serving, stats
-from study_config import config_module
+from decodelab import experiment, serving
+from decodelab.measure import compiles, stats
 
 PROGRAMS = ("prefill_rows", "_advance_loop", "harvest", "replan")
 

@@ -19,7 +19,8 @@ import pytest
 from flax import nnx
 
 import decodelab as dl
-from decodelab import beam, experiment
+from decodelab import experiment
+from decodelab.decode import beam
 
 
 class Chain(nnx.Module):

@@ -10,14 +10,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
-
 import requires
-
-from decodelab import experiment, presets, roofline
-from decodelab.config import ModelConfig
-from decodelab.model import Transformer
+from flax import nnx
 from study_config import config_module
+
+from decodelab import experiment
+from decodelab.config import ModelConfig
+from decodelab.experiment import presets
+from decodelab.measure import roofline
+from decodelab.model import Transformer
 from experiments import bench_decode
 
 # In CI the test extra installs the peer, so its tests run there (and fail if it is missing).

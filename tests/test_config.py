@@ -11,7 +11,6 @@ import decodelab as dl
 from decodelab import config
 from decodelab.model import layers, positions
 
-
 # --- Validation: every error is a ValueError that starts with the field's name -------------------
 
 
@@ -221,7 +220,7 @@ def test_key_dict_leaves_out_checkpoint_fields_at_their_defaults(tiny_config):
 def test_size_preset_sections_keep_the_keys_they_had_before_checkpoint_fields():
     # The fields a section and a config's cache key held before CHECKPOINT_FIELDS existed: with
     # the same fields (and values), results rows and cached models made then are still found.
-    from decodelab import presets
+    from decodelab.experiment import presets
 
     before = {"d_ff", "d_model", "dtype", "head_dim", "max_seq_len", "mlp", "n_heads",
               "n_kv_heads", "n_layers", "norm", "norm_eps", "position", "rope_original_max_len",

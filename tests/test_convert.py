@@ -14,11 +14,13 @@ import json
 
 import numpy as np
 import pytest
+import requires
 
 import decodelab as dl
-import requires
-from decodelab import pipeline, presets, quality
-from decodelab.sampling import SamplingParams
+from decodelab.experiment import artefacts as pipeline
+from decodelab.experiment import presets
+from decodelab.measure import quality
+from decodelab.sampling.params import SamplingParams
 
 requires.importorskip("safetensors", reason="load_hf needs safetensors (the real extra)")
 requires.importorskip("tokenizers", reason="the loaders need tokenizers (the real extra)")

@@ -1,4 +1,4 @@
-"""Tests for decodelab.data: the bundled corpus, its splits, token streams and batches."""
+"""Tests for decodelab.text.data: the bundled corpus, its splits, token streams and batches."""
 
 import hashlib
 import json
@@ -9,7 +9,7 @@ import socket
 import numpy as np
 import pytest
 
-from decodelab import data
+from decodelab.text import data
 
 
 class CharTokenizer:
@@ -76,7 +76,7 @@ def test_archive_with_edited_text_is_rejected(corpus_copy):
 
 def test_loading_never_touches_the_network(monkeypatch):
     def no_network(*args, **kwargs):
-        raise AssertionError("decodelab.data must not use the network")
+        raise AssertionError("decodelab.text.data must not use the network")
 
     for name in ("socket", "create_connection", "getaddrinfo"):
         monkeypatch.setattr(socket, name, no_network)

@@ -17,7 +17,8 @@ import scipy.stats
 from flax import nnx
 
 import decodelab as dl
-from decodelab import decode, experiment
+from decodelab import experiment
+from decodelab.decode import generation as decode
 
 V = 32
 GREEDY = dl.SamplingParams.greedy()
@@ -252,7 +253,7 @@ SEEDS = [11, 12, 13, 14]
 def _row(params: dl.SamplingParams, rows) -> dl.SamplingParams:
     """The per-row fields of ``params`` taken at ``rows``."""
     changes = {name: [getattr(params, name)[r] for r in rows]
-               for name in dl.processors.PARAMETERS if isinstance(getattr(params, name), list)}
+               for name in dl.sampling.PARAMETERS if isinstance(getattr(params, name), list)}
     return params.replace(**changes)
 
 

@@ -8,7 +8,8 @@ import pytest
 from flax import nnx
 
 import decodelab as dl
-from decodelab import distill, train
+from decodelab.train import distill
+from decodelab.train import trainer as train
 
 V = 64
 CFG = dl.ModelConfig(vocab_size=V, d_model=32, n_layers=1, n_heads=2, d_ff=64, max_seq_len=32)

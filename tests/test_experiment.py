@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from ml_collections import config_dict
 
-from decodelab import experiment, results
+from decodelab import experiment, report
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TOY = ["tests/fixtures/toy_experiment.py", "--config=tests/fixtures/toy_config.py"]
@@ -246,8 +246,8 @@ def test_a_row_records_the_cpu_time_other_processes_took(tmp_path, monkeypatch):
     assert rows[1]["other_cpu_s"] == 0.0  # tick rounding never makes it negative
     assert "other_cpu_s" not in rows[2]  # no /proc/stat: not recorded
     timed = [dict(rows[0], wall_time_s=3.0), dict(rows[1], wall_time_s=1.0), rows[2]]
-    assert results.other_cores(timed) == [0.5, 0.0]
-    assert results.provenance_lines(timed, command="c")[2].endswith(
+    assert report.other_cores(timed) == [0.5, 0.0]
+    assert report.provenance_lines(timed, command="c")[2].endswith(
         "; other processes kept 0.25 cores busy on average during a point of the 2 that recorded "
         "it (at most 0.50).")
 

@@ -7,9 +7,9 @@ import math
 
 import numpy as np
 import pytest
+from study_config import config_module
 
 from decodelab import experiment
-from study_config import config_module
 
 WINDOWS = 40
 L = 128

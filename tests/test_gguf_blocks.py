@@ -7,8 +7,8 @@ import pytest
 from flax import nnx
 
 import decodelab as dl
+from decodelab.compress.qlinear import QuantizedEinsum, QuantizedEmbed
 from decodelab.convert.gguf_blocks import block_parts
-from decodelab.qlinear import QuantizedEinsum, QuantizedEmbed
 
 gguf = pytest.importorskip("gguf", reason="GGUF files need gguf (the real extra)")
 
@@ -56,7 +56,7 @@ def test_a_block_quantized_tiny_gguf_keeps_its_blocks_and_its_logits(tmp_path):
 
 @pytest.mark.slow
 def test_smollm2_q4_1_file_runs_as_4_bit_weights_with_the_dequantized_logits(smollm2_installed):
-    from decodelab import presets
+    from decodelab.experiment import presets
 
     path = presets.pretrained_path(smollm2_installed)
     dequantized, _ = dl.load_gguf(path)

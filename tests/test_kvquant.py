@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 
 import decodelab as dl
-from decodelab import kvquant
+from decodelab.cache import quantized as kvquant
 from decodelab.model import attention
 from decodelab.serving import Request, SlotEngine
 from tests.conftest import TINY

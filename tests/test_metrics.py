@@ -10,7 +10,9 @@ import pytest
 from flax import nnx
 
 import decodelab as dl
-from decodelab import data, metrics, train
+from decodelab.measure import perplexity as metrics
+from decodelab.text import data
+from decodelab.train import trainer as train
 
 V = 16
 

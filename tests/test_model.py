@@ -18,14 +18,8 @@ from flax import nnx
 
 import decodelab as dl
 from decodelab.model import attention
-from decodelab.model.positions import (
-    ALiBi,
-    alibi_slopes,
-    apply_rope,
-    rope_frequencies,
-    sinusoid,
-    t5_relative_bucket,
-)
+from decodelab.model.positions import (ALiBi, alibi_slopes, apply_rope, rope_frequencies, sinusoid,
+                                       t5_relative_bucket)
 
 ATOL = 1e-5  # float32: cache and full forward differ only in summation order
 

@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from decodelab import pipeline, presets
+from decodelab.experiment import artefacts as pipeline
+from decodelab.experiment import presets
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tests" / "multihost_checks.py"

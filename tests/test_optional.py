@@ -8,9 +8,9 @@ import sys
 
 import numpy as np
 import pytest
+import requires
 
 import decodelab as dl
-import requires
 from decodelab import optional
 from decodelab.convert import PretrainedTokenizer
 

@@ -9,11 +9,12 @@ import types
 import numpy as np
 import pytest
 from flax import nnx
+from study_config import config_module
 
 import decodelab as dl
-from decodelab import compiles, experiment, serving
+from decodelab import experiment, serving
 from decodelab.experiment import runner
-from study_config import config_module
+from decodelab.measure import compiles
 
 PROGRAMS = ("prefill_rows", "_advance_loop", "advance_rows", "harvest", "replan")
 TINY = {"model.d_model": 32, "model.n_layers": 2, "model.n_heads": 2, "model.n_kv_heads": 2,

@@ -14,9 +14,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from decodelab import checkpoint, pipeline, presets, train
 from decodelab.convert import PretrainedTokenizer
-from decodelab.tokenizer import Tokenizer
+from decodelab.experiment import artefacts as pipeline
+from decodelab.experiment import presets
+from decodelab.text.tokenizer import Tokenizer
+from decodelab.train import checkpoint
+from decodelab.train import trainer as train
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TOKENIZER = dict(vocab_size=512, model_type="bpe")

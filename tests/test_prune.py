@@ -11,10 +11,11 @@ import pytest
 from flax import nnx
 
 import decodelab as dl
-from decodelab import data
-from decodelab.prune import (head_importance, heads_to_keep, mask_heads, mask_neurons, mask_of,
-                             masks, neurons_to_keep, prune_heads, prune_neurons, scores)
-from decodelab.quantize import as_matrix, calibrate, projections
+from decodelab.compress.pruning import (head_importance, heads_to_keep, mask_heads, mask_neurons,
+                                        mask_of, masks, neurons_to_keep, prune_heads, prune_neurons,
+                                        scores)
+from decodelab.compress.quantization import as_matrix, calibrate, projections
+from decodelab.text import data
 from tests.conftest import TINY
 
 # A 4 x 4 projection [In, Out] and the L2 norms of its 4 input channels. Input 1 carries small
@@ -116,8 +117,8 @@ def test_bad_arguments_name_the_argument_and_what_is_allowed(model, kwargs, mess
 
 
 def test_recovery_training_keeps_the_pruned_weights_at_zero(model):
-    from decodelab.prune import update_mask
-    from decodelab.train import train
+    from decodelab.compress.pruning import update_mask
+    from decodelab.train.trainer import train
 
     pruned = dl.prune(model, sparsity=0.5, pattern="2:4")
     tc = dl.TrainConfig(steps=3, batch_size=2, seq_len=16, warmup_steps=1, learning_rate=1e-2,
@@ -168,7 +169,7 @@ def test_removing_hidden_units_equals_masking_them(model, tokens, importance):
 
 
 def mean_loss(model, tokens):
-    from decodelab.train import token_nll
+    from decodelab.model.losses import token_nll
 
     return float(jnp.mean(token_nll(logits(model, tokens[:, :-1]), tokens[:, 1:])))
 

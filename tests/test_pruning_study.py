@@ -5,10 +5,10 @@ import copy
 
 import numpy as np
 import pytest
+from study_config import config_module
 
 from decodelab import experiment
 from decodelab.experiment import runner
-from study_config import config_module
 
 
 @pytest.fixture(scope="module")

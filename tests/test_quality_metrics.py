@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 import decodelab as dl
-from decodelab import metrics
+from decodelab.measure import perplexity as metrics
 
 # --- Distinct-n and repetition --------------------------------------------------------------------
 
@@ -167,7 +167,7 @@ def test_bad_arguments_are_refused_by_name(call, message):
         call()
 
 
-# --- decodelab.quality: prompts, token statistics, the row ----------------------------------------
+# --- decodelab.measure.quality: prompts, token statistics, the row ----------------------------------------
 
 
 class Chars:
@@ -183,7 +183,8 @@ class Chars:
 
 
 def test_held_out_prompts_start_at_paragraphs_and_the_reference_follows_the_prompt():
-    from decodelab import data, quality
+    from decodelab.measure import quality
+    from decodelab.text import data
 
     prompts = quality.held_out_prompts(Chars(), per_document=2, prompt_tokens=12, new_tokens=8)
     texts = data.split_documents("test")
@@ -196,7 +197,7 @@ def test_held_out_prompts_start_at_paragraphs_and_the_reference_follows_the_prom
 
 
 def test_token_stats_count_the_candidates_each_strategy_allows(tiny):
-    from decodelab import quality
+    from decodelab.measure import quality
 
     prompts, continuations = [[5, 6, 7], [9]], [[10, 11, 12], [13, 14]]
     expected = np.concatenate(metrics.continuation_logprobs(tiny, prompts, continuations,
@@ -212,7 +213,7 @@ def test_token_stats_count_the_candidates_each_strategy_allows(tiny):
 
 
 def test_quality_row_of_greedy_samples_marks_them_identical_and_all_top1(tiny):
-    from decodelab import quality
+    from decodelab.measure import quality
 
     prompts = [quality.HeldOutPrompt("x", [5, 6, 7], [8, 9, 10, 11]),
                quality.HeldOutPrompt("y", [20], [21, 22, 23, 24])]
@@ -232,7 +233,7 @@ def test_quality_row_of_greedy_samples_marks_them_identical_and_all_top1(tiny):
 
 
 def test_quality_row_keeps_per_prompt_sums_whose_ratios_are_the_row(tiny):
-    from decodelab import quality
+    from decodelab.measure import quality
 
     prompts = [quality.HeldOutPrompt("x", [5, 6, 7], [8, 9, 10, 11]),
                quality.HeldOutPrompt("y", [20], [21, 22, 23, 24])]

@@ -3,9 +3,9 @@ renders from rows alone (targets read from the rows, the llama.cpp rows with the
 note where the peer was not installed). Synthetic rows; no model is trained."""
 
 import pytest
+from study_config import config_module
 
 from decodelab import experiment
-from study_config import config_module
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,10 @@ import pytest
 from flax import nnx
 
 import decodelab as dl
-from decodelab import data, qlinear
-from decodelab.qlinear import QuantizedEinsum, QuantizedEmbed
-from decodelab.quantize import dequantized
+from decodelab.compress import qlinear
+from decodelab.compress.qlinear import QuantizedEinsum, QuantizedEmbed
+from decodelab.compress.quantization import dequantized
+from decodelab.text import data
 from tests.conftest import TINY
 
 GREEDY = dl.SamplingParams.greedy()
@@ -267,7 +268,7 @@ def test_an_integer_activations_step_multiplies_int8_by_int8_and_never_dequantiz
 
 def output_error(float_model, q, calibration):
     """Sum over projections of ||X W - X W_q||^2 on the projections' calibration inputs."""
-    from decodelab.quantize import calibrate, projections
+    from decodelab.compress.quantization import calibrate, projections
 
     hessians = calibrate(float_model, projections(float_model, False), "gptq", calibration)
     floats = dict(nnx.iter_modules(float_model))

@@ -12,7 +12,7 @@ import pytest
 from flax import nnx
 
 import decodelab as dl
-from decodelab import request
+from decodelab.decode import request
 from decodelab.serving import Request, SlotEngine
 
 V = 512
@@ -198,8 +198,10 @@ def one_gib_limit():
 def allocation_forbidden(monkeypatch):
     """Make every decoder's first allocation fail the test at once, so a size check that regresses
     fails fast instead of allocating gigabytes."""
-    from decodelab import beam, decode, speculative
+    from decodelab.decode import beam
+    from decodelab.decode import generation as decode
     from decodelab.serving import engine
+    from decodelab.speculative import generation as speculative
 
     def allocates(*args, **kwargs):
         raise AssertionError("allocated before the memory check refused the call")
@@ -296,7 +298,7 @@ def sizes_at_most(monkeypatch, module, name, limit):
 def test_max_new_tokens_is_clamped_to_the_position_table(learned16, monkeypatch):
     """The rows of a 16-position model stop at 16 tokens: a 3-token prompt has 13 columns of
     output whatever the budget, the tokens of a budget of 13."""
-    from decodelab import decode
+    from decodelab.decode import generation as decode
 
     sizes_at_most(monkeypatch, decode, "prefill", 16)
     huge = dl.generate(learned16, [[1, 2, 3]], GREEDY, 10**9)
@@ -307,7 +309,7 @@ def test_max_new_tokens_is_clamped_to_the_position_table(learned16, monkeypatch)
 
 
 def test_max_new_tokens_is_clamped_to_the_room_after_the_shortest_prompt(uniform, monkeypatch):
-    from decodelab import decode
+    from decodelab.decode import generation as decode
 
     sizes_at_most(monkeypatch, decode, "prefill", 8)
     out = dl.generate(uniform, [[1, 2, 3], [1]], GREEDY, 10**9, max_len=8)
@@ -318,7 +320,7 @@ def test_max_new_tokens_is_clamped_to_the_room_after_the_shortest_prompt(uniform
 
 def test_beam_max_new_tokens_is_clamped_to_the_room_after_the_shortest_prompt(uniform,
                                                                               monkeypatch):
-    from decodelab import beam
+    from decodelab.decode import beam
 
     sizes_at_most(monkeypatch, beam, "_beam_prefill", 8)
     out = dl.beam_search(uniform, [[1, 2, 3], [1]], 2, 10**9, max_len=8)
@@ -328,7 +330,7 @@ def test_beam_max_new_tokens_is_clamped_to_the_room_after_the_shortest_prompt(un
 
 def test_speculative_gamma_is_capped_at_max_new_tokens(uniform, monkeypatch):
     """gamma = 10**6 with 4 new tokens drafts 4 per round; the output is greedy's (token 0)."""
-    from decodelab import speculative
+    from decodelab.speculative import generation as speculative
 
     sizes_at_most(monkeypatch, speculative, "initial_state", 24)
     sizes_at_most(monkeypatch, speculative, "prefill", 24)
@@ -371,7 +373,7 @@ def test_speculative_logprobs_are_nan_exactly_past_each_rows_length(uniform):
 
 
 def test_an_acceptance_rate_is_nan_exactly_where_nothing_was_tested():
-    from decodelab.speculative import SpeculativeStats
+    from decodelab.speculative.generation import SpeculativeStats
 
     stats = SpeculativeStats(gamma=2, rounds=np.array([2, 1]), generated=np.array([3, 1]),
                              tested_by_position=np.array([[2, 0], [0, 0]]),

@@ -12,8 +12,8 @@ import pytest
 from ml_collections import config_dict
 
 import experiments
-from decodelab import experiment, results
-from decodelab.stats import Interval
+from decodelab import experiment, report
+from decodelab.measure.stats import Interval
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -40,11 +40,11 @@ def workdir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def rows(workdir):
-    return results.load_rows(workdir)
+    return report.load_rows(workdir)
 
 
 def test_pivot_puts_one_key_down_another_across_and_missing_as_n_a(rows):
-    table = results.pivot_table(rows, index="model.position", columns="eval.length",
+    table = report.pivot_table(rows, index="model.position", columns="eval.length",
                                 values="perplexity")
     assert table.columns == ["model.position \\ eval.length", "16", "32", "64"]
     assert table.rows == [["rope", 56.0, 72.0, 104.0],
@@ -54,7 +54,7 @@ def test_pivot_puts_one_key_down_another_across_and_missing_as_n_a(rows):
 
 
 def test_pivot_fills_absent_cells_with_n_a(rows):
-    table = results.pivot_table(rows, index="model.position", columns="eval.length",
+    table = report.pivot_table(rows, index="model.position", columns="eval.length",
                                 values="perplexity",
                                 where=lambda r: r["overrides"] != {"model.position": "alibi",
                                                                    "eval.length": 16})
@@ -63,23 +63,23 @@ def test_pivot_fills_absent_cells_with_n_a(rows):
 
 def test_pivot_refuses_two_values_for_one_cell(rows):
     with pytest.raises(ValueError, match="two rows give 'perplexity' at model.position='rope'"):
-        results.pivot_table(rows, index="model.position", columns="seed", values="perplexity")
+        report.pivot_table(rows, index="model.position", columns="seed", values="perplexity")
 
 
 def test_where_filters_by_key_values(rows):
-    table = results.pivot_table(rows, index="model.position", columns="eval.length",
+    table = report.pivot_table(rows, index="model.position", columns="eval.length",
                                 values="perplexity", where={"model.position": "alibi"})
     assert table.rows == [["alibi", 66.0, 82.0, 114.0]]
 
 
 def test_csv_keeps_full_precision_and_leaves_missing_cells_empty():
-    table = results.Table(["a", "b"], [[1 / 3, None], ["x,y", 2]])
+    table = report.Table(["a", "b"], [[1 / 3, None], ["x,y", 2]])
     assert table.to_csv() == 'a,b\n0.3333333333333333,\n"x,y",2\n'
     assert table.to_markdown() == "| a | b |\n|---|---|\n| 0.3333 | n/a |\n| x,y | 2 |\n"
 
 
 def test_an_interval_cell_reads_value_and_bounds_and_its_csv_gives_bounds_columns():
-    table = results.Table(["encoding", "ppl"], [["rope", Interval(56.12, 54.98, 57.31, units=64)],
+    table = report.Table(["encoding", "ppl"], [["rope", Interval(56.12, 54.98, 57.31, units=64)],
                                                 ["alibi", 58.7], ["nope", None]])
     assert table.to_markdown("{:.1f}").splitlines()[2:] == [
         "| rope | 56.1 [55.0, 57.3] |", "| alibi | 58.7 |", "| nope | n/a |"]
@@ -89,7 +89,7 @@ def test_an_interval_cell_reads_value_and_bounds_and_its_csv_gives_bounds_column
 
 def test_a_verdict_is_called_only_when_the_interval_excludes_the_threshold():
     def judge(interval, **kwargs):
-        return results.verdict(interval, above="better", below="worse", units="prompts",
+        return report.verdict(interval, above="better", below="worse", units="prompts",
                                **kwargs)
     assert judge(Interval(0.3, 0.1, 0.5, units=40)).text == "better"
     assert judge(Interval(-0.3, -0.5, -0.1, units=40)).side == -1
@@ -109,52 +109,52 @@ def test_a_verdict_is_called_only_when_the_interval_excludes_the_threshold():
 
 def test_a_claim_over_seeds_is_called_only_when_every_seed_calls_it_the_same_way():
     def judge(low, high):
-        return results.verdict(Interval((low + high) / 2, low, high, units=40), above="worse",
+        return report.verdict(Interval((low + high) / 2, low, high, units=40), above="worse",
                                below="better", units="windows")
-    agree = results.across_seeds({2: judge(-3, -1), 0: judge(-5, -2), 1: judge(-4, -0.5)})
+    agree = report.across_seeds({2: judge(-3, -1), 0: judge(-5, -2), 1: judge(-4, -0.5)})
     assert (agree.side, agree.text) == (-1, "better on every seed (seeds 0, 1, 2)")
-    split = results.across_seeds({0: judge(-5, -2), 1: judge(-1, 2), 2: judge(1, 3)})
+    split = report.across_seeds({0: judge(-5, -2), 1: judge(-1, 2), 2: judge(1, 3)})
     assert split.side == 0
     assert split.text == ("seeds disagree: better (seed 0); not distinguishable at this sample "
                           "size (seed 1); worse (seed 2)")
     # An uncalled seed keeps the claim from being called, even when the others agree.
-    assert results.across_seeds({0: judge(1, 3), 1: judge(-0.1, 2)}).side == 0
-    none = results.across_seeds({0: judge(-1, 2), 1: judge(-2, 0.5)})
+    assert report.across_seeds({0: judge(1, 3), 1: judge(-0.1, 2)}).side == 0
+    none = report.across_seeds({0: judge(-1, 2), 1: judge(-2, 0.5)})
     assert (none.side, none.text) == (0, "not distinguishable at this sample size on every seed "
                                          "(seeds 0, 1)")
     # Called on every seed, but not the same claim (another encoding best on seed 1).
-    best = [results.verdict(Interval(2.0, 1.0, 3.0, units=40), above=f"{name} is the best",
+    best = [report.verdict(Interval(2.0, 1.0, 3.0, units=40), above=f"{name} is the best",
                             below="-") for name in ("alibi", "rope")]
-    assert results.across_seeds(dict(enumerate(best))).text == (
+    assert report.across_seeds(dict(enumerate(best))).text == (
         "seeds disagree: alibi is the best (seed 0); rope is the best (seed 1)")
     # One seed: its own verdict, with its units-needed sentence.
     one = judge(-1, 2)
-    assert results.across_seeds({0: one}) is one
+    assert report.across_seeds({0: one}) is one
     with pytest.raises(ValueError, match="verdicts must hold at least one seed's verdict"):
-        results.across_seeds({})
+        report.across_seeds({})
 
 
 def test_points_table_leaves_out_per_unit_lists():
     row = {"overrides": {"x": 1}, "config": {"x": 1}, "metrics": {
         "ppl": 3.0, "window_nll": [1.0], "per_prompt": {"tokens": [4.0]}}, "wall_time_s": 2.0}
-    assert results.points_table([row]).columns == ["x", "ppl", "wall_time_s"]
+    assert report.points_table([row]).columns == ["x", "ppl", "wall_time_s"]
 
 
 def test_keys_resolve_to_config_metrics_then_row_fields():
     row = {"config": {"model": {"position": "rope"}, "loss": 1}, "metrics": {"loss": 2.0, "ppl": 3},
            "wall_time_s": 4.0}
-    assert results.row_value(row, "model.position") == "rope"
-    assert results.row_value(row, "ppl") == 3
-    assert results.row_value(row, "wall_time_s") == 4.0
-    assert results.row_value(row, "absent") is None
-    assert results.row_value(row, "metrics.loss") == 2.0
-    assert results.row_value(row, "config.loss") == 1
+    assert report.row_value(row, "model.position") == "rope"
+    assert report.row_value(row, "ppl") == 3
+    assert report.row_value(row, "wall_time_s") == 4.0
+    assert report.row_value(row, "absent") is None
+    assert report.row_value(row, "metrics.loss") == 2.0
+    assert report.row_value(row, "config.loss") == 1
     with pytest.raises(ValueError, match="key 'loss' is both a config key and a metric"):
-        results.row_value(row, "loss")
+        report.row_value(row, "loss")
 
 
 def test_points_table_lists_swept_keys_and_metrics_in_sweep_order(rows):
-    table = results.points_table(rows)
+    table = report.points_table(rows)
     assert table.columns == ["model.position", "eval.length", "perplexity", "note", "wall_time_s"]
     assert [r[:4] for r in table.rows[:4]] == [["rope", 64, 104.0, "ok"], ["rope", 16, 56.0, "ok"],
                                               ["rope", 32, 72.0, "ok"],
@@ -162,7 +162,7 @@ def test_points_table_lists_swept_keys_and_metrics_in_sweep_order(rows):
 
 
 def test_line_plot_writes_a_png(rows, tmp_path):
-    path = results.line_plot(rows, tmp_path / "ppl.png", x="eval.length", y="perplexity",
+    path = report.line_plot(rows, tmp_path / "ppl.png", x="eval.length", y="perplexity",
                              group="model.position", logx=True, logy=True, title="toy")
     assert path.read_bytes().startswith(PNG_MAGIC)
 
@@ -170,18 +170,18 @@ def test_line_plot_writes_a_png(rows, tmp_path):
 def test_line_plot_draws_an_interval_as_an_error_bar(rows, tmp_path, monkeypatch):
     figures = []
 
-    class Recorded(results.Figure):
+    class Recorded(plots.Figure):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             figures.append(self)
 
-    monkeypatch.setattr(results, "Figure", Recorded)
-    carried = [results.with_metrics(row, perplexity=Interval(row["metrics"]["perplexity"],
+    monkeypatch.setattr(plots, "Figure", Recorded)
+    carried = [report.with_metrics(row, perplexity=Interval(row["metrics"]["perplexity"],
                                                              row["metrics"]["perplexity"] - 1.0,
                                                              row["metrics"]["perplexity"] + 2.0,
                                                              units=8))
                for row in rows if row["metrics"]["perplexity"] is not None]
-    path = results.line_plot(carried, tmp_path / "ppl.png", x="eval.length", y="perplexity",
+    path = report.line_plot(carried, tmp_path / "ppl.png", x="eval.length", y="perplexity",
                              group="model.position", where={"model.position": "rope"})
     assert path.read_bytes().startswith(PNG_MAGIC)
     (ax,) = figures[0].axes
@@ -193,12 +193,12 @@ def test_line_plot_draws_an_interval_as_an_error_bar(rows, tmp_path, monkeypatch
 
 def test_line_plot_refuses_a_non_numeric_y(rows, tmp_path):
     with pytest.raises(ValueError, match="y must name a numeric value, got note='ok'"):
-        results.line_plot(rows, tmp_path / "x.png", x="eval.length", y="note")
+        report.line_plot(rows, tmp_path / "x.png", x="eval.length", y="note")
 
 
 def test_provenance_lines_name_the_commands_commit_and_machine(rows):
     prov = rows[0]["provenance"]
-    lines = results.provenance_lines(rows, command="python -m experiments.report --workdir=w")
+    lines = report.provenance_lines(rows, command="python -m experiments.report --workdir=w")
     assert lines[0] == ("Regenerate: `python -m experiments.toy --workdir=runs/toy` (rows), then "
                         "`python -m experiments.report --workdir=w` (this page).")
     assert prov["git_commit"][:12] in lines[1]
@@ -210,7 +210,7 @@ def test_provenance_lines_name_the_commands_commit_and_machine(rows):
 def test_provenance_lines_tally_rows_from_different_commits(rows):
     other = [dict(r, provenance=dict(r["provenance"], git_commit="f" * 40, git_dirty=False))
              for r in rows[:2]]
-    lines = results.provenance_lines(list(rows[2:]) + other, command="c")
+    lines = report.provenance_lines(list(rows[2:]) + other, command="c")
     assert "Commit: mixed: " in lines[1] and "ffffffffffff (2 rows)" in lines[1]
 
 
@@ -248,12 +248,12 @@ def test_the_report_merges_shards_given_as_several_workdirs(workdir, tmp_path):
     rows = experiment.read_rows(workdir)
     experiment.add_rows(tmp_path / "a", rows[:4])
     experiment.add_rows(tmp_path / "b", rows[3:])
-    assert results.load_rows(tmp_path / "a", tmp_path / "b") == rows
+    assert report.load_rows(tmp_path / "a", tmp_path / "b") == rows
 
 
 def test_load_rows_refuses_a_folder_without_rows(tmp_path):
     with pytest.raises(ValueError, match="workdirs must each hold a rows.jsonl"):
-        results.load_rows(tmp_path)
+        report.load_rows(tmp_path)
 
 
 def test_the_library_never_imports_the_experiment_programs():
@@ -277,11 +277,11 @@ def test_a_study_module_report_function_is_found(tmp_path, monkeypatch):
 
 
 def test_a_page_holds_text_tables_and_images_under_its_provenance(rows, tmp_path):
-    table = results.pivot_table(rows, index="model.position", columns="eval.length",
+    table = report.pivot_table(rows, index="model.position", columns="eval.length",
                                 values="perplexity")
-    plot = results.line_plot(rows, tmp_path / "ppl.png", x="eval.length", y="perplexity",
+    plot = report.line_plot(rows, tmp_path / "ppl.png", x="eval.length", y="perplexity",
                              group="model.position")
-    page = (results.Page("Toy study", rows, command="python -m experiments.report")
+    page = (report.Page("Toy study", rows, command="python -m experiments.report")
             .text("What the numbers show.")
             .table(table, tmp_path / "ppl.csv", caption="Perplexity by length.")
             .image(plot, "perplexity against length")

@@ -14,7 +14,8 @@ import pytest
 import scipy.stats
 
 import decodelab as dl
-from decodelab import processors, sampling
+from decodelab import sampling
+from decodelab.sampling import processors
 
 P = np.array([0.4, 0.3, 0.15, 0.1, 0.05])
 LOGITS = np.log(P).astype(np.float32)

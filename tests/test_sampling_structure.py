@@ -18,9 +18,9 @@ import scipy.stats
 from flax import nnx
 
 import decodelab as dl
-from decodelab import decode, sampling
-from decodelab.serving import Request, SlotEngine
-from decodelab.serving import engine_programs
+from decodelab import sampling
+from decodelab.decode import generation as decode
+from decodelab.serving import Request, SlotEngine, engine_programs
 
 B = 3
 MAX_LEN = 32

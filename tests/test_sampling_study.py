@@ -8,9 +8,9 @@ import matplotlib.colors
 import matplotlib.image
 import numpy as np
 import pytest
+from study_config import config_module
 
 from decodelab import experiment
-from study_config import config_module
 
 
 def _metrics(name: str, **changes) -> dict:

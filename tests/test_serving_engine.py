@@ -11,9 +11,8 @@ import pytest
 from flax import nnx
 
 import decodelab as dl
-from decodelab.serving import Request, SlotEngine
-from decodelab import compiles
-from decodelab.serving import slot_prefill
+from decodelab.measure import compiles
+from decodelab.serving import Request, SlotEngine, slot_prefill
 
 S = 64  # slot capacity = the tiny model's position table
 GREEDY = dl.SamplingParams.greedy()

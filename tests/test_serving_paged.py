@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 
 import decodelab as dl
-from decodelab.cache import KVCache
+from decodelab.cache.dense import KVCache
 from decodelab.serving import Request, SlotEngine
 from decodelab.serving.paged import PagedKVCache, PagePool, pages_for
 from decodelab.serving.schedulers import Continuous, VirtualClock, replay

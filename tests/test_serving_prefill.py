@@ -10,11 +10,10 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
+from test_step_structure import aliased_parameters, large_ops, parameters
 
 import decodelab as dl
-from decodelab.serving import Request, SlotEngine
-from decodelab.serving import slot_prefill
-from test_step_structure import aliased_parameters, large_ops, parameters
+from decodelab.serving import Request, SlotEngine, slot_prefill
 
 S = 64  # slot capacity
 GREEDY = dl.SamplingParams.greedy()

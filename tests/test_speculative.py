@@ -16,8 +16,10 @@ import scipy.stats
 from flax import nnx
 
 import decodelab as dl
-from decodelab import experiment, spec_round, speculative
-from decodelab.speculative import NgramDrafter
+from decodelab import experiment
+from decodelab.speculative import generation as speculative
+from decodelab.speculative import rounds as spec_round
+from decodelab.speculative.generation import NgramDrafter
 
 GREEDY = dl.SamplingParams.greedy()
 V = 32

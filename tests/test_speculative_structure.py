@@ -16,8 +16,9 @@ import pytest
 from flax import nnx
 
 import decodelab as dl
-from decodelab import sampling, speculative
-from decodelab.speculative import ModelDrafter, NgramDrafter
+from decodelab import sampling
+from decodelab.speculative import generation as speculative
+from decodelab.speculative.generation import ModelDrafter, NgramDrafter
 
 B, GAMMA, S = 2, 3, 64  # V = 512 (the tiny config); no other dimension is 512
 

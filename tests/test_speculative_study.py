@@ -11,11 +11,12 @@ import re
 
 import numpy as np
 import pytest
-
-from decodelab import experiment, presets, results, stats
-from experiments import speculative as study
 from study_config import config_module
 
+from decodelab import experiment, report
+from decodelab.experiment import presets
+from decodelab.measure import stats
+from experiments import speculative as study
 
 spec_config = config_module("speculative")
 
@@ -221,7 +222,7 @@ def test_the_page_shows_intervals_and_judges_the_targets_by_them(tmp_path):
     assert ("- **>= 2x with distilled draft, batch 1, temperature 0: met** — "
             f"{above.value:.2f}x [{above.low:.2f}, {above.high:.2f}] at gamma 1 (120 vs 100 "
             "tokens/s; alpha 0.700 [0.700, 0.700], 1.50 [1.50, 1.50] tokens per call") in main
-    undecided = results.verdict(straddling, threshold=1.5, above="met", below="not met",
+    undecided = report.verdict(straddling, threshold=1.5, above="met", below="not met",
                                 units="prompts").text
     assert re.fullmatch(r"not distinguishable at this sample size \(about \d+ prompts would be "
                         r"needed\)", undecided)
@@ -241,7 +242,7 @@ def test_the_page_shows_intervals_and_judges_the_targets_by_them(tmp_path):
     assert "At batch 8 the 8 prompts run as one batch: its speed-ups have no interval." in main
     # The best table: measured / predicted is the speed-up's interval over the prediction (1.3,
     # and 1.5 / 1.8 with measured costs).
-    cells = [results.format_value(x, "{:.3g}")
+    cells = [report.format_value(x, "{:.3g}")
              for x in (above, scaled(above, 1 / 1.3), scaled(above, 1.8 / 1.5))]
     assert (f"| draft (distilled) | 1 | 0 | 1 | 0.7 [0.7, 0.7] | 0.1 | 1.5 | 0.2 | 1.5 [1.5, 1.5] "
             f"| {cells[0]} | 1.3 | {cells[1]} | 0.833 | {cells[2]} |") in main
@@ -264,7 +265,7 @@ def test_the_distillation_claim_is_judged_by_a_paired_bootstrap_over_prompts(tmp
     tested = np.full(8, 10.0)
 
     def alpha(accepted):  # both gammas hold the same counts: their mean is either one
-        return results.format_value(
+        return report.format_value(
             stats.bootstrap(stats.ratio_of_sums, (np.asarray(accepted, float), tested)), "{:.3f}")
 
     assert (f"- Temperature 0, batch 1, mean over gamma 1, 2: alpha {alpha(trained)} with the "
@@ -274,12 +275,12 @@ def test_the_distillation_claim_is_judged_by_a_paired_bootstrap_over_prompts(tmp
     noise = stats.bootstrap_difference(stats.ratio_of_sums,
                                        (np.asarray(distilled[0.7], float), tested),
                                        (np.asarray(trained, float), tested))
-    judged = results.verdict(noise, above="raises", below="lowers", units="prompts").text
+    judged = report.verdict(noise, above="raises", below="lowers", units="prompts").text
     assert re.fullmatch(r"not distinguishable at this sample size \(about \d+ prompts would be "
                         r"needed\)", judged)
     assert (f"- Temperature 0.7, batch 1, mean over gamma 1, 2: alpha {alpha(trained)} with the "
             f"trained draft, {alpha(distilled[0.7])} with the distilled one; distilled minus "
-            f"trained {results.format_value(noise, '{:+.3f}')} (paired over the 8 prompts): "
+            f"trained {report.format_value(noise, '{:+.3f}')} (paired over the 8 prompts): "
             f"{judged}.") in main
 
 
@@ -309,7 +310,7 @@ def test_a_second_drafter_seed_has_its_own_claim_and_spread_and_stays_out_of_the
     assert re.search(r"- Temperature 0, batch 1, drafters trained from seed 1, mean over gamma 2:"
                      r".* distilled minus trained \+0\.000 \[\+0\.000, \+0\.000\] \(paired "
                      r"over the 8 prompts\): not distinguishable", main)
-    low, high = (results.format_value(stats.bootstrap(
+    low, high = (report.format_value(stats.bootstrap(
         stats.ratio_of_sums, (np.asarray(accepted, float), np.full(8, 10.0))), "{:.3f}")
         for accepted in (trained, [a + 1 for a in trained]))
     assert (f"- Seed spread, temperature 0, batch 1: draft (trained) at gamma 2: alpha {low} "

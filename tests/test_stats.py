@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from decodelab import stats
+from decodelab.measure import stats
 
 
 def test_mean_interval_covers_the_true_mean_at_about_the_nominal_rate():

@@ -16,7 +16,9 @@ import pytest
 from flax import nnx
 
 import decodelab as dl
-from decodelab import beam, decode, sampling
+from decodelab import sampling
+from decodelab.decode import beam
+from decodelab.decode import generation as decode
 from decodelab.model import attention
 
 B, S = 4, 512  # rows, cache slots: S makes the cache the only buffer of its shape

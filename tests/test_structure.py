@@ -66,11 +66,12 @@ def test_no_module_uses_another_modules_private_names(path):
 
 def test_the_private_name_check_sees_both_forms(tmp_path):
     source = tmp_path / "example.py"
-    source.write_text("from decodelab.decode import _body\nfrom decodelab import sampling\n"
-                      "import decodelab as dl\nx = sampling._STORAGE\ny = dl.processors._probs\n")
-    assert private_uses(source) == ["line 1: from decodelab.decode import _body",
+    source.write_text("from decodelab.decode.generation import _body\nfrom decodelab import sampling\n"
+                      "import decodelab as dl\nx = sampling._STORAGE\n"
+                      "y = dl.sampling.processors._probs\n")
+    assert private_uses(source) == ["line 1: from decodelab.decode.generation import _body",
                                     "line 4: decodelab.sampling._STORAGE",
-                                    "line 5: decodelab.processors._probs"]
+                                    "line 5: decodelab.sampling.processors._probs"]
 
 
 def test_no_file_is_longer_than_500_lines():

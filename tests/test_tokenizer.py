@@ -1,4 +1,4 @@
-"""Tests for decodelab.tokenizer: exact round trips, fixed special ids, determinism, bad input."""
+"""Tests for decodelab.text.tokenizer: exact round trips, fixed special ids, determinism, bad input."""
 
 import random
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
-from decodelab import data
-from decodelab.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
+from decodelab.text import data
+from decodelab.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 
 VOCAB_SIZE = 512
 

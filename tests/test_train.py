@@ -12,9 +12,11 @@ import pytest
 from flax import nnx
 
 import decodelab as dl
-from decodelab import checkpoint, data, train
-from decodelab.data import PackedBatches
-from decodelab.tokenizer import Tokenizer
+from decodelab.text import data
+from decodelab.text.data import PackedBatches
+from decodelab.text.tokenizer import Tokenizer
+from decodelab.train import checkpoint
+from decodelab.train import trainer as train
 
 TINY = dict(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=256, max_seq_len=64)
 

@@ -74,10 +74,10 @@ def load_kept(cfg, tensors, source: str, read_float, rows_to_rotate_half):
     """The Transformer of a Llama GGUF whose Q8_0 / Q4_0 / Q4_1 projections (and embedding table
     or head) are ``QuantizedEinsum`` / ``QuantizedEmbed`` holding the file's blocks; other tensors
     are read as float32 by ``read_float(tensor)``."""
+    from decodelab.compress.qlinear import QuantizedEinsum, QuantizedEmbed
+    from decodelab.compress.quantization import layout, set_module
     from decodelab.convert import llama
     from decodelab.convert.weights import TensorSource, build_transformer
-    from decodelab.qlinear import QuantizedEinsum, QuantizedEmbed
-    from decodelab.quantize import layout, set_module
 
     shape = lambda t: tuple(int(d) for d in reversed(t.shape))  # noqa: E731  (GGUF: fastest first)
     kept = {name for name, t in tensors.items() if t.tensor_type.name in KEPT}

@@ -57,26 +57,26 @@ What a caller may rely on:
 
 from __future__ import annotations
 
-# Sweeps as data, points and shards.
-from decodelab.experiment.sweep import (Point, cross, expand, load_sweep, parse_shard, product,
-                                       shard, zipped)
-
 # Base configs, hashes and overrides.
 from decodelab.experiment.overrides import apply_overrides, check_base_config, config_hash
-
-# The rows file.
-from decodelab.experiment.rows import (LOCK_FILE, ROW_FIELDS, ROWS_FILE, add_rows, check_writable,
-                                      json_dumps, merge_rows, read_rows, write_rows)
+from decodelab.experiment.program import (ExperimentFlags, check_no_arguments, define_flags,
+                                          run_from_flags)
 
 # Provenance.
 from decodelab.experiment.provenance import (PROVENANCE_FIELDS, cpu_seconds, current_command,
-                                            git_state, provenance)
+                                             git_state, provenance)
 
 # The runner and the programs.
 from decodelab.experiment.runner import Metrics, PointContext, run
-from decodelab.experiment.program import (ExperimentFlags, check_no_arguments, define_flags,
-                                         run_from_flags)
 
-# The compile counter lives with the code it measures in decodelab.compiles; kept here for callers
+# Sweeps as data, points and shards.
+from decodelab.experiment.sweep import (Point, cross, expand, load_sweep, parse_shard, product,
+                                        shard, zipped)
+
+# The compile counter lives with the code it measures in decodelab.measure.compiles; kept here for callers
 # that count the compiles of a sweep.
-from decodelab.compiles import count_traces
+from decodelab.measure.compiles import count_traces
+
+# The rows file.
+from decodelab.report.rows import (LOCK_FILE, ROW_FIELDS, ROWS_FILE, add_rows, check_writable,
+                                   json_dumps, merge_rows, read_rows, write_rows)

@@ -19,9 +19,9 @@ from ml_collections import config_dict, config_flags
 
 from decodelab import sharding
 from decodelab.experiment.overrides import check_base_config
-from decodelab.experiment.rows import ROWS_FILE
 from decodelab.experiment.runner import PointContext, run
 from decodelab.experiment.sweep import load_sweep, parse_shard
+from decodelab.report.rows import ROWS_FILE
 
 
 @dataclasses.dataclass(frozen=True)

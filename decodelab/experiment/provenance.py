@@ -9,10 +9,10 @@ import os
 import pathlib
 import platform
 import resource
-import shlex
 import subprocess
-import sys
 from typing import Any
+
+from decodelab.report.pages import current_command
 
 PROVENANCE_FIELDS = ("git_commit", "git_dirty", "python_version", "jax_version", "jaxlib_version",
                      "flax_version", "backend", "device_kind", "device_count", "cpu_count",
@@ -32,15 +32,6 @@ def git_state(directory: str | os.PathLike) -> tuple[str, bool | None]:
     except (OSError, subprocess.SubprocessError):
         return "unknown", None
     return commit, dirty
-
-
-def current_command() -> str:
-    """The command line of this process as one would type it (``python -m pkg.mod args``)."""
-    main = sys.modules.get("__main__")
-    spec = getattr(main, "__spec__", None)
-    program = (["python", "-m", spec.name] if spec is not None and spec.name != "__main__"
-               else ["python", sys.argv[0]])
-    return shlex.join(program + sys.argv[1:])
 
 
 @functools.cache

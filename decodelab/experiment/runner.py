@@ -21,8 +21,8 @@ from ml_collections import config_dict
 from tqdm.auto import tqdm
 
 from decodelab.experiment.provenance import cpu_seconds, provenance
-from decodelab.experiment.rows import add_rows, as_workdir, check_writable, read_rows
 from decodelab.experiment.sweep import Point, expand, shard
+from decodelab.report.rows import add_rows, as_workdir, check_writable, read_rows
 
 Metrics = dict[str, float | int | str | bool | None | list | dict[str, list]]
 
@@ -82,7 +82,7 @@ def _per_unit(name: str, values: Any, where: str) -> list[float | int | None]:
 
 def _check_metrics(metrics: Any, point: Point) -> Metrics:
     """Plain JSON values: a number, str, bool or None; or per-unit values kept for resampling
-    (``decodelab.stats``): a list of numbers, or a dict of such lists (one per column)."""
+    (``decodelab.measure.stats``): a list of numbers, or a dict of such lists (one per column)."""
     where = f"point {point.index} {point.overrides}"
     if not isinstance(metrics, Mapping):
         raise ValueError(f"point_fn must return a dict of metrics, got {type(metrics).__name__} "

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from decodelab.cache import KVCache
+from decodelab.cache.dense import KVCache
 from decodelab.config import ModelConfig
 from decodelab.model.layers import normal, residual_init
 from decodelab.model.positions import PositionEncoding

@@ -19,7 +19,7 @@ import numpy as np
 from flax import nnx
 
 from decodelab import sharding
-from decodelab.cache import KVCache
+from decodelab.cache.dense import KVCache
 from decodelab.config import ModelConfig
 from decodelab.model import attention
 from decodelab.model.attention import Attention

@@ -3,20 +3,19 @@ schedulers, request traces and metrics."""
 
 # The engine
 from decodelab.serving.engine import Completion, Request, SlotEngine, StepResult
+
+# Metrics
+from decodelab.serving.metrics import RequestRecord, per_request, summarize
 from decodelab.serving.paged import PagedKVCache, PagePool
 
 # Schedulers and replay
-from decodelab.serving.schedulers import (SCHEDULERS, Clock, Continuous, Dynamic, Replay,
-                                          Scheduler, Static, VirtualClock, WallClock,
-                                          make_scheduler, replay)
+from decodelab.serving.schedulers import (SCHEDULERS, Clock, Continuous, Dynamic, Replay, Scheduler,
+                                          Static, VirtualClock, WallClock, make_scheduler, replay)
 
 # Traces
 from decodelab.serving.traces import (LENGTHS, Exponential, Fixed, LengthDistribution, LogNormal,
                                       Uniform, length_distribution, load_trace, poisson_trace,
                                       save_trace)
-
-# Metrics
-from decodelab.serving.metrics import RequestRecord, per_request, summarize
 
 __all__ = [
     "Completion", "Request", "SlotEngine", "StepResult", "PagedKVCache", "PagePool",

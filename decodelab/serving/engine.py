@@ -57,8 +57,6 @@ Conventions (every caller relies on them):
 from __future__ import annotations
 
 import collections
-import dataclasses
-import functools
 import itertools
 from collections.abc import Sequence
 
@@ -67,18 +65,18 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from decodelab import decode, kvquant, sampling
-from decodelab.checks import (check_memory, check_model, check_size, is_int, kv_cache_bytes,
-                               nbytes, position_limit)
-from decodelab.decode import DecodeState
-from decodelab.loop import CompiledLoop
+from decodelab import sampling
+from decodelab.cache import quantized as kvquant
+from decodelab.checks import (check_memory, check_model, check_size, is_int, kv_cache_bytes, nbytes,
+                              position_limit)
+from decodelab.decode.generation import DecodeState
+from decodelab.decode.request import (FINISH_REASONS, LENGTH, RUNNING, bucket_length, check_eos,
+                                      decode_buffers)
 from decodelab.model.attention import BLOCK_SLOTS
+from decodelab.sampling.params import SamplingParams
 from decodelab.serving import paged, slot_prefill
-from decodelab.request import (FINISH_REASONS, LENGTH, RUNNING, bucket_length, check_eos,
-                               check_seed, decode_buffers)
-from decodelab.sampling import SamplingParams
 from decodelab.serving.engine_programs import (ADVANCE, advance_rows, empty_state, harvest,
-                                              plans_of, replan)
+                                               plans_of, replan)
 from decodelab.serving.requests import Completion, Request, StepResult
 
 

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import collections
-import dataclasses
 import functools
-import itertools
 from collections.abc import Sequence
 
 import jax
@@ -13,16 +10,15 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from decodelab import decode, kvquant, sampling
-from decodelab.checks import (check_memory, check_model, check_size, is_int, kv_cache_bytes,
-                               nbytes, position_limit)
-from decodelab.decode import DecodeState
-from decodelab.loop import CompiledLoop
-from decodelab.model.attention import BLOCK_SLOTS
+from decodelab import sampling
+from decodelab.cache import quantized as kvquant
+from decodelab.decode import generation as decode
+from decodelab.decode.generation import DecodeState
+from decodelab.decode.loop import CompiledLoop
+from decodelab.decode.request import LENGTH
+from decodelab.sampling.params import SamplingParams
 from decodelab.serving import paged, slot_prefill
-from decodelab.request import (FINISH_REASONS, LENGTH, RUNNING, bucket_length, check_eos,
-                               check_seed, decode_buffers)
-from decodelab.sampling import SamplingParams
+
 
 def empty_state(config, num_slots: int, max_len: int, max_stops: int, stop_width: int,
                  eos_mask: np.ndarray, plan: sampling.Plan, kv_cache: str | None = None,

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from decodelab.cache import KVCache, cache_dtype
+from decodelab.cache.dense import KVCache, cache_dtype
 from decodelab.checks import is_int
 from decodelab.config import ModelConfig
 

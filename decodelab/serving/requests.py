@@ -2,27 +2,15 @@
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import functools
-import itertools
 from collections.abc import Sequence
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
-from decodelab import decode, kvquant, sampling
-from decodelab.checks import (check_memory, check_model, check_size, is_int, kv_cache_bytes,
-                               nbytes, position_limit)
-from decodelab.decode import DecodeState
-from decodelab.loop import CompiledLoop
-from decodelab.model.attention import BLOCK_SLOTS
-from decodelab.serving import paged, slot_prefill
-from decodelab.request import (FINISH_REASONS, LENGTH, RUNNING, bucket_length, check_eos,
-                               check_seed, decode_buffers)
-from decodelab.sampling import SamplingParams
+from decodelab.checks import check_size, is_int
+from decodelab.decode.request import check_seed
+from decodelab.sampling.params import SamplingParams
+
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Request:

@@ -12,11 +12,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from decodelab import decode, sampling
-from decodelab.cache import KVCache, RowView
-from decodelab.decode import DecodeState
+from decodelab import sampling
+from decodelab.cache.dense import KVCache, RowView
+from decodelab.decode import generation as decode
+from decodelab.decode.generation import DecodeState
+from decodelab.decode.request import LENGTH, RUNNING
 from decodelab.serving.paged import PagedKVCache
-from decodelab.request import LENGTH, RUNNING
 
 # Fields of DecodeState with a leading slot axis (the cache's k and v have it second).
 ROW_FIELDS = ("tokens", "prompt_lengths", "lengths", "finish", "logits", "keys", "params",

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from decodelab.sampling import SamplingParams
+from decodelab.sampling.params import SamplingParams
 from decodelab.serving.engine import Request
 
 

@@ -1,0 +1,202 @@
+"""Linear layers whose weights are stored quantized: ``QuantizedEinsum`` and ``QuantizedEmbed``
+(made by ``decodelab.compress.quantization`` and by the GGUF loader's kept-as-stored blocks).
+
+Representation. Every quantized projection is a ``QuantizedEinsum`` that replaces an
+``nnx.Einsum`` whose kernel's contracted axes come first (all of decodelab's: ``DF``, ``FD``,
+``DNH``, ``NHD``, ``DV``). The kernel is viewed as a matrix ``[In, Out]`` (In: the contracted axes
+flattened, e.g. ``N * H`` for the output projection; Out: the rest) and stored as
+
+    qvalue [In, Out] int8 | int4,  scale [G, Out],  offset [G, Out] or none,
+    weight[i, o] = qvalue[i, o] * scale[i // g, o] + offset[i // g, o],   g = In / G
+
+so one group is ``g`` consecutive input channels of one output column (``G = 1``: one scale per
+output channel). ``offset`` is the zero point in float form (``-scale * zero_point`` for min-max
+calibration, the block minimum of a GGUF Q4_1 block); symmetric (absmax) quantization has none.
+An ``input_scale [In]`` (AWQ) multiplies the input first. Tied embeddings quantized with
+``embeddings=True`` become a ``QuantizedEmbed``: the same matrix with ``In = D`` and ``Out = V``,
+read by column for lookups.
+
+The matmul, in blocks of output columns. XLA on CPU does not fuse a dequantization (convert,
+scale) into a dot's operand: the dot is a library call that reads float32 operands, so
+``x @ dequantize(qvalue)`` writes the whole float kernel and reads it back. Applying the scales to
+the output does not change that (the int8 -> float32 convert still feeds the dot; a mixed
+int8 x float32 ``dot_general`` is converted the same way), and a multiply-and-reduce fusion that
+never forms the kernel is slower than the float32 dot there. Worse, XLA keeps the dequantized
+kernels of a whole decode step alive at once (100 MB for ``medium``, as large as its float32
+weights), so the step wrote and read 4 bytes per weight on top of reading 1: int8 decoded at a
+fifth of float32's speed. So ``__call__`` loops (``lax.scan``) over blocks of output columns:
+each iteration dequantizes ``[In, C]`` (at most ``BLOCK_ELEMENTS`` weights, 512 KiB of float32,
+which stays in the core's cache) and multiplies it; a group runs along In, so a block holds whole
+groups. The compiled step then never forms a float buffer larger than one block
+(``tests/test_quantize.py`` checks the compiled text). int4 weights are the exception that stays:
+XLA on CPU converts an int4 array that enters a loop to an int8 copy first, and its int4 -> float
+convert is 3 to 4 times slower than int8's, so int4 decodes no faster than int8 there.
+
+Integer activations (``activations="int8"``, W8A8). The one formulation that reads integer weights
+without a float copy on CPU is an integer dot: each row of the input (one token) is quantized to
+int8 with its own absmax scale, ``dot_general(int8, int8) -> int32`` runs on XLA's integer GEMM,
+and the row and weight scales multiply the result (per group: a dot batched over the groups; the
+min-max offsets add ``sum of the group's inputs x offset``). It adds the activations' rounding (as
+llama.cpp does for its integer dot products), so it is a different quantization, judged on the
+scoreboard of its own. On CPU, XLA runs a one-row integer dot on a slow path (~10x the two-row
+one), so a single row is padded to ``INT8_MIN_ROWS``; only int8 weights with one scale per output
+channel (``group_size=None``) gain speed: int4 is converted to an int8 copy first and the
+grouped dot is batched, both slower than the float32 dot.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+ACTIVATIONS = (None, "int8")  # float inputs, or inputs quantized per row (module docstring)
+# Rows an int8 x int8 dot is padded to (module docstring: one row takes a slow path on CPU).
+INT8_MIN_ROWS = 2
+# Weights dequantized at a time by a quantized matmul (module docstring): 512 KiB of float32.
+BLOCK_ELEMENTS = 2**17
+
+
+def _split_equation(equation: str) -> tuple[str, str, str]:
+    inputs, out = equation.replace(" ", "").split("->")
+    lhs, kernel = inputs.split(",")
+    return lhs, kernel, out
+
+
+def contracted_axes(equation: str, kernel_shape: Sequence[int]) -> int:
+    """How many leading kernel axes ``equation`` contracts with the input's trailing axes; a
+    kernel laid out otherwise cannot be viewed as ``[In, Out]`` and is refused."""
+    lhs, kernel, _ = _split_equation(equation)
+    n = sum(letter in lhs for letter in kernel)
+    if kernel[:n] != lhs[len(lhs) - n:] or any(letter in lhs for letter in kernel[n:]):
+        raise ValueError(f"equation {equation!r} must contract the kernel's leading axes with the "
+                         "input's trailing axes in order")
+    return n
+
+
+def _dequantize(qvalue: jax.Array, scale: jax.Array, offset: jax.Array | None,
+                dtype) -> jax.Array:
+    """``qvalue [In, ...]`` with ``scale`` / ``offset [G, ...]`` -> float ``[In, ...]``."""
+    G = scale.shape[0]
+    grouped = qvalue.astype(dtype).reshape(G, -1, *qvalue.shape[1:])  # [G, g, ...]
+    w = grouped * scale.astype(dtype)[:, None]
+    if offset is not None:
+        w = w + offset.astype(dtype)[:, None]
+    return w.reshape(qvalue.shape)
+
+
+class QuantizedEinsum(nnx.Module):
+    """An ``nnx.Einsum`` (same equation, same call) whose kernel is stored quantized (module
+    docstring): ``x [..., *in_dims] -> [..., *out_dims]``."""
+
+    def __init__(self, equation: str, kernel_shape: Sequence[int], qvalue: jax.Array,
+                 scale: jax.Array, offset: jax.Array | None = None, bias: jax.Array | None = None,
+                 input_scale: jax.Array | None = None, *, dtype=jnp.float32,
+                 activations: str | None = None):
+        n_in = contracted_axes(equation, kernel_shape)
+        if activations not in ACTIVATIONS:
+            raise ValueError(f"activations must be one of {ACTIVATIONS}, got {activations!r}")
+        self.equation = equation
+        self.in_dims = tuple(kernel_shape[:n_in])
+        self.out_dims = tuple(kernel_shape[n_in:])
+        In, Out = math.prod(self.in_dims), math.prod(self.out_dims)
+        if qvalue.shape != (In, Out) or scale.shape[1:] != (Out,) or In % scale.shape[0]:
+            raise ValueError(f"qvalue must be [{In}, {Out}] with scale [G, {Out}] (G dividing "
+                             f"{In}), got {qvalue.shape} and {scale.shape}")
+        self.dtype = jnp.dtype(dtype)
+        self.activations = activations
+        self.qvalue = nnx.Param(qvalue)
+        self.scale = nnx.Param(scale)
+        self.offset = nnx.Param(offset) if offset is not None else None
+        self.bias = nnx.Param(bias) if bias is not None else None
+        self.input_scale = nnx.Param(input_scale) if input_scale is not None else None
+
+    @property
+    def group_size(self) -> int:
+        return self.qvalue.shape[0] // self.scale.shape[0]
+
+    def kernel(self) -> jax.Array:
+        """The dequantized kernel in the replaced Einsum's shape (for tests and inspection)."""
+        w = _dequantize(self.qvalue[...], self.scale[...],
+                        None if self.offset is None else self.offset[...], jnp.float32)
+        if self.input_scale is not None:
+            w = w * self.input_scale[...][:, None]
+        return w.reshape(*self.in_dims, *self.out_dims)
+
+    def columns_per_block(self) -> int:
+        """Output columns dequantized at a time by ``__call__``: the largest divisor of Out
+        whose block ``[In, columns]`` has at most ``BLOCK_ELEMENTS`` weights (module docstring)."""
+        In, Out = self.qvalue.shape
+        fits = max(BLOCK_ELEMENTS // In, 1)
+        return max(c for c in range(1, min(fits, Out) + 1) if Out % c == 0)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        lead = x.shape[: x.ndim - len(self.in_dims)]
+        x = x.astype(self.dtype).reshape(-1, self.qvalue.shape[0])  # [R, In]
+        if self.input_scale is not None:
+            x = x * self.input_scale[...].astype(self.dtype)[None, :]
+        y = self._integer_matmul(x) if self.activations == "int8" else self._blocked_matmul(x)
+        y = y.reshape(*lead, *self.out_dims)
+        if self.bias is not None:
+            y = y + self.bias[...].astype(self.dtype).reshape(*(1 for _ in lead), *self.out_dims)
+        return y
+
+    def _blocked_matmul(self, x: jax.Array) -> jax.Array:
+        """``x [R, In] @ kernel -> [R, Out]``, dequantizing a block of columns at a time."""
+        Out = self.qvalue.shape[1]
+        C = self.columns_per_block()
+        offset = None if self.offset is None else self.offset[...]
+
+        def block(_, j):  # output columns j * C .. (j + 1) * C - 1: [R, C]
+            cols = lambda a: jax.lax.dynamic_slice_in_dim(a, j * C, C, axis=1)  # noqa: E731
+            w = _dequantize(cols(self.qvalue[...]), cols(self.scale[...]),
+                            None if offset is None else cols(offset), self.dtype)  # [In, C]
+            return None, x @ w
+
+        _, y = jax.lax.scan(block, None, jnp.arange(Out // C))  # [Out / C, R, C]
+        return jnp.moveaxis(y, 0, 1).reshape(-1, Out)
+
+    def _integer_matmul(self, x: jax.Array) -> jax.Array:
+        """``x [R, In] @ kernel -> [R, Out]`` with ``x`` quantized to int8 per row (module
+        docstring): an int8 x int8 dot accumulated in int32, then the scales."""
+        R, In = x.shape
+        G, Out = self.scale.shape
+        rows = max(R, INT8_MIN_ROWS)
+        x = jnp.pad(x, ((0, rows - R), (0, 0)))  # [rows, In]
+        absmax = jnp.max(jnp.abs(x), axis=1, keepdims=True)
+        x_scale = jnp.where(absmax > 0, absmax / 127, 1).astype(self.dtype)  # [rows, 1]
+        xq = jnp.clip(jnp.round(x / x_scale), -127, 127).astype(jnp.int8)
+        q = self.qvalue[...].astype(jnp.int8)
+        scale = self.scale[...].astype(self.dtype)
+        if G == 1:
+            acc = jax.lax.dot_general(xq, q, (((1,), (0,)), ((), ())),
+                                      preferred_element_type=jnp.int32)  # [rows, Out]
+            y = acc.astype(self.dtype) * scale
+        else:
+            acc = jax.lax.dot_general(xq.reshape(rows, G, -1), q.reshape(G, -1, Out),
+                                      (((2,), (1,)), ((1,), (0,))),
+                                      preferred_element_type=jnp.int32)  # [G, rows, Out]
+            y = jnp.einsum("GRO,GO->RO", acc.astype(self.dtype), scale)
+        y = y * x_scale
+        if self.offset is not None:
+            sums = (xq.astype(self.dtype) * x_scale).reshape(rows, G, -1).sum(-1)  # [rows, G]
+            y = y + sums @ self.offset[...].astype(self.dtype)
+        return y[:R]
+
+
+class QuantizedEmbed(QuantizedEinsum):
+    """A tied embedding table ``[V, D]`` stored quantized as the matrix ``[In = D, Out = V]``
+    (groups along D): ``embed(tokens [B, T]) -> [B, T, D]``,
+    ``attend(x [B, T, D]) -> [B, T, V]``."""
+
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        cols = jnp.take(self.qvalue[...], tokens, axis=1)  # [D, B, T]
+        scale = jnp.take(self.scale[...], tokens, axis=1)  # [G, B, T]
+        offset = None if self.offset is None else jnp.take(self.offset[...], tokens, axis=1)
+        return jnp.moveaxis(_dequantize(cols, scale, offset, self.dtype), 0, -1)
+
+    def attend(self, x: jax.Array) -> jax.Array:
+        return QuantizedEinsum.__call__(self, x)

@@ -1,0 +1,363 @@
+"""Weights stored quantized: ``quantize(model, weights="int8" | "int4", ...)`` -> a Transformer
+whose projections hold integer values and per-group scales, not float kernels.
+
+The quantized modules and their matmul (int8 / int4 values, per-group scales, float or int8
+activations) are ``decodelab.compress.qlinear``'s; this module makes them from a float model.
+
+What qwix does and what is written here. The numbers come from qwix: ``qwix.quantize`` computes
+absmax / min-max scales, zero points and int8 / int4 values for tiled (grouped) axes, and
+``qwix.contrib.gptq_core`` / ``awq_core`` run GPTQ and AWQ on a ``[Out, In]`` matrix. qwix's model
+path (``qwix.quantize_model`` with a ``PtqProvider``) is not used, because it does not fit four
+needs: (1) it tiles only the last contracted axis, so the output projection ``NHD`` could only be
+grouped within one head (H), not over ``In = N * H`` as GPTQ, AWQ and GGUF group it; (2) it
+rewrites the model's class and intercepts ``jnp.einsum`` at call time, which the checkpoint loader
+cannot rebuild from a saved file (here the saved ``quantization`` description rebuilds it);
+(3) its zero points are integers, which cannot hold a GGUF Q4_1 block minimum exactly (a float
+``offset`` holds both); (4) it has no embedding-table lookup. And qwix's GPTQ unrolls its column
+loop in Python, so its compile time grows with the input width (170 s for a 2-layer d=64 model
+here, far more for SmolLM2): ``_gptq`` runs the same algorithm with qwix's per-group and
+per-column helpers inside a ``lax.fori_loop``. The module swap, the calibration pass that collects
+each projection's inputs (``X^T X`` for GPTQ, mean ``|X|`` for AWQ) are this module's own, as
+is the grouped matmul (``decodelab.compress.qlinear``).
+
+Bytes. ``parameter_bytes`` counts each array at its element's bit width (int4: half a byte), the
+size of the stored (packed) representation: JAX on CPU holds an int4 array in one byte per value,
+so in memory an int4 model is not smaller than an int8 one there.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from decodelab import optional
+from decodelab.compress.qlinear import ACTIVATIONS, QuantizedEinsum, QuantizedEmbed, contracted_axes
+from decodelab.model import Transformer
+
+WEIGHTS = {"int8": jnp.int8, "int4": jnp.int4}
+METHODS = ("rtn", "gptq", "awq")
+SCHEMES = ("absmax", "minmax")  # symmetric, or asymmetric with a zero point (offset)
+GROUP_SIZES = (None, 32, 64, 128)
+_DTYPES = {"int8": jnp.int8, "int4": jnp.int4, "float32": jnp.float32, "float16": jnp.float16,
+           "bfloat16": jnp.bfloat16}
+
+
+def _check_args(weights, group_size, method, scheme, calibration, embeddings,
+                activations) -> None:
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights must be one of {tuple(WEIGHTS)}, got {weights!r}")
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"activations must be one of {ACTIVATIONS}, got {activations!r}")
+    if group_size is not None and (isinstance(group_size, bool) or not isinstance(group_size, int)
+                                   or group_size <= 0):
+        raise ValueError(f"group_size must be None or a positive int (e.g. {GROUP_SIZES[1:]}), "
+                         f"got {group_size!r}")
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if scheme not in SCHEMES:
+        raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
+    if not isinstance(embeddings, bool):
+        raise ValueError(f"embeddings must be a bool, got {embeddings!r}")
+    if method != "rtn":
+        check_calibration(calibration, f"method={method!r} (it calibrates on the model's "
+                                       "activations)")
+    elif calibration is not None:
+        raise ValueError("calibration is only used by method='gptq' or 'awq', got method='rtn' "
+                         "with calibration tokens")
+
+
+def check_calibration(calibration, needed_by: str) -> None:
+    """``calibration`` must be integer token windows ``[B, T]`` (T >= 2), as ``needed_by``
+    (e.g. "method='gptq'") needs them."""
+    if calibration is None:
+        raise ValueError(f"calibration must be a token array [B, T] for {needed_by}, got None")
+    calibration = np.asarray(calibration)
+    if (calibration.ndim != 2 or calibration.shape[1] < 2
+            or not np.issubdtype(calibration.dtype, np.integer)):
+        raise ValueError(f"calibration must be an integer token array [B, T] with T >= 2, got "
+                         f"shape {calibration.shape} and dtype {calibration.dtype}")
+
+
+def projections(model: Transformer, embeddings: bool) -> list[tuple[tuple, nnx.Module]]:
+    """``(path, module)`` of what to quantize: every Einsum in the blocks, and with
+    ``embeddings`` the head (or the tied embedding table)."""
+    found = []
+    for path, module in nnx.iter_modules(model):
+        in_blocks = bool(path) and path[0] == "blocks"
+        if isinstance(module, nnx.Einsum) and (in_blocks or embeddings):
+            found.append((path, module))
+        elif isinstance(module, nnx.Embed) and embeddings and model.config.tie_embeddings:
+            found.append((path, module))
+    return found
+
+
+def layout(module: nnx.Module) -> tuple[str, tuple[int, ...], int]:
+    """``(equation, kernel_shape, In)`` of an Einsum or a (tied) Embed; shapes only."""
+    if isinstance(module, nnx.Embed):
+        V, D = module.embedding.shape
+        return "BTD,DV->BTV", (D, V), D
+    shape = tuple(module.kernel.shape)
+    return module.einsum_str, shape, math.prod(shape[:contracted_axes(module.einsum_str, shape)])
+
+
+def as_matrix(module: nnx.Module) -> tuple[jax.Array, str, tuple[int, ...]]:
+    """``(w [In, Out], equation, kernel_shape)`` of an Einsum or a (tied) Embed."""
+    equation, shape, In = layout(module)
+    w = module.embedding[...].T if isinstance(module, nnx.Embed) else module.kernel[...]
+    return w.reshape(In, -1), equation, shape
+
+
+class _Recorder(nnx.Module):
+    """Runs ``inner`` and keeps the statistic of its input that ``method`` needs."""
+
+    def __init__(self, inner: nnx.Module, method: str, sink: dict, key: tuple):
+        self.inner, self.method, self.sink, self.key = inner, method, sink, key
+
+    def __call__(self, x):
+        X = jnp.asarray(x, jnp.float32).reshape(-1, layout(self.inner)[2])  # [n, In]
+        stat = {"gptq": lambda: X.T @ X, "awq": lambda: jnp.abs(X).sum(0),
+                "norm": lambda: jnp.square(X).sum(0)}[self.method]()
+        total, count = self.sink.get(self.key, (0.0, 0))
+        self.sink[self.key] = (total + stat, count + X.shape[0])
+        return self.inner(x)
+
+
+def set_module(root: nnx.Module, path: tuple, module: nnx.Module) -> None:
+    parent = root
+    for name in path[:-1]:
+        parent = parent[name] if isinstance(name, int) else getattr(parent, name)
+    setattr(parent, path[-1], module)
+
+
+def calibrate(model: Transformer, targets, method: str, tokens) -> dict[tuple, Any]:
+    """Each target's (``projections``) input statistic over ``tokens``: ``X^T X [In, In]``
+    (``"gptq"``), the mean absolute input per channel ``[In]`` (``"awq"``) or the L2 norm of each
+    input channel over all tokens ``[In]`` (``"norm"``, Wanda's ``||X_j||_2``)."""
+    probe = nnx.clone(model)
+    sink: dict[tuple, Any] = {}
+    for path, _ in targets:
+        inner = functools.reduce(lambda m, k: m[k] if isinstance(k, int) else getattr(m, k),
+                                 path, probe)
+        if isinstance(inner, nnx.Einsum):
+            set_module(probe, path, _Recorder(inner, method, sink, path))
+    probe(jnp.asarray(tokens, jnp.int32))
+    finish = {"gptq": lambda total, count: total, "awq": lambda total, count: total / count,
+              "norm": lambda total, count: jnp.sqrt(total)}[method]
+    return {path: finish(total, count) for path, (total, count) in sink.items()}
+
+
+def _qwix():
+    """The qwix package (the ``quant`` extra), imported when a model is quantized."""
+    return (optional.require("qwix"), optional.require("qwix.contrib.gptq_core"),
+            optional.require("qwix.contrib.awq_core"))
+
+
+def _how(qtype, group_size: int | None, scheme: str, in_axis: int):
+    """qwix's description of one matrix's quantization: a scale per output channel, grouped in
+    ``group_size`` runs along the input axis ``in_axis``."""
+    qarray = optional.require("qwix._src.core.qarray")
+    return qarray.HowToQuantize(qtype=qtype, channelwise_axes=(1 - in_axis,),
+                         tiled_axes={in_axis: group_size} if group_size else {},
+                         calibration_method=scheme)
+
+
+@functools.partial(jax.jit, static_argnames=("qtype", "group_size", "scheme", "damping"))
+def _gptq(W: jax.Array, hessian: jax.Array, *, qtype, group_size, scheme, damping=0.01):
+    """GPTQ (Frantar et al. 2022) of ``W [Out, In]`` given ``hessian = X^T X [In, In]``: columns
+    are rounded in order and each one's error is spread over the columns not yet rounded, through
+    the Cholesky factor of the inverse Hessian; a group's scales are found when its first column
+    is reached. Returns a qwix ``QArray`` ``[Out, In]`` with scales ``[Out, G]``.
+
+    The same algorithm as qwix's ``gptq_core.quantize_weight`` (its helpers find each group's
+    scales and round each column), with the column loop as a ``lax.fori_loop``: qwix unrolls it
+    in Python, so its compile time grows with In (170 s for a 2-layer d=64 model here)."""
+    qwix, gptq_core, _ = _qwix()
+    Out, In = W.shape
+    g = group_size or In
+    G = In // g
+    dead = jnp.diag(hessian) == 0
+    hessian = jnp.where(dead[None, :] & jnp.eye(In, dtype=bool), 1.0, hessian)
+    W = jnp.where(dead[None, :], 0.0, W)  # an input that is always 0 gets weight 0
+    hessian = hessian + damping * jnp.mean(jnp.diag(hessian)) * jnp.eye(In)
+    Hinv = jnp.linalg.cholesky(gptq_core.cholesky_inverse(jnp.linalg.cholesky(hessian)),
+                               upper=True)  # [In, In], upper triangular
+    how = _how(qtype, None, scheme, in_axis=1)
+    asymmetric = scheme == "minmax"
+
+    def group(G_i, carry):
+        W, Q, S, Z = carry
+        block = jax.lax.dynamic_slice_in_dim(W, G_i * g, g, axis=1)  # [Out, g]
+        scale, zero = gptq_core.find_params(block, how)  # [Out, 1] each
+        S = jax.lax.dynamic_update_slice_in_dim(S, scale, G_i, axis=1)
+        if asymmetric:
+            Z = jax.lax.dynamic_update_slice_in_dim(Z, zero, G_i, axis=1)
+
+        def column(c, carry):
+            W, Q = carry
+            i = G_i * g + c
+            w = jax.lax.dynamic_slice_in_dim(W, i, 1, axis=1)  # [Out, 1]
+            q, dq = gptq_core.quantize(w, qtype, scale, zero if asymmetric else None)
+            err = (w - dq) / Hinv[i, i]
+            row = jnp.where(jnp.arange(In) > i, Hinv[i], 0.0)  # only columns not yet rounded
+            W = jax.lax.dynamic_update_slice_in_dim(W - err * row[None, :], dq, i, axis=1)
+            return W, jax.lax.dynamic_update_slice_in_dim(Q, q, i, axis=1)
+
+        W, Q = jax.lax.fori_loop(0, g, column, (W, Q))
+        return W, Q, S, Z
+
+    init = (W, jnp.zeros((Out, In), qtype), jnp.zeros((Out, G), W.dtype),
+            jnp.zeros((Out, G), qtype))
+    _, Q, S, Z = jax.lax.fori_loop(0, G, group, init)
+    return qwix.QArray(Q, S, Z if asymmetric else None)
+
+
+def _quantize_matrix(w, qtype, group_size, scheme, method, stat):
+    """``w [In, Out]`` -> ``(qvalue [In, Out], scale [G, Out], offset or None, input_scale or
+    None)`` through qwix."""
+    qwix, _, awq_core = _qwix()
+    input_scale = None
+    if method == "rtn":
+        qa = qwix.quantize(jnp.asarray(w, jnp.float32), qtype, channelwise_axes=(1,),
+                           tiled_axes={0: group_size} if group_size else None,
+                           calibration_method=scheme)
+    elif method == "gptq":
+        qa = _gptq(jnp.asarray(w, jnp.float32).T, stat, qtype=qtype,
+                   group_size=group_size, scheme=scheme)
+        qa = jax.tree.map(lambda a: a.T, qa)
+    else:
+        how = _how(qtype, group_size, scheme, in_axis=1)
+        qa, factors = awq_core.quantize_weight(jnp.asarray(w, jnp.float32).T, stat, how)
+        qa = jax.tree.map(lambda a: a.T, qa)
+        input_scale = 1.0 / factors[0]  # x @ (dq / factors) == (x / factors) @ dq
+    offset = None
+    if qa.zero_point is not None:
+        offset = -qa.scale * qa.zero_point.astype(jnp.float32)
+    return qa.qvalue, qa.scale, offset, input_scale
+
+
+def quantize(model: Transformer, weights: str = "int8", group_size: int | None = None,
+             method: str = "rtn", calibration=None, *, scheme: str = "absmax",
+             embeddings: bool = False, activations: str | None = None) -> Transformer:
+    """A copy of ``model`` whose block projections (and with ``embeddings=True`` the head or the
+    tied embedding table) are stored as ``weights`` values with one scale per ``group_size``
+    input channels of each output channel (None: per output channel). ``method``: "rtn" (round to
+    nearest), "gptq" or "awq", the last two calibrated on ``calibration`` tokens ``[B, T]``.
+    ``scheme``: "absmax" (symmetric) or "minmax" (asymmetric, with zero points).
+    ``activations``: None (float inputs) or "int8" (each input row quantized to int8 and an
+    integer dot, W8A8: module docstring)."""
+    _check_args(weights, group_size, method, scheme, calibration, embeddings, activations)
+    if not isinstance(model, Transformer):
+        raise ValueError(f"model must be a decodelab Transformer, got {type(model).__name__}")
+    targets = projections(model, embeddings)
+    for path, module in targets:
+        if not isinstance(module, (nnx.Einsum, nnx.Embed)):
+            raise ValueError(f"{'.'.join(map(str, path))} is already quantized; quantize the "
+                             "float model")
+        In = layout(module)[2]
+        if group_size is not None and In % group_size:
+            raise ValueError(f"group_size must divide the input dimension of every quantized "
+                             f"projection; {'.'.join(map(str, path))} has {In} inputs, "
+                             f"got group_size={group_size}")
+    stats = calibrate(model, targets, method, calibration) if method != "rtn" else {}
+    qtype = WEIGHTS[weights]
+    out = nnx.clone(model)
+    for path, module in targets:
+        w, equation, kernel_shape = as_matrix(module)
+        embed = isinstance(module, nnx.Embed)
+        how = "rtn" if embed else method
+        qvalue, scale, offset, input_scale = _quantize_matrix(
+            w, qtype, group_size, scheme, how, stats.get(path))
+        bias = None if embed or module.bias is None else module.bias[...]
+        cls = QuantizedEmbed if embed else QuantizedEinsum
+        set_module(out, path, cls(equation, kernel_shape, qvalue, scale, offset, bias,
+                                   input_scale, dtype=module.dtype or jnp.float32,
+                                   activations=activations))
+    return out
+
+
+def describe(model: nnx.Module) -> dict[str, dict[str, Any]]:
+    """What ``restructure`` needs to rebuild ``model``'s quantized modules from the float model:
+    ``{path: {kind, qvalue dtype, groups, scale dtype, offset dtype or None, input_scale,
+    activations}}``
+    (empty for a float model). JSON-serialisable; the checkpoint stores it."""
+    found = {}
+    for path, module in nnx.iter_modules(model):
+        if isinstance(module, QuantizedEinsum):
+            found[".".join(map(str, path))] = {
+                "kind": "embed" if isinstance(module, QuantizedEmbed) else "einsum",
+                "qvalue": str(module.qvalue.dtype), "groups": int(module.scale.shape[0]),
+                "scale": str(module.scale.dtype),
+                "offset": None if module.offset is None else str(module.offset.dtype),
+                "input_scale": module.input_scale is not None,
+                "activations": module.activations,
+            }
+    return found
+
+
+def restructure(model: Transformer, description: dict[str, dict[str, Any]]) -> Transformer:
+    """``model`` (float, possibly abstract) with the modules ``description`` names replaced by
+    zero-valued quantized ones of the described shapes, ready to receive saved values."""
+    out = nnx.clone(model)
+    for name, spec in description.items():
+        path = tuple(int(p) if p.isdigit() else p for p in name.split("."))
+        module = functools.reduce(lambda m, k: m[k] if isinstance(k, int) else getattr(m, k),
+                                  path, out)
+        equation, kernel_shape, In = layout(module)
+        Out, G = math.prod(kernel_shape) // In, spec["groups"]
+
+        def build(module=module, equation=equation, kernel_shape=kernel_shape, spec=spec, G=G,
+                  In=In, Out=Out):
+            embed = spec["kind"] == "embed"
+            offset = (None if spec["offset"] is None
+                      else jnp.zeros((G, Out), _DTYPES[spec["offset"]]))
+            bias = None if embed or module.bias is None else jnp.zeros(module.bias.shape,
+                                                                        module.bias.dtype)
+            cls = QuantizedEmbed if embed else QuantizedEinsum
+            return cls(equation, kernel_shape, jnp.zeros((In, Out), _DTYPES[spec["qvalue"]]),
+                       jnp.ones((G, Out), _DTYPES[spec["scale"]]), offset, bias,
+                       jnp.ones((In,), jnp.float32) if spec["input_scale"] else None,
+                       dtype=module.dtype or jnp.float32,
+                       activations=spec.get("activations"))
+
+        set_module(out, path, nnx.eval_shape(build))
+    return out
+
+
+def dequantized(model: Transformer) -> Transformer:
+    """A float copy of ``model``: each quantized module back as the ``nnx.Einsum`` (or
+    ``nnx.Embed``) it replaced, holding its dequantized kernel (float32)."""
+    out = nnx.clone(model)
+    for path, module in list(nnx.iter_modules(out)):
+        if not isinstance(module, QuantizedEinsum):
+            continue
+        kernel = module.kernel()
+        if isinstance(module, QuantizedEmbed):
+            D, V = kernel.shape
+            float_module = nnx.Embed(V, D, dtype=module.dtype, rngs=nnx.Rngs(0))
+            float_module.embedding[...] = kernel.T
+        else:
+            bias_shape = None if module.bias is None else module.bias.shape
+            float_module = nnx.Einsum(module.equation, kernel.shape, bias_shape,
+                                      dtype=module.dtype, rngs=nnx.Rngs(0))
+            float_module.kernel[...] = kernel
+            if module.bias is not None:
+                float_module.bias[...] = module.bias[...].astype(jnp.float32)
+        set_module(out, path, float_module)
+    return out
+
+
+def parameter_bytes(model: nnx.Module) -> int:
+    """Bytes of ``model``'s parameters at each element's bit width (int4 counts half a byte)."""
+    bits = 0
+    for leaf in jax.tree.leaves(nnx.state(model, nnx.Param)):
+        dtype = jnp.dtype(leaf.dtype)
+        width = jnp.iinfo(dtype).bits if jnp.issubdtype(dtype, jnp.integer) else (
+            jnp.finfo(dtype).bits)
+        bits += math.prod(leaf.shape) * width
+    return bits // 8

@@ -1,0 +1,445 @@
+"""beam_search(): the most probable continuations of each prompt, ranked with a length penalty.
+
+Conventions (every caller relies on them):
+
+- A prompt gets ``W`` beams: rows ``b * W .. b * W + W - 1`` of one batch of ``B * W`` rows that
+  share the model call. The ragged prompts are prefilled once (padded to a power-of-two bucket, as
+  in ``decode``) into a ``BeamCache``, whose physical rows start as copies of their prompt's row;
+  each beam then writes only the tokens it generates into its own physical row. Every step gives
+  each surviving beam its parent's history by reordering a ``[B * W, S]`` table of which row
+  holds each slot (``BeamCache.take_rows``), never by copying keys and values.
+- ``kv_cache``: None (float) or "int8" (``kvquant.QuantizedKVCache``: a scale per token, so a slot
+  reads the same from whichever row holds it). KIVI's int4 cache is refused: its key groups and
+  float ring belong to a physical row's own history, which beams do not have.
+- A hypothesis's log-probability is the sum of the model's log-probabilities (``log_softmax`` of
+  the logits, no sampling processors) of its output tokens. Hypotheses are ranked by
+  ``logprob / lp(n)``, ``lp(n) = ((5 + n) / 6) ** alpha`` (Wu et al. 2016, GNMT), where ``n`` counts
+  the output tokens including the EOS that ends it; ``alpha = 0`` ranks by log-probability.
+- Each step extends every running beam by every token. The ``W`` best extensions by an EOS id
+  (once the output has ``min_new_tokens`` tokens) are finished hypotheses: they enter a pool that
+  keeps the ``W`` best finished ones by rank score and are never extended. The ``W`` best
+  extensions by any other token are the next running beams.
+- A prompt stops when its output budget is spent (``max_new_tokens``, or the room ``max_len``
+  leaves after its prompt): its running beams then join the pool with finish reason "length". It
+  stops earlier when the pool holds ``W`` hypotheses and no running beam can still beat the worst:
+  a beam's log-probability only falls, so for ``alpha >= 0`` its rank score can at best reach
+  ``logprob / lp(budget)``. The pool cannot change after that, so stopping early changes no output.
+- Ties go to the lower beam index, then the lower token id. Prompts never interact: a prompt's
+  hypotheses do not depend on its batch-mates or its position in the batch.
+- The programs compile once per (prompts, prompt bucket, ``W``, ``max_new_tokens``, ``max_len``);
+  prompt lengths, EOS ids, ``alpha`` and ``min_new_tokens`` are array values. ``BEAM_LOOP`` runs
+  the steps compiled or, with ``python_loop``, as their Python twin.
+- Finish codes are ``request``'s table: a hypothesis ends with ``EOS`` or ``LENGTH``, and an empty
+  slot of the n-best list is ``NO_HYPOTHESIS`` (finish reason "none").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx, struct
+
+from decodelab.cache import quantized as kvquant
+from decodelab.checks import (check_bool, check_memory, check_model, check_size, is_int, nbytes,
+                              position_limit)
+from decodelab.decode.loop import CompiledLoop
+from decodelab.decode.request import (EOS, FINISH_REASONS, LENGTH, NO_HYPOTHESIS, PAD_TOKEN,
+                                      bucket_length, check_eos, check_prompts, clamp_new_tokens,
+                                      prompt_block, resolve_max_len)
+
+
+@struct.dataclass(kw_only=True)
+class BeamCache:
+    """A cache whose rows are reordered without copying keys and values (same interface as
+    ``KVCache``: ``write``, ``read``, ``advance``, ``take_rows``, ``rewind`` and the sizes).
+
+    ``store`` holds, per physical row, the tokens that row wrote (and the rows' lengths);
+    ``source[b, j]`` is the physical row whose slot j holds row b's token at position j. A write
+    puts row b's block into physical row b at its length and points those slots at b;
+    ``take_rows`` reorders ``source`` and the lengths only. A row's write overwrites slots of its
+    physical row from its length on, so rows that share history must not write below a slot
+    another row still reads: beams of one prompt always have the same length, and the lengths
+    only grow.
+    """
+
+    store: Any  # a KVCache (or a QuantizedKVCache) of the physical rows; lengths per logical row
+    source: jax.Array  # [B, S] int32, physical row of each slot of each row
+
+    @classmethod
+    def from_prompts(cls, prompts: Any, width: int) -> BeamCache:
+        """``width`` beams per row of ``prompts`` (rows ``b * width + w``; any cache with
+        ``gather``); every beam's row starts as a copy of its prompt's row and reads itself."""
+        B, S = prompts.batch_size, prompts.max_len
+        store = prompts.take_rows(jnp.repeat(jnp.arange(B, dtype=jnp.int32), width))
+        source = jnp.broadcast_to(jnp.arange(B * width, dtype=jnp.int32)[:, None], (B * width, S))
+        return cls(store=store, source=source)
+
+    @property
+    def lengths(self) -> jax.Array:  # [B] int32
+        return self.store.lengths
+
+    @property
+    def batch_size(self) -> int:
+        return self.store.batch_size
+
+    @property
+    def max_len(self) -> int:
+        return self.store.max_len
+
+    def positions(self, block_len: int) -> jax.Array:
+        return self.store.positions(block_len)
+
+    def check_room(self, num_valid: jax.Array) -> None:
+        self.store.check_room(num_valid)
+
+    def write(self, layer: int, k: jax.Array, v: jax.Array) -> BeamCache:
+        """``KVCache.write`` into each row's own physical row, whose new slots it now owns."""
+        B, T = k.shape[:2]
+        rows = jnp.broadcast_to(jnp.arange(B, dtype=jnp.int32)[:, None], (B, T))
+        source = self.source.at[rows, self.positions(T)].set(rows, mode="drop")
+        return self.replace(store=self.store.write(layer, k, v), source=source)
+
+    def read(self, layer: int, start: jax.Array | int, size: int) -> tuple[jax.Array, jax.Array]:
+        """``KVCache.read``: slots ``[start, start + size)`` (start clamped into range), each
+        gathered from the physical row that holds it."""
+        first = jnp.clip(start, 0, self.max_len - size)
+        rows = jax.lax.dynamic_slice_in_dim(self.source, first, size, axis=1)  # [B, size]
+        slots = (first + jnp.arange(size, dtype=jnp.int32))[None, :]  # [1, size]
+        return self.store.gather(layer, rows, slots)  # [B, K, size, H] each
+
+    def advance(self, num_valid: jax.Array) -> BeamCache:
+        return self.replace(store=self.store.advance(num_valid))
+
+    def take_rows(self, rows: jax.Array) -> BeamCache:
+        """Row ``i`` reads as row ``rows[i]`` did (``rows: [B]``, the same number of rows); only
+        the ``[B, S]`` slot table and the lengths move (rows are only taken among beams of one
+        prompt, which have the same length, so ``rewind`` never raises a length)."""
+        rows = jnp.asarray(rows, jnp.int32)
+        return self.replace(store=self.store.rewind(self.store.lengths[rows]),
+                            source=self.source[rows])
+
+    def rewind(self, lengths) -> BeamCache:
+        """``KVCache.rewind``; rewinding a row below a slot another row reads from its physical
+        row breaks the sharing rule above."""
+        return self.replace(store=self.store.rewind(lengths))
+
+
+@struct.dataclass(kw_only=True)
+class BeamState:
+    """Everything the beam loop carries: running beams, the pool of finished hypotheses, the cache.
+    ``B`` prompts, ``W`` beams each, ``N`` = max_new_tokens."""
+
+    step: jax.Array  # [] int32
+    budgets: jax.Array  # [B] int32, output tokens each prompt may generate (<= N)
+    min_new_tokens: jax.Array  # [] int32, no hypothesis finishes with EOS before this length
+    lengths: jax.Array  # [B] int32, output tokens of each prompt's running beams
+    done: jax.Array  # [B] bool
+    cache: BeamCache  # B * W rows, prompt b's beams at rows b * W + w
+    logits: jax.Array  # [B * W, V] float32, each running beam's next-token logits
+    tokens: jax.Array  # [B, W, N] int32, running beams' output; PAD_TOKEN past lengths
+    logprobs: jax.Array  # [B, W] float32, running beams' log-probabilities (-inf: no beam)
+    pool_tokens: jax.Array  # [B, W, N] int32, finished hypotheses, best first
+    pool_scores: jax.Array  # [B, W] float32, their rank scores (-inf: empty slot)
+    pool_logprobs: jax.Array  # [B, W] float32
+    pool_lengths: jax.Array  # [B, W] int32
+    pool_reasons: jax.Array  # [B, W] int32, NO_HYPOTHESIS | EOS | LENGTH (request's codes)
+    eos_mask: jax.Array  # [V] bool
+    alpha: jax.Array  # [] float32, the length penalty exponent
+
+    @property
+    def width(self) -> int:
+        return self.logprobs.shape[1]
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.tokens.shape[2]
+
+
+def length_penalty(lengths: jax.Array, alpha: jax.Array) -> jax.Array:
+    """GNMT's ``((5 + n) / 6) ** alpha`` for output lengths ``n``."""
+    return ((5.0 + lengths.astype(jnp.float32)) / 6.0) ** alpha
+
+
+def _rows(x: jax.Array, index: jax.Array) -> jax.Array:
+    """``x: [B, M, ...]`` at ``index: [B, K]`` along axis 1 -> ``[B, K, ...]``."""
+    return jnp.take_along_axis(x, index.reshape(index.shape + (1,) * (x.ndim - 2)), axis=1)
+
+
+def _extend(tokens: jax.Array, parents: jax.Array, new: jax.Array, at: jax.Array) -> jax.Array:
+    """``tokens: [B, W, N]`` -> rows ``parents: [B, K]`` of each prompt with ``new: [B, K]`` written
+    at output position ``at: [B]``."""
+    N = tokens.shape[2]
+    chosen = _rows(tokens, parents)  # [B, K, N]
+    here = jnp.arange(N, dtype=jnp.int32)[None, None, :] == at[:, None, None]  # [B, 1, N]
+    return jnp.where(here, new[:, :, None], chosen)
+
+
+def _select_and_record(state: BeamState) -> tuple[BeamState, jax.Array]:
+    """One step's choice: extend every running beam by every token, move EOS extensions to the
+    pool, keep the best other extensions as running beams. Returns the state and ``[B, W]`` parent
+    beam of each new running beam (the identity for prompts that were already done)."""
+    B, W, N = state.tokens.shape
+    V = state.logits.shape[-1]
+    logp = jax.nn.log_softmax(state.logits, axis=-1).reshape(B, W, V)
+    extended = state.logprobs[:, :, None] + logp  # [B, W, V]
+    n = state.lengths + 1  # [B], output length after this step
+    penalty = length_penalty(n, state.alpha)  # [B]
+
+    may_end = state.eos_mask[None, None, :] & (n >= state.min_new_tokens)[:, None, None]
+    ends = jnp.where(may_end, extended, -jnp.inf).reshape(B, W * V)
+    # lax.top_k: descending, ties to the lower index (lower beam, then lower token id).
+    ended, ended_index = jax.lax.top_k(ends, W)  # [B, W]
+    goes_on = jnp.where(state.eos_mask[None, None, :], -jnp.inf, extended).reshape(B, W * V)
+    running, running_index = jax.lax.top_k(goes_on, W)  # [B, W]
+    running_parent, running_token = running_index // V, running_index % V
+    tokens = _extend(state.tokens, running_parent, running_token.astype(jnp.int32), n - 1)
+    at_budget = n >= state.budgets  # [B]
+
+    # Pool candidates: the current pool, this step's EOS extensions, and at the budget the running
+    # beams (finish "length"). The pool keeps the W best by rank score.
+    ended_tokens = _extend(state.tokens, ended_index // V, (ended_index % V).astype(jnp.int32),
+                           n - 1)
+    last = jnp.where(at_budget[:, None], running, -jnp.inf)
+    cand_logprobs = jnp.concatenate([state.pool_logprobs, ended, last], axis=1)  # [B, 3W]
+    cand_scores = jnp.concatenate([state.pool_scores, ended / penalty[:, None],
+                                   last / penalty[:, None]], axis=1)
+    cand_tokens = jnp.concatenate([state.pool_tokens, ended_tokens, tokens], axis=1)
+    n_col = jnp.broadcast_to(n[:, None], (B, W))
+    cand_lengths = jnp.concatenate([state.pool_lengths, n_col, n_col], axis=1)
+    cand_reasons = jnp.concatenate([state.pool_reasons, jnp.full((B, W), EOS, jnp.int32),
+                                    jnp.full((B, W), LENGTH, jnp.int32)], axis=1)
+    pool_scores, keep = jax.lax.top_k(cand_scores, W)  # [B, W]
+    filled = pool_scores > -jnp.inf  # [B, W]; empty slots hold nothing
+
+    # Done: budget spent, no running beam left, or none can beat the worst of a full pool.
+    best_reachable = running[:, 0] / length_penalty(state.budgets, state.alpha)
+    done = at_budget | (running[:, 0] == -jnp.inf) | (best_reachable <= pool_scores[:, W - 1])
+
+    was_done = state.done
+
+    def keep_old(old: jax.Array, new: jax.Array) -> jax.Array:  # prompts done before stand still
+        return jnp.where(was_done.reshape((B,) + (1,) * (old.ndim - 1)), old, new)
+
+    identity = jnp.broadcast_to(jnp.arange(W, dtype=jnp.int32)[None, :], (B, W))
+    state = state.replace(
+        step=state.step + 1,
+        lengths=keep_old(state.lengths, n),
+        done=was_done | done,
+        tokens=keep_old(state.tokens, tokens),
+        logprobs=keep_old(state.logprobs, running),
+        pool_tokens=keep_old(state.pool_tokens, _rows(cand_tokens, keep)),
+        pool_scores=keep_old(state.pool_scores, pool_scores),
+        pool_logprobs=keep_old(state.pool_logprobs, _rows(cand_logprobs, keep)),
+        pool_lengths=keep_old(state.pool_lengths, jnp.where(filled, _rows(cand_lengths, keep), 0)),
+        pool_reasons=keep_old(state.pool_reasons, jnp.where(filled, _rows(cand_reasons, keep),
+                                                            NO_HYPOTHESIS)),
+    )
+    return state, keep_old(identity, running_parent.astype(jnp.int32))
+
+
+def _step(model: nnx.Module, state: BeamState) -> BeamState:
+    """Choose the next beams, give each its parent's history, and feed its new token."""
+    B, W, N = state.tokens.shape
+    state, parents = _select_and_record(state)
+    rows = (jnp.arange(B, dtype=jnp.int32)[:, None] * W + parents).reshape(B * W)
+    last = jnp.take_along_axis(state.tokens, jnp.clip(state.lengths - 1, 0, N - 1)[:, None, None],
+                               axis=2)  # [B, W, 1]
+    feed = jnp.repeat(~state.done, W).astype(jnp.int32)  # [B * W]: finished prompts stand still
+    logits, cache = model(last.reshape(B * W, 1), cache=state.cache.take_rows(rows),
+                          num_valid=feed)
+    return state.replace(cache=cache, logits=logits[:, 0])
+
+
+def _running(state: BeamState) -> jax.Array:
+    return jnp.any(~state.done) & (state.step < state.max_new_tokens)
+
+
+def _body(weights, state: BeamState, *, graphdef) -> BeamState:
+    return _step(nnx.merge(graphdef, weights), state)
+
+
+BEAM_LOOP = CompiledLoop("_beam", _body, lambda weights, state: _running(state),
+                         static_argnames=("graphdef",))
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "width", "max_len", "max_new_tokens",
+                                             "kv_cache"))
+def _beam_prefill(weights, block, prompt_lengths, budgets, eos_mask, alpha, min_new_tokens, *,
+                  graphdef, width, max_len, max_new_tokens, kv_cache=None) -> BeamState:
+    """Prefill the padded prompt block ``[B, T]`` once; its ``W`` beams share each row."""
+    model = nnx.merge(graphdef, weights)
+    B, T = block.shape
+    W, N = width, max_new_tokens
+    cache = kvquant.init_cache(model.config, B, max_len, kv_cache)
+    logits, cache = model(block, cache=cache, num_valid=prompt_lengths)  # [B, T, V]
+    last = jnp.take_along_axis(logits, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0]  # [B, V]
+    beams = jnp.repeat(jnp.arange(B, dtype=jnp.int32), W)  # [B * W]
+    # Only beam 0 of each prompt is alive at first, so the first step does not pick W copies of
+    # the same extension.
+    alive = jnp.where(jnp.arange(W) == 0, 0.0, -jnp.inf).astype(jnp.float32)
+    return BeamState(
+        step=jnp.zeros((), jnp.int32),
+        budgets=budgets,
+        min_new_tokens=min_new_tokens,
+        lengths=jnp.zeros((B,), jnp.int32),
+        done=jnp.zeros((B,), bool),
+        cache=BeamCache.from_prompts(cache, W),
+        logits=last[beams],
+        tokens=jnp.full((B, W, N), PAD_TOKEN, jnp.int32),
+        logprobs=jnp.broadcast_to(alive[None, :], (B, W)),
+        pool_tokens=jnp.full((B, W, N), PAD_TOKEN, jnp.int32),
+        pool_scores=jnp.full((B, W), -jnp.inf, jnp.float32),
+        pool_logprobs=jnp.full((B, W), -jnp.inf, jnp.float32),
+        pool_lengths=jnp.zeros((B, W), jnp.int32),
+        pool_reasons=jnp.full((B, W), NO_HYPOTHESIS, jnp.int32),
+        eos_mask=eos_mask,
+        alpha=alpha,
+    )
+
+
+# --- Output ---------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class BeamSearchOutput:
+    """The n-best hypotheses of each prompt, best first (``R`` = ``num_return``, ``N`` =
+    ``min(max_new_tokens, max_len - shortest prompt)``).
+
+    Padding is never NaN: token ids are ``PAD_TOKEN`` past a hypothesis's length, and an empty
+    slot (finish reason "none") has length 0 and score and log-probability -inf. A NaN in the
+    model's logits raises instead of reaching the output."""
+
+    tokens: np.ndarray  # [B, R, N] int32, the output only; PAD_TOKEN past lengths
+    lengths: np.ndarray  # [B, R] int32, output tokens, a finishing EOS included
+    scores: np.ndarray  # [B, R] float32, logprobs / lp(lengths): what the ranking sorts by;
+    #   -inf for an empty slot
+    logprobs: np.ndarray  # [B, R] float32, the model's log-probability of the output; -inf for
+    #   an empty slot
+    finish_reason: list[list[str]]  # "eos" | "length" ("none": fewer hypotheses than R exist)
+
+    def token_lists(self) -> list[list[list[int]]]:
+        """Per prompt, its hypotheses best first, each a list of token ids."""
+        return [[row[:n].tolist() for row, n in zip(rows, ns)]
+                for rows, ns in zip(self.tokens, self.lengths)]
+
+    def best(self) -> list[list[int]]:
+        """The top hypothesis of each prompt."""
+        return [hypotheses[0] for hypotheses in self.token_lists()]
+
+
+def _output(state: BeamState, num_return: int) -> BeamSearchOutput:
+    tokens, lengths, scores, logprobs, reasons = jax.device_get(
+        (state.pool_tokens, state.pool_lengths, state.pool_scores, state.pool_logprobs,
+         state.pool_reasons))
+    R = num_return
+    if np.isnan(scores).any():
+        bad = sorted({int(b) for b in np.argwhere(np.isnan(scores))[:, 0]})
+        raise ValueError(f"beam search failed for prompts {bad}: the model's logits hold NaN")
+    valid = np.arange(tokens.shape[2])[None, None, :] < lengths[:, :R, None]
+    return BeamSearchOutput(
+        tokens=np.where(valid, tokens[:, :R], PAD_TOKEN).astype(np.int32),
+        lengths=lengths[:, :R].astype(np.int32),
+        scores=scores[:, :R],
+        logprobs=logprobs[:, :R],
+        finish_reason=[[FINISH_REASONS[c] for c in row[:R]] for row in reasons],
+    )
+
+
+# --- Entry point ----------------------------------------------------------------------------------
+
+
+def _check_alpha(length_penalty: Any) -> float:
+    if (not isinstance(length_penalty, (int, float, np.integer, np.floating))
+            or isinstance(length_penalty, (bool, np.bool_))
+            or not math.isfinite(length_penalty) or length_penalty < 0):
+        raise ValueError(f"length_penalty must be a finite number >= 0 (GNMT's alpha; 0 ranks by "
+                         f"log-probability alone), got {length_penalty!r}")
+    if float(length_penalty) > float(np.finfo(np.float32).max):
+        raise ValueError(f"length_penalty must be in the range of float32, the dtype it is stored "
+                         f"in, got {length_penalty!r}")
+    return float(length_penalty)
+
+
+def _buffers(cfg: Any, B: int, W: int, S: int, N: int, kv_cache: str | None) -> dict[str, int]:
+    """Bytes of the largest buffers of a ``BeamState`` (``checks.check_memory``)."""
+    return {"KV cache": B * W * S * kvquant.bytes_per_token(cfg, kv_cache),
+            "running and finished tokens": 2 * nbytes((B, W, N), np.int32),
+            "extensions": nbytes((B, W, cfg.vocab_size), np.float32)}
+
+
+def beam_search(
+    model: nnx.Module,
+    prompts: Sequence[Sequence[int]],
+    width: int,
+    max_new_tokens: int,
+    *,
+    length_penalty: float = 0.0,
+    num_return: int | None = None,
+    eos_ids: int | Sequence[int] = (),
+    min_new_tokens: int = 0,
+    max_len: int | None = None,
+    kv_cache: str | None = None,
+    python_loop: bool = False,
+) -> BeamSearchOutput:
+    """The ``num_return`` best continuations of each prompt found by a beam of ``width``.
+
+    Args:
+      model: a ``Transformer`` (or any module with its call signature and a ``config``).
+      prompts: one list of token ids per prompt, of any lengths.
+      width: beams per prompt, in ``[1, vocab_size]``; 1 is greedy decoding.
+      max_new_tokens: the output budget per hypothesis; clamped to ``max_len`` minus the shortest
+        prompt (no hypothesis can be longer), which sets the output's column count.
+      length_penalty: GNMT's alpha >= 0; hypotheses are ranked by log-probability over
+        ``((5 + length) / 6) ** alpha`` (0: by log-probability; larger favours longer outputs).
+      num_return: hypotheses returned per prompt, in ``[1, width]``; default ``width``.
+      eos_ids: ids that finish a hypothesis (kept in its output, never extended).
+      min_new_tokens: no hypothesis ends with an EOS id before this many output tokens (beam
+        search's best hypotheses are often short: Stahlberg and Byrne 2019).
+      max_len: cache slots per row (prompt + output). Default: the prompt bucket plus
+        ``max_new_tokens``, at most the model's position table if it has one.
+      kv_cache: None (a float cache) or "int8" (module docstring; "int4" is refused).
+      python_loop: run the steps from Python (same step function, same hypotheses).
+
+    Raises ValueError before anything is allocated when the cache and buffers need more than the
+    memory limit (``checks.check_memory``).
+    """
+    check_model("model", model)
+    V = model.config.vocab_size
+    rows = check_prompts(prompts, V)
+    W = check_size("width", width, 1)
+    if W > V:
+        raise ValueError(f"width must be <= the vocabulary size {V}, got {width}")
+    N = check_size("max_new_tokens", max_new_tokens, 1)
+    alpha = _check_alpha(length_penalty)
+    R = W if num_return is None else num_return
+    if not is_int(R) or not 1 <= R <= W:
+        raise ValueError(f"num_return must be an int in [1, width={W}], got {num_return!r}")
+    eos_mask = check_eos(eos_ids, V)
+    min_new = check_size("min_new_tokens", min_new_tokens, 0)
+    check_bool("python_loop", python_loop)
+    kvquant.check_kind("kv_cache", kv_cache)
+    if isinstance(kvquant.resolve(kv_cache), kvquant.Kivi):
+        raise ValueError(f"kv_cache must be None or 'int8' for beam search, got {kv_cache!r}: "
+                         f"KIVI's key groups and float ring follow one row's own history, and "
+                         f"beams share history across rows")
+    longest = max(len(r) for r in rows)
+    S = resolve_max_len(max_len, rows, bucket_length(longest) + N, position_limit(model))
+    N = clamp_new_tokens(N, rows, S)
+    check_memory("beam_search", _buffers(model.config, len(rows), W, S, N, kv_cache),
+                 {"len(prompts)": len(rows), "width": W, "max_new_tokens": N, "max_len": S})
+
+    block, lengths = prompt_block(rows, S)
+    budgets = np.minimum(N, S - lengths).astype(np.int32)
+    graphdef, weights = nnx.split(model)
+    state = _beam_prefill(weights, block, lengths, budgets, eos_mask, np.float32(alpha),
+                          np.int32(min_new), graphdef=graphdef, width=W, max_len=S,
+                          max_new_tokens=N, kv_cache=kv_cache)
+    state = BEAM_LOOP.run(weights, state, python_loop=python_loop, graphdef=graphdef)
+    return _output(state, R)

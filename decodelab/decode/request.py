@@ -1,0 +1,409 @@
+"""The request layer every decoder shares: validating what a caller asked for, and the output.
+
+Conventions (``generate``, ``beam_search``, ``speculative_generate`` and the serving engine rely
+on them):
+
+- ``check_request`` validates the arguments of a batch call and returns a ``BatchRequest``; it
+  converts nothing to traced values, so an entry point can check more and still reject bad input
+  before anything is compiled. Every size that ends up in an int32 array is checked against the
+  int32 range.
+- Seeds: an int ``seed`` gives row r the key ``fold_in(key(seed), r)`` (``sampling.batch_keys``),
+  so no (seed, row) pair shares a stream; a list gives each request its own ``key(seed_r)``
+  (``sampling.seed_keys``), and then a request's output depends only on its own tokens,
+  parameters and seed, never on its batch-mates or its row.
+- Finish codes are one table (``FINISH_REASONS``) for every decoder and the engine. A row is
+  ``RUNNING`` until it stops; both error codes are reported as finish reason "error";
+  ``NO_HYPOTHESIS`` marks an empty slot of a beam's n-best list.
+- Sizes are bounded by what the model and the cache can use: ``max_new_tokens`` is clamped to
+  the room ``max_len`` leaves after the shortest prompt (no row can generate more), and before
+  anything is allocated the bytes of the cache and buffers are checked against the memory limit
+  (``checks.check_memory``; ``decode_buffers`` lists them).
+- Outputs are host arrays padded to ``N`` columns, ``N`` = ``max_new_tokens`` clamped as above:
+  ``PAD_TOKEN`` past a row's length, NaN in the float fields there (padding, not a numerical
+  failure: ``GenerateOutput.valid`` is the mask of real entries).
+- Prompts are padded to a power-of-two block (``bucket_length``) for one prefill, so a new prompt
+  length within a bucket does not recompile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from decodelab import sampling
+from decodelab.checks import (INT32_MAX, check_bool, check_memory, check_size, is_int,
+                              kv_cache_bytes, nbytes, position_limit)
+from decodelab.sampling.params import SamplingParams
+
+# Finish codes of a row (DecodeState.finish, SpecState.finish, BeamState.pool_reasons).
+RUNNING, EOS, STOP, LENGTH, BAD_LOGITS, NO_ALLOWED_TOKEN, NO_HYPOTHESIS = range(7)
+FINISH_REASONS = ("running", "eos", "stop", "length", "error", "error", "none")
+
+PAD_TOKEN = -1  # output token ids past a row's length
+
+
+def bucket_length(n: int, minimum: int = 16) -> int:
+    """The power of two >= max(n, minimum): prompt blocks are padded to it so new prompt lengths
+    reuse a compiled program."""
+    return max(minimum, 1 << (int(n) - 1).bit_length())
+
+
+# --- Output ---------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class GenerateOutput:
+    """Per-row results of ``generate``; arrays are padded to ``N`` columns, ``N`` =
+    ``min(max_new_tokens, max_len - shortest prompt)`` (no row can generate more).
+
+    Past a row's length (where ``valid`` is False) the token ids are ``PAD_TOKEN``, the top ids
+    ``PAD_TOKEN`` and the float fields NaN: deliberate padding, not a numerical failure. Within a
+    row's length they are never NaN (a row whose logits hold NaN stops with finish reason "error"
+    before anything is recorded)."""
+
+    tokens: np.ndarray  # [B, N] int32, the output only; PAD_TOKEN past lengths[b]
+    lengths: np.ndarray  # [B] int32, output tokens per row
+    finish_reason: list[str]  # per row: "eos" | "stop" | "length" | "error"
+    logprobs: np.ndarray  # [B, N] float32, of each token under the distribution it was drawn
+    #   from; NaN past lengths[b] (padding)
+    top_logprobs: np.ndarray | None  # [B, N, n] float32, that distribution's n largest,
+    #   descending; NaN past lengths[b] (padding)
+    top_ids: np.ndarray | None  # [B, N, n] int32, their ids (arbitrary where the logprob is
+    #   -inf); PAD_TOKEN past lengths[b]
+    entropy: np.ndarray | None  # [B, N] float32, that distribution's entropy in nats; NaN past
+    #   lengths[b] (padding)
+
+    @property
+    def valid(self) -> np.ndarray:
+        """``[B, N]`` bool: True where a column holds an output token of its row, False where the
+        fields are padding (PAD_TOKEN, NaN)."""
+        return np.arange(self.tokens.shape[1])[None, :] < self.lengths[:, None]
+
+    def token_lists(self) -> list[list[int]]:
+        return [row[:n].tolist() for row, n in zip(self.tokens, self.lengths)]
+
+
+def host_output(state: Any, top_n: int, with_entropy: bool) -> GenerateOutput:
+    """The host-side output of a finished loop state (any state with ``DecodeState``'s output
+    fields: tokens, prompt_lengths, lengths, finish, logprobs, top_logprobs, top_ids, entropy).
+    Only the output fields come to the host, never the cache."""
+    (tokens, prompt_lengths, lengths, finish, logprobs, top_logprobs, top_ids, entropy) = (
+        jax.device_get((state.tokens, state.prompt_lengths, state.lengths, state.finish,
+                        state.logprobs, state.top_logprobs, state.top_ids, state.entropy)))
+    N = logprobs.shape[1]
+    generated = (lengths - prompt_lengths).astype(np.int32)
+    index = np.minimum(prompt_lengths[:, None] + np.arange(N)[None, :], tokens.shape[1] - 1)
+    valid = np.arange(N)[None, :] < generated[:, None]
+    return GenerateOutput(
+        tokens=np.where(valid, np.take_along_axis(tokens, index, axis=1), PAD_TOKEN),
+        lengths=generated,
+        finish_reason=[FINISH_REASONS[c] for c in finish],
+        logprobs=logprobs,
+        top_logprobs=top_logprobs if top_n else None,
+        top_ids=top_ids if top_n else None,
+        entropy=entropy if with_entropy else None,
+    )
+
+
+def stop_string_cut(ids: list[int], stop_strings: Sequence[str], tokenizer: Any) -> int | None:
+    """The smallest k such that ``tokenizer.decode(ids[:k])`` contains a stop string, or None.
+
+    The whole output is decoded once; only a row that holds a stop string is searched, by
+    bisection over prefix lengths: a prefix's text is the longer text's start, up to a last
+    character still incomplete in the prefix, so once a prefix contains a stop string every
+    longer one does. O(log n) decodes rather than one per prefix."""
+    def contains(k: int) -> bool:
+        text = tokenizer.decode(ids[:k])
+        return any(s in text for s in stop_strings)
+
+    if not contains(len(ids)):
+        return None
+    low, high = 0, len(ids)  # contains(low) is False (the empty prefix), contains(high) True
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (low, mid) if contains(mid) else (mid, high)
+    return high
+
+
+def cut_at_stop_strings(out: GenerateOutput, stop_strings: Sequence[str],
+                        tokenizer: Any) -> GenerateOutput:
+    """End each row at the first token whose text completes a stop string (finish reason "stop")."""
+    tokens, lengths = out.tokens.copy(), out.lengths.copy()
+    names = ("logprobs", "top_logprobs", "top_ids", "entropy")
+    arrays = {name: getattr(out, name) for name in names}
+    arrays = {name: (a.copy() if a is not None else None) for name, a in arrays.items()}
+    reasons = list(out.finish_reason)
+    for row, n in enumerate(out.lengths):
+        cut = stop_string_cut(tokens[row, :n].tolist(), stop_strings, tokenizer)
+        if cut is None:
+            continue
+        lengths[row], reasons[row] = cut, "stop"
+        tokens[row, cut:] = PAD_TOKEN
+        for name, a in arrays.items():
+            if a is not None:
+                a[row, cut:] = PAD_TOKEN if name == "top_ids" else np.nan
+    return dataclasses.replace(out, tokens=tokens, lengths=lengths, finish_reason=reasons, **arrays)
+
+
+def finish_output(out: GenerateOutput, finish: np.ndarray, request: BatchRequest, tokenizer: Any,
+                  raise_on_error: bool) -> GenerateOutput:
+    """Raise for rows that failed (unless told not to), then cut rows at their stop strings."""
+    errors = [i for i, c in enumerate(finish) if c in (BAD_LOGITS, NO_ALLOWED_TOKEN)]
+    if errors and raise_on_error:
+        causes = {BAD_LOGITS: "the model's logits hold NaN or +inf",
+                  NO_ALLOWED_TOKEN: "no token has a finite probability (the sampling parameters "
+                                    "or the model's logits exclude every token)"}
+        detail = "; ".join(f"row {i} after {int(out.lengths[i])} tokens: {causes[int(finish[i])]}"
+                           for i in errors)
+        raise ValueError(f"generation failed, nothing was sampled from these rows: {detail} "
+                         f"(raise_on_error=False returns the other rows)")
+    if request.stop_strings:
+        out = cut_at_stop_strings(out, request.stop_strings, tokenizer)
+    return out
+
+
+# --- Input checks ---------------------------------------------------------------------------------
+
+
+def token_ids(name: str, ids: Any, vocab_size: int) -> np.ndarray:
+    """``ids`` as a non-empty 1-D int32 array of token ids, or a ValueError naming ``name``."""
+    if isinstance(ids, (str, bytes)) or isinstance(ids, jax.core.Tracer):
+        raise ValueError(f"{name} must be a list of token ids, got {ids!r}")
+    try:
+        array = np.asarray(ids)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a list of token ids, got {ids!r}") from None
+    if array.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D list of token ids, got shape {array.shape}")
+    if array.size == 0:
+        raise ValueError(f"{name} is empty; it needs at least one token")
+    if not np.issubdtype(array.dtype, np.integer):
+        raise ValueError(f"{name} must hold int token ids, got {ids!r}")
+    bad = np.flatnonzero((array < 0) | (array >= vocab_size))
+    if bad.size:
+        raise ValueError(f"{name} holds token id {int(array[bad[0]])} at index {int(bad[0])}; "
+                         f"ids must be in [0, {vocab_size})")
+    return array.astype(np.int32)
+
+
+def check_prompts(prompts: Any, vocab_size: int) -> list[np.ndarray]:
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (Sequence, np.ndarray)):
+        raise ValueError(f"prompts must be a list of token-id lists, got {type(prompts).__name__}")
+    if len(prompts) == 0:
+        raise ValueError("prompts is empty; give at least one prompt (a list of token ids)")
+    return [token_ids(f"prompts[{i}]", p, vocab_size) for i, p in enumerate(prompts)]
+
+
+def check_seed(name: str, seed: Any) -> int:
+    """One seed: an int in ``[0, 2**32)``."""
+    if not is_int(seed) or not 0 <= seed < 2**32:
+        raise ValueError(f"{name} must be an int in [0, 2**32), got {seed!r}")
+    return int(seed)
+
+
+def check_seeds(seed: Any, B: int) -> int | list[int]:
+    """``seed`` as one int in ``[0, 2**32)`` or a list of ``B`` of them."""
+    if is_int(seed):
+        if not 0 <= seed < 2**32:
+            raise ValueError(f"seed must be an int in [0, 2**32 - 1] (row r of the batch draws "
+                             f"from fold_in(key(seed), r)), got {seed!r}")
+        return int(seed)
+    if not isinstance(seed, (Sequence, np.ndarray)) or isinstance(seed, (str, bytes)):
+        raise ValueError(f"seed must be an int or one int per prompt, got {seed!r}")
+    if len(seed) != B:
+        raise ValueError(f"seed has {len(seed)} values but there are {B} prompts; give one int or "
+                         f"one per prompt")
+    return [check_seed(f"seed[{i}]", s) for i, s in enumerate(seed)]
+
+
+def request_keys(seeds: int | list[int], B: int) -> np.ndarray:
+    """``[B, ...]`` uint32 key data of each row's request key (see the module docstring) for
+    seeds checked by ``check_seeds``."""
+    if isinstance(seeds, int):
+        return np.asarray(sampling.batch_keys(seeds, B))
+    return np.asarray(sampling.seed_keys(np.asarray(seeds, np.uint64).astype(np.uint32)))
+
+
+def check_eos(eos_ids: Any, vocab_size: int) -> np.ndarray:
+    """``eos_ids`` (an id or a list of ids) as a ``[V]`` bool mask."""
+    ids = [eos_ids] if is_int(eos_ids) else eos_ids
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, (Sequence, np.ndarray)):
+        raise ValueError(f"eos_ids must be an int or a list of ints, got {eos_ids!r}")
+    mask = np.zeros((vocab_size,), bool)
+    for i in ids:
+        if not is_int(i) or not 0 <= i < vocab_size:
+            raise ValueError(f"eos_ids must be token ids in [0, {vocab_size}), got {i!r}")
+        mask[i] = True
+    return mask
+
+
+def check_stop_strings(stop_strings: Any, tokenizer: Any) -> list[str]:
+    if isinstance(stop_strings, str) or not isinstance(stop_strings, Sequence):
+        raise ValueError(f"stop_strings must be a list of non-empty strings, got {stop_strings!r}")
+    for s in stop_strings:
+        if not isinstance(s, str) or not s:
+            raise ValueError(f"stop_strings must be non-empty strings, got {s!r}")
+    if stop_strings and not (hasattr(tokenizer, "encode") and hasattr(tokenizer, "decode")):
+        raise ValueError(f"stop_strings need a tokenizer with encode/decode, got "
+                         f"tokenizer={tokenizer!r}")
+    return list(stop_strings)
+
+
+def stop_block(sequences: list[np.ndarray]) -> np.ndarray:
+    """Stop sequences right-aligned in an ``[M, W]`` block, -1 before each."""
+    width = max((len(s) for s in sequences), default=1)
+    block = np.full((len(sequences), width), -1, np.int32)
+    for m, s in enumerate(sequences):
+        block[m, width - len(s):] = s
+    return block
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchRequest:
+    """The validated arguments of one batch call (``generate``, ``speculative_generate``): a batch
+    of prompts with their options. The serving engine's single request is ``serving.Request``."""
+
+    rows: list[np.ndarray]  # one int32 prompt per row
+    max_new_tokens: int
+    seeds: int | list[int]  # one int for the batch, or one per row
+    params: SamplingParams  # validated; per_row(B, V) is left to the caller's last step
+    eos_mask: np.ndarray  # [V] bool
+    stop_block: np.ndarray  # [M, W] int32 (stop sequences, and stop strings' own tokenizations)
+    stop_strings: list[str]
+    top_n: int
+    with_entropy: bool
+
+    def keys(self) -> np.ndarray:
+        """``[B, ...]`` uint32 key data of each row's request key: computed on request (it runs
+        a compiled function), after every check has passed."""
+        return request_keys(self.seeds, len(self.rows))
+
+
+def check_request(vocab_size: int, prompts: Any, params: Any, max_new_tokens: Any, seed: Any, *,
+                  eos_ids: Any, stop_sequences: Any, stop_strings: Any, tokenizer: Any,
+                  return_top_logprobs: Any, return_entropy: Any) -> BatchRequest:
+    """Validate the arguments every sampling entry point takes; ValueError names the bad one.
+    Nothing is traced or compiled here (``BatchRequest.keys`` and ``params.per_row`` are the
+    caller's last steps), so an entry point can check more and still reject bad input before
+    anything is compiled."""
+    V = vocab_size
+    rows = check_prompts(prompts, V)
+    B = len(rows)
+    if not isinstance(params, SamplingParams):
+        raise ValueError(f"params must be a SamplingParams, got {params!r}")
+    N = check_size("max_new_tokens", max_new_tokens, 1)
+    seeds = check_seeds(seed, B)
+    eos_mask = check_eos(eos_ids, V)
+    if isinstance(stop_sequences, (str, bytes)) or not isinstance(stop_sequences, Sequence):
+        raise ValueError(f"stop_sequences must be a list of token-id lists, got {stop_sequences!r}")
+    stops = [token_ids(f"stop_sequences[{i}]", s, V) for i, s in enumerate(stop_sequences)]
+    strings = check_stop_strings(stop_strings, tokenizer)
+    top_n = check_size("return_top_logprobs", return_top_logprobs, 0)
+    if top_n > V:
+        raise ValueError(f"return_top_logprobs must be <= the vocabulary size {V}, got {top_n}")
+    check_bool("return_entropy", return_entropy)
+    # Stop strings also stop the loop early where their own tokenization shows up in the output.
+    for s in strings:
+        ids = list(tokenizer.encode(s))
+        if ids and s in tokenizer.decode(ids):
+            stops.append(token_ids(f"tokenizer.encode({s!r})", ids, V))
+    return BatchRequest(rows=rows, max_new_tokens=N, seeds=seeds, params=params,
+                        eos_mask=eos_mask, stop_block=stop_block(stops), stop_strings=strings,
+                        top_n=top_n, with_entropy=return_entropy)
+
+
+def resolve_max_len(max_len: Any, rows: list[np.ndarray], default: int,
+                    limit: int | None) -> int:
+    """Cache slots per row: ``max_len``, or ``default`` capped by the position table ``limit``;
+    every prompt must be shorter than it."""
+    if max_len is None:
+        S = min(default, limit) if limit else default
+        source = "max_len (default: prompt bucket + max_new_tokens, capped by the position table)"
+        if S > INT32_MAX:
+            raise ValueError(f"{source} is {S}, past 2**31 - 1 (cache lengths are int32); give a "
+                             f"smaller max_new_tokens or a max_len")
+    else:
+        S = check_size("max_len", max_len, 2)
+        source = "max_len"
+        if limit and S > limit:
+            raise ValueError(f"max_len must be <= {limit}, the model's position table "
+                             f"(max_seq_len), got {S}")
+    for i, r in enumerate(rows):
+        if len(r) >= S:
+            raise ValueError(f"prompts[{i}] has {len(r)} tokens but {source} is {S}; a prompt "
+                             f"must be shorter than max_len to leave room for output")
+    return S
+
+
+def clamp_new_tokens(max_new_tokens: int, rows: list[np.ndarray], max_len: int) -> int:
+    """The output columns a call needs: ``max_new_tokens``, at most the room ``max_len`` leaves
+    after the shortest prompt. A row stops at ``max_len`` anyway, so clamping changes no output
+    and keeps a huge budget from sizing buffers nothing can fill."""
+    return min(max_new_tokens, max_len - min(len(r) for r in rows))
+
+
+def decode_buffers(cfg: Any, batch_size: int, max_len: int, max_new_tokens: int,
+                   prompt_len: int, top_n: int = 0, with_entropy: bool = False) -> dict[str, int]:
+    """Bytes of the largest buffers of a ``decode.DecodeState`` (also the serving engine's) of
+    ``B`` rows, ``S`` cache slots and ``N`` output columns, and of the prefill's logits of a
+    ``prompt_len`` block, for ``checks.check_memory``."""
+    B, S, N, T, V = batch_size, max_len, max_new_tokens, prompt_len, cfg.vocab_size
+    return {
+        "KV cache": kv_cache_bytes(cfg, B, S),
+        "token buffer": nbytes((B, S), np.int32),
+        "prefill logits": nbytes((B, T, V), np.float32),
+        "logprobs": nbytes((B, N, 1 + 2 * top_n + int(with_entropy)), np.float32),
+    }
+
+
+def speculative_sizes(request: BatchRequest, gamma: int, max_len: Any, target: Any,
+                      draft: Any) -> tuple[int, int, int]:
+    """``(max_len, max_new_tokens, gamma)`` of a ``speculative_generate`` call (``draft``: the
+    draft model, None for a model-free drafter): ``max_len`` within both position tables,
+    ``max_new_tokens`` clamped as in ``generate``, ``gamma`` capped at it (proposals past the
+    budget could never be kept), every prompt with room for one round, and the caches and
+    buffers within the memory limit."""
+    rows, N = request.rows, request.max_new_tokens
+    draft_limit = position_limit(draft) if draft is not None else None
+    if draft_limit is not None:
+        for i, r in enumerate(rows):
+            if len(r) >= draft_limit:
+                raise ValueError(f"prompts[{i}] has {len(r)} tokens but the draft's cache holds "
+                                 f"at most {draft_limit} (its position table, max_seq_len); a "
+                                 f"prompt must be shorter to leave room for output")
+        if max_len is not None and is_int(max_len) and max_len > draft_limit:
+            raise ValueError(f"max_len must be <= {draft_limit}, the draft's position table "
+                             f"(max_seq_len), got {max_len}")
+    known = [x for x in (position_limit(target), draft_limit) if x is not None]
+    T = bucket_length(max(len(r) for r in rows))
+    gamma = min(gamma, N)
+    S = resolve_max_len(max_len, rows, T + N + gamma, min(known) if known else None)
+    N = clamp_new_tokens(N, rows, S)
+    gamma = min(gamma, N)
+    buffers = decode_buffers(target.config, len(rows), S, N, min(T, S), request.top_n,
+                             request.with_entropy)
+    buffers["verify history"] = nbytes((len(rows) * (gamma + 1), S), np.int32)
+    if draft is not None:
+        buffers["draft KV cache"] = kv_cache_bytes(draft.config, len(rows), S)
+    check_memory("speculative_generate", buffers, {"len(prompts)": len(rows), "gamma": gamma,
+                                                   "max_new_tokens": N, "max_len": S})
+    for i, r in enumerate(rows):
+        if len(r) + gamma > S:
+            raise ValueError(f"gamma={gamma} is too large for the cache: prompts[{i}] has "
+                             f"{len(r)} tokens and one round needs len(prompt) + gamma = "
+                             f"{len(r) + gamma} slots, but max_len is {S}")
+    return S, N, gamma
+
+
+def prompt_block(rows: list[np.ndarray], max_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """The prompts left-aligned in a ``[B, T]`` block (T: the bucket of the longest, at most
+    ``max_len``), zero-padded, and their lengths ``[B]``."""
+    T = min(bucket_length(max(len(r) for r in rows)), max_len)
+    block = np.zeros((len(rows), T), np.int32)
+    for i, r in enumerate(rows):
+        block[i, :len(r)] = r
+    return block, np.asarray([len(r) for r in rows], np.int32)

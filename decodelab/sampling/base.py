@@ -1,0 +1,118 @@
+"""The processor interface and the pieces every processor is built from.
+
+A processor maps ``[B, V]`` float32 logits to ``[B, V]`` logits, ``-inf`` marking a removed token;
+it reads its per-row setting from ``RowParams`` (``processors``) under its ``Parameter``'s name.
+``remove``, ``probs``, ``entropy``, ``keep_top_mass`` and ``keep_above`` are the shared steps the
+truncations are written in.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from decodelab.sampling.inputs import History, Parameter
+
+# ``RowParams`` (``processors``) is built from the registry of the processors defined on this
+# interface: annotations name it as a string, and this module never imports it.
+
+
+def remove(logits: jax.Array, keep: jax.Array) -> jax.Array:
+    return jnp.where(keep, logits, -jnp.inf)
+
+
+def probs(logits: jax.Array) -> jax.Array:
+    return jax.nn.softmax(logits, axis=-1)
+
+
+def entropy(logits: jax.Array) -> jax.Array:  # [B, V] -> [B], in nats; removed tokens add 0
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    p = jnp.exp(logp)
+    return -jnp.sum(jnp.where(p > 0, p * logp, 0.0), axis=-1)
+
+
+def exclusive_cumsum(x: jax.Array) -> jax.Array:
+    """``[..., V]`` -> ``[..., V]``: the sum of the entries before each one (0 for the first),
+    formed as a shifted inclusive sum, so entry i is exactly the inclusive sum up to i - 1 (a
+    difference ``cumsum - x`` can round across a boundary)."""
+    inclusive = jnp.cumsum(x, axis=-1)
+    return jnp.concatenate([jnp.zeros_like(inclusive[..., :1]), inclusive[..., :-1]], axis=-1)
+
+
+def keep_top_mass(logits: jax.Array, order_key: jax.Array, mass: jax.Array) -> jax.Array:
+    """Keep the smallest set of tokens, taken in ascending ``order_key``, whose probability mass
+    reaches ``mass[b]``: a token stays if the mass before it is < mass (so with probabilities
+    0.5 / 0.4 / 0.1 and mass 0.9 exactly two stay). Ties with the last kept token's key stay
+    too. ``order_key`` of removed tokens must be +inf."""
+    key_sorted, p_sorted = jax.lax.sort((order_key, probs(logits)), dimension=-1, num_keys=1)
+    before = exclusive_cumsum(p_sorted)  # [B, V] mass before each token
+    n_keep = jnp.sum(before < mass[:, None], axis=-1)  # [B], >= 1 since before[0] = 0 < mass
+    cutoff = jnp.take_along_axis(key_sorted, (n_keep - 1)[:, None], axis=-1)  # [B, 1]
+    return remove(logits, order_key <= cutoff)
+
+
+def keep_above(logits: jax.Array, threshold: jax.Array) -> jax.Array:
+    """Keep tokens with probability >= threshold[b], and always the most probable."""
+    p = probs(logits)
+    best = jnp.max(p, axis=-1, keepdims=True)
+    return remove(logits, (p >= threshold[:, None]) | (p >= best))
+
+
+class LogitsProcessor(abc.ABC):
+    """One step of the pipeline: ``[B, V]`` logits -> ``[B, V]`` logits; ``-inf`` = removed.
+
+    ``parameter`` is the per-row setting it owns (None for one that reads only ``logit_bias``).
+    ``enabled`` says which rows it acts on (by default: those whose setting is not neutral); the
+    others pass through unchanged. ``params.plan`` says whether it is in the program at all.
+    """
+
+    parameter: ClassVar[Parameter | None] = None
+    # Whether it looks at the tokens so far (History): its kept set is not a function of the
+    # logits alone.
+    reads_history: ClassVar[bool] = False
+
+    @property
+    def name(self) -> str:
+        return self.parameter.name
+
+    def enabled(self, params: RowParams) -> jax.Array:
+        """``[B]`` bool."""
+        return getattr(params, self.parameter.name) != self.parameter.neutral
+
+    def enabled_on_host(self, values: dict[str, np.ndarray]) -> np.ndarray:
+        """``[B]`` bool from the host arrays ``RowParams`` is built from (its fields by name)."""
+        return values[self.parameter.name] != self.parameter.neutral
+
+    @abc.abstractmethod
+    def apply(self, logits: jax.Array, params: RowParams, history: History) -> jax.Array:
+        """The processed logits of every row (only enabled rows are kept)."""
+
+    def __call__(self, logits: jax.Array, params: RowParams, history: History) -> jax.Array:
+        plan = params.plan
+        if plan.active is not None and self.name in plan.uniform:
+            return self.apply(logits, params, history)
+        on = self.enabled(params)  # [B]
+
+        def run(logits):
+            return jnp.where(on[:, None], self.apply(logits, params, history), logits)
+
+        if plan.active is None:
+            return jax.lax.cond(jnp.any(on), run, lambda logits: logits, logits)
+        return run(logits)
+
+
+
+def argmax(x: jax.Array) -> jax.Array:
+    """``[..., V]`` -> ``[...]`` int32: the lowest index of the maximum along the last axis, as
+    ``jnp.argmax`` (a row holding NaN gives some index in range). Computed with two plain
+    reductions: XLA's CPU argmax (a variadic reduce) is ~20x slower at V = 4096, and greedy
+    decoding takes several per token."""
+    V = x.shape[-1]
+    ids = jnp.arange(V, dtype=jnp.int32).reshape((1,) * (x.ndim - 1) + (V,))
+    first = jnp.min(jnp.where(x == jnp.max(x, axis=-1, keepdims=True), ids, V), axis=-1)
+    return jnp.minimum(first, V - 1)
+

@@ -1,0 +1,321 @@
+"""Sampling: per-row parameters, the distribution each row samples from, and exact draws.
+
+Conventions (every caller relies on them):
+
+- ``SamplingParams`` holds what a user typed: each field a scalar or one value per row. Its fields
+  are the parameters of the registered processors (``processors.PROCESSORS``, which also fixes
+  their order; see that module) plus ``logit_bias`` and ``banned_tokens``. It is validated when
+  built; ``per_row(B, V)`` turns it into ``RowParams``, a pytree of ``[B]`` arrays (and a
+  ``[B, V]`` bias) plus a static ``Plan`` of the processors the values enable. A sweep over the
+  values of the enabled processors is a sweep over array contents and never recompiles; a
+  different set of enabled processors (one switched on or off in every row, or greedy against
+  sampled) is a different plan and compiles once more (see ``processors``).
+- ``processed_logprobs`` is the distribution that is sampled from, reported as the token's logprob,
+  and used by speculative decoding's accept/reject test: one function, so the three never disagree.
+- ``draw`` samples a row whose kept set is known to fit in ``Plan.candidates`` tokens (greedy,
+  top-k in ``[1, C]``, or a top-p nucleus that fits) among its C most probable tokens: Gumbel noise
+  over C values, not the vocabulary. The same distribution, drawn from another stream than a
+  vocabulary-wide draw with the same key (for a greedy row, the same token).
+- Randomness is per request. A request has a key: ``key(seed_r)`` for per-request seeds
+  (``seed_keys``), and ``fold_in(key(seed), r)`` for row r of a batch under one int seed
+  (``batch_keys``), so no (seed, row) pair shares a stream with another. The token at sequence
+  position ``p`` is drawn with ``fold_in(request key, p)`` (``row_keys``): independent of
+  batch-mates and slot.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from decodelab.checks import check_size, is_int
+from decodelab.sampling.base import argmax
+from decodelab.sampling.inputs import CANDIDATES, History, Plan
+from decodelab.sampling.processors import PARAMETERS, PROCESSORS, RowParams, planned
+
+__all__ = ["SamplingParams", "batch_keys", "draw", "greedy_choice", "greedy_scores",
+           "process_logits", "processed_logprobs", "row_keys", "sample_tokens", "seed_keys",
+           "usable"]
+
+_FLOAT32_MAX = np.finfo(np.float32).max
+
+# --- Parameters -----------------------------------------------------------------------------------
+
+
+def _check_bias(logit_bias: Any) -> None:
+    def check_one(name: str, bias: Any) -> None:
+        if not isinstance(bias, Mapping):
+            raise ValueError(f"{name} must be a dict {{token id: bias}}, got {bias!r}")
+        for token, b in bias.items():
+            if not is_int(token):
+                raise ValueError(f"{name} keys must be int token ids, got {token!r}")
+            if not (isinstance(b, (int, float, np.number)) and not isinstance(b, bool)
+                    and math.isfinite(b)):
+                raise ValueError(f"{name}[{token}] must be a finite number (ban a token with "
+                                 f"banned_tokens), got {b!r}")
+            if abs(float(b)) > float(_FLOAT32_MAX):
+                raise ValueError(f"{name}[{token}] must be in the range of float32, the dtype it "
+                                 f"is stored in ([{-_FLOAT32_MAX!s}, {_FLOAT32_MAX!s}]), got {b!r}")
+
+    if logit_bias is None or isinstance(logit_bias, Mapping):
+        check_one("logit_bias", logit_bias or {})
+    elif isinstance(logit_bias, Sequence) and not isinstance(logit_bias, str) and logit_bias:
+        for row, bias in enumerate(logit_bias):
+            check_one(f"logit_bias[{row}]", bias)
+    else:
+        raise ValueError(f"logit_bias must be a dict {{token id: bias}} or a list with one dict "
+                         f"per row, got {logit_bias!r}")
+
+
+def _check_banned(banned: Any) -> None:
+    if banned is None:
+        return
+    if isinstance(banned, (str, bytes, Mapping)) or not isinstance(banned, (Sequence, np.ndarray)):
+        raise ValueError(f"banned_tokens must be a list of token ids or a list with one list per "
+                         f"row, got {banned!r}")
+    if all(is_int(t) for t in banned):
+        return
+    for row, ids in enumerate(banned):
+        if (isinstance(ids, (str, bytes)) or not isinstance(ids, (Sequence, np.ndarray))
+                or not all(is_int(t) for t in ids)):
+            raise ValueError(f"banned_tokens must be a list of token ids or a list with one list "
+                             f"of ids per row, got banned_tokens[{row}] = {ids!r}")
+
+
+def _is_per_row_bias(logit_bias: Any) -> bool:
+    return logit_bias is not None and not isinstance(logit_bias, Mapping)
+
+
+def _is_per_row_banned(banned: Any) -> bool:
+    return banned is not None and len(banned) > 0 and not all(is_int(t) for t in banned)
+
+
+def _registry_fields(cls: type) -> type:
+    """Give ``cls`` one field per registered parameter, defaulting to its neutral value, before
+    its own fields, and list them in its docstring."""
+    for name, parameter in PARAMETERS.items():
+        setattr(cls, name, parameter.neutral)
+    cls.__annotations__ = {**{name: "Any" for name in PARAMETERS}, **cls.__annotations__}
+    cls.__doc__ += "".join(f"\n    {name}: {p.help}" for name, p in PARAMETERS.items())
+    return cls
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
+@_registry_fields
+class SamplingParams:
+    """How to turn logits into a token; every field a scalar or one value per row.
+
+    Neutral values (the defaults) disable a processor. Validated when built: each value against
+    its parameter's rule and the range of the dtype it is stored in (int32 or float32); ``per_row``
+    checks what needs the batch size and vocabulary (per-row lengths, token ids) and stores
+    ``top_k >= V`` as 0 (keeps all). The fields, in pipeline order:
+    """
+
+    # Added to the logits: {token id: bias}, or a list with one dict per row.
+    logit_bias: Mapping[int, float] | Sequence[Mapping[int, float]] | None = None
+    # Never sampled: a list of ids, or a list with one list per row.
+    banned_tokens: Sequence[int] | Sequence[Sequence[int]] | None = None
+
+    def __post_init__(self) -> None:
+        for name, parameter in PARAMETERS.items():
+            parameter.values(getattr(self, name))
+        _check_bias(self.logit_bias)
+        _check_banned(self.banned_tokens)
+
+    @classmethod
+    def greedy(cls) -> SamplingParams:
+        return cls(temperature=0.0)
+
+    def replace(self, **changes: Any) -> SamplingParams:
+        return dataclasses.replace(self, **changes)
+
+    def per_row(self, batch_size: int, vocab_size: int, *,
+                candidates: int = CANDIDATES) -> RowParams:
+        """The traced form: one value per row for each field, plus a ``[B, V]`` additive bias and
+        the ``Plan`` of the processors these values enable (top-k and top-p look at the
+        ``candidates`` largest logits before sorting the whole vocabulary)."""
+        B, V = batch_size, vocab_size
+        check_size("candidates", candidates, 1)
+        values = {}
+        for name, parameter in PARAMETERS.items():
+            array = parameter.values(getattr(self, name))
+            if array.ndim == 1 and array.shape[0] != B:
+                raise ValueError(f"{name} has {array.shape[0]} values but the batch has {B} rows; "
+                                 f"give one value or one per row")
+            array = np.broadcast_to(array, (B,))
+            if parameter.vocab_sized:
+                array = np.where(array >= V, parameter.neutral, array)
+            values[name] = array.astype(parameter.dtype)  # in NumPy: nothing is traced
+        bias = self._bias(B, V)  # the last check
+        enabled = {p.name: p.enabled_on_host({**values, "logit_bias": bias}) for p in PROCESSORS}
+        plan = Plan.of(enabled, greedy=bool(np.all(values["temperature"] == 0.0)),
+                       candidates=candidates)
+        return RowParams(**{name: jnp.asarray(a) for name, a in values.items()},
+                         logit_bias=jnp.asarray(bias), plan=plan)
+
+    def _bias(self, B: int, V: int) -> np.ndarray:
+        bias = np.zeros((B, V), np.float32)  # [B, V]
+        per_row = _is_per_row_bias(self.logit_bias)
+        if per_row and len(self.logit_bias) != B:
+            raise ValueError(f"logit_bias has {len(self.logit_bias)} dicts but the batch has {B} "
+                             f"rows; give one dict or one per row")
+        for row in range(B):
+            row_bias = self.logit_bias[row] if per_row else (self.logit_bias or {})
+            for token, b in row_bias.items():
+                if not 0 <= token < V:
+                    raise ValueError(f"logit_bias keys must be token ids in [0, {V}), got {token}")
+                bias[row, token] += b
+        banned = self.banned_tokens if self.banned_tokens is not None else []
+        per_row = _is_per_row_banned(banned)
+        if per_row and len(banned) != B:
+            raise ValueError(f"banned_tokens has {len(banned)} lists but the batch has {B} rows; "
+                             f"give one list or one per row")
+        for row in range(B):
+            ids = np.asarray(banned[row] if per_row else banned, np.int64).reshape(-1)
+            if ids.size and (ids.min() < 0 or ids.max() >= V):
+                bad = ids[(ids < 0) | (ids >= V)][0]
+                raise ValueError(f"banned_tokens must be token ids in [0, {V}), got {int(bad)}")
+            bias[row, ids] = -np.inf
+            if np.isneginf(bias[row]).all():
+                raise ValueError(f"banned_tokens bans all {V} tokens of row {row}; at least one "
+                                 f"must stay allowed")
+        return bias
+
+
+# --- The distribution and the draw ----------------------------------------------------------------
+
+
+def process_logits(logits: jax.Array, params: RowParams, history: History) -> jax.Array:
+    """``[B, V]`` model logits -> processed logits, through the processors of ``params.plan``
+    in pipeline order. A greedy plan stops at temperature: the truncations after it keep the one
+    token greedy keeps."""
+    logits = logits.astype(jnp.float32)
+    for processor in planned(params.plan):
+        logits = processor(logits, params, history)
+    return logits
+
+
+def greedy_scores(logits: jax.Array, params: RowParams, history: History) -> jax.Array:
+    """``[B, V]`` model logits -> the scores a greedy plan takes the argmax of: the logits through
+    the processors before temperature (penalties, bans, min-new-tokens). The processed
+    distribution is the argmax alone, with log-probability 0."""
+    if not params.plan.greedy:
+        raise ValueError(f"greedy_scores needs a greedy plan (temperature 0 in every row), got "
+                         f"{params.plan}")
+    logits = logits.astype(jnp.float32)
+    for processor in planned(params.plan)[:-1]:  # the last one is temperature
+        logits = processor(logits, params, history)
+    return logits
+
+
+def processed_logprobs(logits: jax.Array, params: RowParams, history: History) -> jax.Array:
+    """``[B, V]`` log-probabilities of the distribution each row samples from (``-inf`` = never).
+
+    A row whose logits hold NaN, or whose processors left no token, comes back NaN / all ``-inf``;
+    the decode loop checks for both and never samples such a row.
+    """
+    return jax.nn.log_softmax(process_logits(logits, params, history), axis=-1)
+
+
+@jax.jit
+def seed_keys(seeds: jax.Array) -> jax.Array:
+    """``[B]`` uint32 per-request seeds -> ``[B, ...]`` uint32 key data of ``key(seeds[b])``."""
+    return jax.random.key_data(jax.vmap(jax.random.key)(seeds))
+
+
+@jax.jit
+def _fold_rows(seed: jax.Array, rows: jax.Array) -> jax.Array:
+    return jax.random.key_data(jax.vmap(lambda r: jax.random.fold_in(jax.random.key(seed), r))(
+        rows))
+
+
+def batch_keys(seed: int, batch_size: int) -> jax.Array:
+    """``[B, ...]`` uint32 key data of ``fold_in(key(seed), r)`` for the rows r of a batch under
+    one int seed: distinct for every (seed, row) pair."""
+    return _fold_rows(np.uint32(seed), np.arange(batch_size, dtype=np.int32))
+
+
+def row_keys(keys: jax.Array, positions: jax.Array) -> jax.Array:
+    """``[B]`` keys: ``fold_in(request key b, positions[b])``, the key for the token at that
+    sequence position of request b; ``keys`` is the requests' key data ``[B, ...]``."""
+    return jax.vmap(lambda k, p: jax.random.fold_in(jax.random.wrap_key_data(k), p))(
+        keys, positions)
+
+
+def sample_tokens(logprobs: jax.Array, keys: jax.Array) -> jax.Array:
+    """``[B, V]`` log-probabilities and ``[B]`` keys -> ``[B]`` int32 draws, exactly from them."""
+    return jax.vmap(jax.random.categorical)(keys, logprobs).astype(jnp.int32)
+
+
+def draw(logprobs: jax.Array, params: RowParams, keys: jax.Array, *,
+         skip: jax.Array | None = None) -> jax.Array:
+    """``[B, V]`` processed log-probabilities -> ``[B]`` int32 draws, exactly from them, drawing
+    among candidates where the kept set is known to fit.
+
+    A row keeps at most C = ``params.plan.candidates`` tokens when it is greedy (one token),
+    has top-k in ``[1, C]``, or has top-p and at most C tokens left (its nucleus fits; otherwise
+    top-p fell back to the full sort). Such a row holds all its probability in its C largest
+    log-probabilities, so it draws among those (``lax.top_k``, Gumbel noise over C values, not
+    V); any other row draws over the whole vocabulary. The rule reads only the row's own
+    parameters and distribution, never the plan or its batch-mates, so a request draws the same
+    token in any batch and under any plan that serves it. The vocabulary-wide draw runs only
+    when some row needs it, the candidates' only when some row fits. Rows in ``skip`` ([B] bool,
+    finished rows whose token is discarded) count as fitting."""
+    plan = params.plan
+    C, V = plan.candidates, logprobs.shape[-1]
+    rules = {"temperature": lambda: params.temperature == 0.0,
+             "top_k": lambda: (params.top_k >= 1) & (params.top_k <= C),
+             "top_p": lambda: (params.top_p < 1.0)
+             & (jnp.sum(logprobs > -jnp.inf, axis=-1) <= C)}
+    fitting = [rule() for name, rule in rules.items()
+               if plan.active is None or name in plan.active]
+    if C >= V or not fitting:
+        return sample_tokens(logprobs, keys)
+    fits = functools.reduce(jnp.logical_or, fitting if skip is None else [*fitting, skip])  # [B]
+
+    def among_candidates():
+        top, ids = jax.lax.top_k(logprobs, C)  # [B, C]
+        pick = sample_tokens(top, keys)  # [B] in [0, C)
+        return jnp.take_along_axis(ids, pick[:, None], axis=-1)[:, 0].astype(jnp.int32)
+
+    def over_vocabulary():
+        return sample_tokens(logprobs, keys)
+
+    def per_row():
+        return jnp.where(fits, among_candidates(), over_vocabulary())
+
+    branch = jnp.any(fits).astype(jnp.int32) + jnp.all(fits).astype(jnp.int32)  # none/some/all
+    return jax.lax.switch(branch, (over_vocabulary, per_row, among_candidates))
+
+
+# --- Greedy choices and usable rows (the decode loops and the drafters share them) ----------
+
+
+def greedy_choice(logits: jax.Array, params: RowParams,
+                  history: History) -> tuple[jax.Array, jax.Array]:
+    """``[..., V]`` logits of a greedy plan -> ``([...] argmax, [...] usable)``: the argmax of the
+    scores before temperature (``greedy_scores``), with no softmax; usable where the
+    logits are finite and leave an allowed token (as in ``decode.generation``)."""
+    shape, V = logits.shape[:-1], logits.shape[-1]
+    flat = logits.reshape(-1, V)
+    scores = greedy_scores(flat, params, history)  # [B', V]
+    best = jnp.max(scores, axis=-1)  # NaN if the row holds NaN
+    if len(planned(params.plan)) == 1:  # temperature alone: the scores are the logits
+        bad_logits = jnp.isnan(best) | (best == jnp.inf)
+    else:  # a ban may have hidden a NaN
+        bad_logits = jnp.any(jnp.isnan(flat) | (flat == jnp.inf), axis=-1)
+    usable = ~bad_logits & (best > -jnp.inf)
+    return argmax(scores).reshape(shape), usable.reshape(shape)
+
+
+def usable(logits: jax.Array, log_normaliser: jax.Array) -> jax.Array:
+    """``[...]`` bool: finite logits that leave at least one allowed token (``log_normaliser``:
+    the logsumexp of the processed logits, -inf when none is allowed)."""
+    return ~jnp.any(jnp.isnan(logits) | (logits == jnp.inf), axis=-1) & (log_normaliser > -jnp.inf)

@@ -1,0 +1,129 @@
+"""The processors that act on the model's scores before any reshaping: the penalties over the
+tokens so far (repetition, frequency, presence, no-repeat n-grams), the logit bias and bans, and
+min-new-tokens. Their order in the pipeline is ``processors.PROCESSORS``'s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from decodelab.sampling.base import LogitsProcessor, remove
+from decodelab.sampling.inputs import Parameter
+
+
+@dataclasses.dataclass(frozen=True)
+class RepetitionPenalty(LogitsProcessor):
+    """CTRL (Keskar et al. 2019): a token seen in prompt or output has its logit divided by the
+    penalty if positive, multiplied if negative."""
+
+    reads_history = True
+    parameter = Parameter(
+        "repetition_penalty", "float32", 1.0, lambda x: x > 0, "> 0 (1 disables it)",
+        help=(
+            "CTRL penalty on every token seen in the prompt or the output: positive logits divided "
+            "by it, negative ones multiplied."))
+
+    def apply(self, logits, params, history):
+        seen = history.seen_tokens(logits.shape[-1])
+        penalty = params.repetition_penalty[:, None]
+        penalised = jnp.where(logits > 0, logits / penalty, logits * penalty)
+        return jnp.where(seen, penalised, logits)
+
+
+@dataclasses.dataclass(frozen=True)
+class FrequencyPenalty(LogitsProcessor):
+    """OpenAI: ``logit -= frequency_penalty * (times the token occurs in the output)``."""
+
+    reads_history = True
+    parameter = Parameter(
+        "frequency_penalty", "float32", 0.0, lambda x: x == x, "a finite number (0 disables it)",
+        help=(
+            "OpenAI penalty on output tokens: logit -= frequency_penalty * count."))
+
+    def apply(self, logits, params, history):
+        counts = history.output_occurrences(logits.shape[-1])
+        return logits - params.frequency_penalty[:, None] * counts.astype(jnp.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class PresencePenalty(LogitsProcessor):
+    """OpenAI: ``logit -= presence_penalty`` for every token that occurs in the output."""
+
+    reads_history = True
+    parameter = Parameter(
+        "presence_penalty", "float32", 0.0, lambda x: x == x, "a finite number (0 disables it)",
+        help=(
+            "OpenAI penalty on output tokens: logit -= presence_penalty * (count > 0)."))
+
+    def apply(self, logits, params, history):
+        present = history.output_occurrences(logits.shape[-1]) > 0
+        return logits - params.presence_penalty[:, None] * present.astype(jnp.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class NoRepeatNgram(LogitsProcessor):
+    """Ban every token that would complete an n-gram already in the row (prompt + output)."""
+
+    reads_history = True
+    parameter = Parameter(
+        "no_repeat_ngram_size", "int32", 0, lambda x: x >= 0, "an int >= 0 (0 disables it)",
+        help=(
+            "Ban any token that would repeat an n-gram of the prompt or output; 0 disables."))
+
+    def apply(self, logits, params, history):
+        B, S = history.tokens.shape
+        n = params.no_repeat_ngram_size[:, None]  # [B, 1]
+        length = history.lengths[:, None]  # [B, 1]
+        slot = jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32)[None, :], (B, S))
+        # candidate[b, j]: the token at slot j ends an earlier n-gram whose first n - 1 tokens equal
+        # the row's last n - 1 tokens, so sampling tokens[b, j] now would repeat that n-gram.
+        candidate = (slot >= n - 1) & (slot < length)
+
+        def match_offset(k, candidate):  # compare the token k before slot j with the k-th last
+            before = jnp.take_along_axis(history.tokens, jnp.maximum(slot - k, 0), axis=1)
+            last = jnp.take_along_axis(history.tokens, jnp.maximum(length - k, 0), axis=1)
+            return candidate & ((k >= n) | (before == last))
+
+        candidate = jax.lax.fori_loop(1, jnp.max(n), match_offset, candidate)
+        rows = jnp.broadcast_to(jnp.arange(B)[:, None], (B, S))
+        banned = jnp.zeros(logits.shape, jnp.int32).at[rows, history.tokens].max(
+            candidate.astype(jnp.int32), mode="drop")
+        return remove(logits, banned == 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class LogitBias(LogitsProcessor):
+    """Add the row's bias; banned tokens carry ``-inf``."""
+
+    @property
+    def name(self) -> str:
+        return "logit_bias"
+
+    def enabled(self, params):
+        return jnp.any(params.logit_bias != 0.0, axis=-1)
+
+    def enabled_on_host(self, values):
+        return np.any(values["logit_bias"] != 0.0, axis=-1)
+
+    def apply(self, logits, params, history):
+        return logits + params.logit_bias
+
+
+@dataclasses.dataclass(frozen=True)
+class MinNewTokens(LogitsProcessor):
+    """Ban the EOS ids while fewer than ``min_new_tokens`` tokens have been generated."""
+
+    reads_history = True
+    parameter = Parameter(
+        "min_new_tokens", "int32", 0, lambda x: x >= 0, "an int >= 0 (0 disables it)",
+        help=(
+            "Ban the EOS ids until this many tokens have been generated."))
+
+    def apply(self, logits, params, history):
+        early = history.num_generated < params.min_new_tokens  # [B]
+        return remove(logits, ~(early[:, None] & history.eos_mask[None, :]))
+

@@ -1,0 +1,172 @@
+"""Temperature and the truncations: top-n-sigma, top-k, top-p, min-p, typical-p, epsilon and eta.
+Each keeps at least the most probable token. Their order in the pipeline is
+``processors.PROCESSORS``'s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from decodelab.sampling.base import (LogitsProcessor, argmax, entropy, exclusive_cumsum, keep_above,
+                                     keep_top_mass, probs, remove)
+from decodelab.sampling.inputs import Parameter
+
+
+@dataclasses.dataclass(frozen=True)
+class Temperature(LogitsProcessor):
+    """Divide by the temperature; at 0 keep only the argmax (lowest id among ties), with logit 0."""
+
+    parameter = Parameter(
+        "temperature", "float32", 1.0, lambda x: x >= 0, ">= 0 (0 means greedy)",
+        help=(
+            "Divide logits by this; 0 means greedy (argmax after penalties, bans and "
+            "min-new-tokens; the lowest id among ties)."))
+
+    def apply(self, logits, params, history):
+        t = params.temperature[:, None]  # [B, 1]
+        ids = jnp.arange(logits.shape[-1], dtype=jnp.int32)[None, :]
+        best = (ids == argmax(logits)[:, None]) & (logits > -jnp.inf)
+        greedy = jnp.where(best, 0.0, -jnp.inf)
+        return jnp.where(t > 0, logits / jnp.where(t > 0, t, 1.0), greedy)
+
+
+@dataclasses.dataclass(frozen=True)
+class TopNSigma(LogitsProcessor):
+    """Keep logits >= max - n * sigma, sigma the standard deviation of the allowed logits."""
+
+    parameter = Parameter(
+        "top_n_sigma", "float32", 0.0, lambda x: x >= 0, ">= 0 (0 disables it)",
+        help=(
+            "Keep tokens whose logit is >= max - n * std(logits) (Tang et al. 2024); 0 disables."))
+
+    def apply(self, logits, params, history):
+        allowed = logits > -jnp.inf
+        count = jnp.sum(allowed, axis=-1, keepdims=True)
+        finite = jnp.where(allowed, logits, 0.0)
+        mean = jnp.sum(finite, axis=-1, keepdims=True) / count
+        var = jnp.sum(jnp.where(allowed, (finite - mean) ** 2, 0.0), axis=-1, keepdims=True) / count
+        top = jnp.max(logits, axis=-1, keepdims=True)
+        return remove(logits, logits >= top - params.top_n_sigma[:, None] * jnp.sqrt(var))
+
+
+@dataclasses.dataclass(frozen=True)
+class TopK(LogitsProcessor):
+    """Keep exactly the k largest logits: among logits tied with the k-th largest, the lowest ids
+    (as ``argmax``), so ``top_k=1`` keeps the greedy token."""
+
+    parameter = Parameter(
+        "top_k", "int32", 0, lambda x: x >= 0, "an int >= 0 (0 disables it)",
+        help=(
+            "Keep the k most probable tokens, the lowest ids among ties (so 1 is greedy); 0 keeps "
+            "all, and so does k >= V (stored as 0)."),
+        vocab_sized=True)
+
+    def apply(self, logits, params, history):
+        k = params.top_k[:, None]  # [B, 1]
+        C, V = params.plan.candidates, logits.shape[-1]
+
+        def kth(descending):  # [B, C or V] -> [B, 1]
+            return jnp.take_along_axis(descending, jnp.maximum(k - 1, 0), axis=-1)
+
+        def from_sort():
+            return kth(-jnp.sort(-logits, axis=-1))
+
+        if C >= V:
+            kth = from_sort()
+        else:  # the C largest hold the k-th largest of every row with k <= C
+            kth = jax.lax.cond(jnp.any(k > C), from_sort,
+                               lambda: kth(jax.lax.top_k(logits, C)[0]))
+        above = logits > kth
+        tied = logits == kth
+        room = k - jnp.sum(above, axis=-1, keepdims=True)  # tied tokens that still fit, >= 1
+        return remove(logits, above | (tied & (jnp.cumsum(tied, axis=-1) <= room)))
+
+
+@dataclasses.dataclass(frozen=True)
+class TopP(LogitsProcessor):
+    """Nucleus (Holtzman et al. 2020): the most probable tokens until their mass reaches p."""
+
+    parameter = Parameter(
+        "top_p", "float32", 1.0, lambda x: (x > 0) & (x <= 1), "in (0, 1] (1 disables it)",
+        help=(
+            "Keep the smallest prefix of tokens, by probability, whose mass reaches p (nucleus "
+            "sampling): a token stays if the mass before it is < p."))
+
+    def apply(self, logits, params, history):
+        C, V = params.plan.candidates, logits.shape[-1]
+        mass = params.top_p
+        if C >= V:
+            return keep_top_mass(logits, -logits, mass)
+        # The C most probable tokens, with the probabilities softmax gives them over all V.
+        top = jax.lax.top_k(logits, C)[0]  # [B, C] descending
+        best = jnp.max(logits, axis=-1, keepdims=True)  # [B, 1]
+        total = jnp.sum(jnp.exp(logits - best), axis=-1, keepdims=True)  # [B, 1]
+        before = exclusive_cumsum(jnp.exp(top - best) / total)  # [B, C]
+        n_keep = jnp.sum(before < mass[:, None], axis=-1)  # [B], in [1, C]
+        cutoff = jnp.take_along_axis(top, (n_keep - 1)[:, None], axis=-1)  # [B, 1]
+        # A row that keeps all C candidates may need more: then sort the whole vocabulary.
+        return jax.lax.cond(jnp.any(n_keep >= C), lambda: keep_top_mass(logits, -logits, mass),
+                            lambda: remove(logits, logits >= cutoff))
+
+
+@dataclasses.dataclass(frozen=True)
+class MinP(LogitsProcessor):
+    """Keep tokens with probability >= min_p times the largest probability."""
+
+    parameter = Parameter(
+        "min_p", "float32", 0.0, lambda x: (x >= 0) & (x <= 1), "in [0, 1] (0 disables it)",
+        help=(
+            "Keep tokens with probability >= min_p * (largest probability)."))
+
+    def apply(self, logits, params, history):
+        p = probs(logits)
+        return remove(logits, p >= params.min_p[:, None] * jnp.max(p, axis=-1, keepdims=True))
+
+
+@dataclasses.dataclass(frozen=True)
+class TypicalP(LogitsProcessor):
+    """Locally typical sampling: tokens by |surprisal - entropy|, closest first, up to mass p."""
+
+    parameter = Parameter(
+        "typical_p", "float32", 1.0, lambda x: (x > 0) & (x <= 1), "in (0, 1] (1 disables it)",
+        help=(
+            "Keep the tokens whose surprisal is closest to the entropy, up to mass typical_p "
+            "(Meister et al. 2022, as in Hugging Face)."))
+
+    def apply(self, logits, params, history):
+        logp = jax.nn.log_softmax(logits, axis=-1)
+        distance = jnp.abs(-logp - entropy(logits)[:, None])
+        distance = jnp.where(logits > -jnp.inf, distance, jnp.inf)
+        return keep_top_mass(logits, distance, params.typical_p)
+
+
+@dataclasses.dataclass(frozen=True)
+class EpsilonCutoff(LogitsProcessor):
+    """Truncation sampling (Hewitt et al. 2022): keep probabilities >= epsilon."""
+
+    parameter = Parameter(
+        "epsilon", "float32", 0.0, lambda x: (x >= 0) & (x < 1), "in [0, 1) (0 disables it)",
+        help=(
+            "Keep tokens with probability >= epsilon (Hewitt et al. 2022); the most probable "
+            "always stays."))
+
+    def apply(self, logits, params, history):
+        return keep_above(logits, params.epsilon)
+
+
+@dataclasses.dataclass(frozen=True)
+class EtaCutoff(LogitsProcessor):
+    """Eta sampling (Hewitt et al. 2022): keep probabilities >= min(eta, sqrt(eta) e^-entropy)."""
+
+    parameter = Parameter(
+        "eta", "float32", 0.0, lambda x: (x >= 0) & (x < 1), "in [0, 1) (0 disables it)",
+        help=(
+            "Keep tokens with probability >= min(eta, sqrt(eta) * exp(-entropy)) (eta sampling)."))
+
+    def apply(self, logits, params, history):
+        eta = params.eta
+        return keep_above(logits, jnp.minimum(eta, jnp.sqrt(eta) * jnp.exp(-entropy(logits))))
+

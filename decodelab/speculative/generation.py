@@ -1,0 +1,352 @@
+"""speculative_generate(): a drafter proposes ``gamma`` tokens, the target scores them all in one
+forward pass, and the rejection rule of Leviathan et al. (2023) / Chen et al. (2023) keeps the
+output distributed exactly as the target's.
+
+Conventions (every caller relies on them):
+
+- The sequence layout is ``decode``'s: ``tokens[b, j]`` is position j, ``lengths[b]`` counts prompt
+  plus output. A row with ``L`` tokens starts a round with its target cache holding positions
+  ``0 .. L-2`` (the last token heads the verify block) and its draft cache holding ``0 .. L-2`` or
+  ``0 .. L-3`` (one behind after a round that accepted every proposal; the draft's first block of
+  the next round catches it up).
+- A round, per row: the drafter proposes ``d_0 .. d_{gamma-1}`` for positions ``L .. L+gamma-1``,
+  drawn from ``q_0 .. q_{gamma-1}``. The target runs ``[t_{L-1}, d_0, .., d_{gamma-1}]`` once and
+  gives ``p_0 .. p_gamma`` for positions ``L .. L+gamma``. ``d_j`` is accepted with probability
+  ``min(1, p_j(d_j) / q_j(d_j))`` while every earlier one was; at the first rejection ``n`` the
+  row's next token is drawn from ``normalise(max(0, p_n - q_n))``, and if all were accepted from
+  ``p_gamma`` (the bonus token). The row gains ``n + 1`` tokens, and both caches are rewound to it.
+- ``p`` and ``q`` are ``sampling.processed_logprobs`` of the target's and the drafter's logits with
+  the same parameters and the history including the proposals before them: the distributions that
+  are sampled from. At temperature 0 both are one-hot, so a proposal is accepted iff it is the
+  target's argmax, and the output equals greedy ``generate``'s. When every row is greedy (the
+  plan's static ``greedy``) a round compares argmaxes and forms no distribution at all.
+- A round holds nothing vocabulary-wide per proposal: the drafter returns each proposal's
+  probability ``q_j(d_j)``, and the ``q`` row at a rejection only when a sampled row rejects
+  (``Drafter.rejected_logq``); the target's rows are normalised once (one logsumexp each).
+- A drafter may propose fewer than ``gamma`` tokens for a row (``Proposal.count``); positions past
+  them have ``q = 0``, so the token there is drawn from ``p``: the rule stays exact for any count.
+  A model-free drafter's ``q`` is one-hot at its proposal: accepted with probability ``p(x)``,
+  otherwise the next token is drawn from ``p`` without ``x``, renormalised.
+- Randomness is per request: the draws for the token at position ``pos`` of request r use
+  ``fold_in(fold_in(request key r, pos), stream)`` (the request keys come from the seeds as in
+  ``generate``; ``drafters.stream_keys``) with one stream each for the draft sample, the
+  acceptance test and the target's (residual or bonus) sample. A key influences the output only
+  once its position is kept, so re-drafting a position after a rejection is still exact, and with
+  per-request seeds a request's output never depends on its batch-mates.
+- Drafters (``ModelDrafter``, ``NgramDrafter``) live in ``drafters``, one round and the loop's
+  state in ``spec_round``; the loop runs through ``SPECULATIVE_LOOP`` (compiled, or its Python
+  twin with ``python_loop``).
+- The loop is one ``lax.while_loop`` of rounds with static shapes; rows that have stopped are
+  carried along with nothing written and their caches unchanged. Rows stop as in ``generate``
+  (EOS, stop sequences and strings, ``max_new_tokens``, ``max_len``, bad logits).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from decodelab.cache import quantized as kvquant
+from decodelab.cache.dense import KVCache
+from decodelab.checks import check_bool, check_model, check_size
+from decodelab.decode.loop import CompiledLoop
+from decodelab.decode.request import (PAD_TOKEN, RUNNING, GenerateOutput, check_request,
+                                      finish_output, host_output, prompt_block, speculative_sizes)
+from decodelab.sampling.params import SamplingParams
+from decodelab.sampling.processors import RowParams
+from decodelab.speculative.drafters import Drafter, ModelDrafter, NgramDrafter, Proposal
+from decodelab.speculative.rounds import SpecState, speculative_round, verify
+
+__all__ = ["Drafter", "ModelDrafter", "NgramDrafter", "Proposal", "SpecState", "SpeculativeOutput",
+           "SpeculativeStats", "expected_tokens_per_call", "predicted_speedup",
+           "speculative_generate", "speculative_round", "verify"]
+
+
+def _running(state: SpecState) -> jax.Array:
+    return jnp.any(~state.done) & (state.step < state.max_new_tokens)
+
+
+_STATIC = ("graphdef", "drafter")
+
+
+@functools.partial(jax.jit, static_argnames=(*_STATIC, "max_len", "kv_cache"))
+def prefill(target_weights, draft_weights, block, num_valid, *, graphdef, drafter,
+             max_len, kv_cache=None) -> tuple[KVCache, KVCache | None]:
+    """Both caches after the prompt block ``[B, T]``, of which ``num_valid[b]`` tokens are fed:
+    each prompt but its last token."""
+    target = nnx.merge(graphdef, target_weights)
+    cache = kvquant.init_cache(target.config, block.shape[0], max_len, kv_cache)
+    _, cache = target(block, cache=cache, num_valid=num_valid)
+    return cache, drafter.prefill(draft_weights, block, num_valid, max_len)
+
+
+@functools.partial(jax.jit, static_argnames=("gamma", "max_new_tokens", "top_n", "with_entropy"))
+def initial_state(target_cache: KVCache, draft_cache: KVCache | None, block: np.ndarray,
+                  prompt_lengths: np.ndarray, keys: np.ndarray, params: RowParams,
+                  eos_mask: np.ndarray, stop_ids: np.ndarray, *, gamma: int,
+                  max_new_tokens: int, top_n: int = 0, with_entropy: bool = False) -> SpecState:
+    """The state before the first round, around the prefilled caches: a program of its own, so
+    the prefill does not depend on ``gamma`` or the output options."""
+    (B, T), S, N = block.shape, target_cache.max_len, max_new_tokens
+    return SpecState(
+        step=jnp.zeros((), jnp.int32),
+        tokens=jnp.pad(jnp.asarray(block, jnp.int32), ((0, 0), (0, S - T))),
+        prompt_lengths=jnp.asarray(prompt_lengths, jnp.int32),
+        lengths=jnp.asarray(prompt_lengths, jnp.int32),
+        finish=jnp.full((B,), RUNNING, jnp.int32),
+        target_cache=target_cache,
+        draft_cache=draft_cache,
+        keys=jnp.asarray(keys, jnp.uint32),
+        params=params,
+        eos_mask=jnp.asarray(eos_mask, bool),
+        stop_ids=jnp.asarray(stop_ids, jnp.int32),
+        logprobs=jnp.full((B, N), jnp.nan, jnp.float32),
+        top_logprobs=jnp.full((B, N, top_n), jnp.nan, jnp.float32),
+        top_ids=jnp.full((B, N, top_n), PAD_TOKEN, jnp.int32),
+        entropy=jnp.full((B, N if with_entropy else 0), jnp.nan, jnp.float32),
+        rounds=jnp.zeros((B,), jnp.int32),
+        tested=jnp.zeros((B, gamma), jnp.int32),
+        accepted=jnp.zeros((B, gamma), jnp.int32),
+        per_round=jnp.full((B, N), -1, jnp.int32),
+    )
+
+
+def _body(weights, state: SpecState, *, graphdef, drafter) -> SpecState:
+    target_weights, draft_weights = weights
+    return speculative_round(nnx.merge(graphdef, target_weights), drafter, draft_weights, state)
+
+
+SPECULATIVE_LOOP = CompiledLoop("_speculative", _body, lambda weights, state: _running(state),
+                                static_argnames=_STATIC)
+
+
+# --- Output and statistics ------------------------------------------------------------------------
+
+
+def expected_tokens_per_call(alpha, gamma: int):
+    """Leviathan et al.'s expected tokens per target call, ``(1 - a^(g+1)) / (1 - a)``, for
+    i.i.d. acceptance with probability ``alpha`` (``gamma + 1`` at ``alpha = 1``)."""
+    alpha = np.asarray(alpha, np.float64)
+    safe = np.where(alpha < 1.0, alpha, 0.0)
+    return np.where(alpha < 1.0, (1.0 - safe ** (gamma + 1)) / (1.0 - safe), gamma + 1.0)
+
+
+def predicted_speedup(alpha, gamma: int, cost_ratio):
+    """Leviathan et al.'s expected wall-time improvement over target-only decoding,
+    ``(1 - a^(g+1)) / ((1 - a)(g c + 1))``, with ``c`` = draft step time / target step time."""
+    return expected_tokens_per_call(alpha, gamma) / (gamma * np.asarray(cost_ratio) + 1.0)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class SpeculativeStats:
+    """Acceptance counts of one ``speculative_generate`` call, per row.
+
+    A proposal is *tested* when every earlier proposal of its round was accepted (and the target's
+    distribution there was usable); the acceptance rate ``alpha`` is accepted / tested, the
+    quantity the i.i.d. theory's alpha estimates. Counts include proposals accepted in the last
+    round beyond what the budget, an EOS or a stop sequence let the row keep.
+
+    A rate with nothing tested (a row, or a draft position, where no proposal was tested; every
+    row when no row was) is NaN: 0 / 0, deliberately not 0 or 1, since no proposal was judged.
+    ``tested`` and ``tested_by_position`` say where.
+    """
+
+    gamma: int
+    rounds: np.ndarray  # [B] int, target calls (verify passes; the prefill not counted)
+    generated: np.ndarray  # [B] int, output tokens (GenerateOutput.lengths before stop strings)
+    tested_by_position: np.ndarray  # [B, gamma] int
+    accepted_by_position: np.ndarray  # [B, gamma] int
+    accepted_per_round: np.ndarray  # [B, N] int, per round of the row; -1 past its rounds
+    #   (padding, as the output's NaN logprobs past a row's length)
+
+    @property
+    def tested(self) -> np.ndarray:  # [B]
+        return self.tested_by_position.sum(axis=1)
+
+    @property
+    def accepted(self) -> np.ndarray:  # [B]
+        return self.accepted_by_position.sum(axis=1)
+
+    @property
+    def alpha(self) -> np.ndarray:  # [B] float, NaN where nothing was tested
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return self.accepted / self.tested
+
+    @property
+    def overall_alpha(self) -> float:  # NaN where no row tested a proposal
+        tested = int(self.tested.sum())
+        return float(self.accepted.sum() / tested) if tested else float("nan")
+
+    @property
+    def tokens_per_call(self) -> np.ndarray:  # [B] float
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return self.generated / self.rounds
+
+    @property
+    def overall_tokens_per_call(self) -> float:
+        return float(self.generated.sum() / max(int(self.rounds.sum()), 1))
+
+    @property
+    def acceptance_by_position(self) -> np.ndarray:  # [gamma] float over all rows; NaN at a
+        # position no row tested
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return self.accepted_by_position.sum(axis=0) / self.tested_by_position.sum(axis=0)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class SpeculativeOutput(GenerateOutput):
+    """``GenerateOutput``'s fields (logprobs etc. under the target's distribution; NaN past a
+    row's length, as there) plus ``stats``."""
+
+    stats: SpeculativeStats
+
+
+# --- Entry point ----------------------------------------------------------------------------------
+
+
+def _check_tokenizers(tokenizer: Any, draft_tokenizer: Any) -> None:
+    if tokenizer is None or draft_tokenizer is None or tokenizer is draft_tokenizer:
+        return
+    if hasattr(tokenizer, "serialized_model") and hasattr(draft_tokenizer, "serialized_model"):
+        same = tokenizer.serialized_model() == draft_tokenizer.serialized_model()
+    else:
+        same = tokenizer == draft_tokenizer
+    if not same:
+        raise ValueError(f"draft_tokenizer must be the target's tokenizer (token ids must mean the "
+                         f"same text), got {draft_tokenizer!r} for target tokenizer {tokenizer!r}")
+
+
+def speculative_generate(
+    target: nnx.Module,
+    draft: nnx.Module | Drafter,
+    prompts: Sequence[Sequence[int]],
+    params: SamplingParams,
+    gamma: int,
+    max_new_tokens: int,
+    seed: int | Sequence[int] = 0,
+    *,
+    eos_ids: int | Sequence[int] = (),
+    stop_sequences: Sequence[Sequence[int]] = (),
+    stop_strings: Sequence[str] = (),
+    tokenizer: Any = None,
+    draft_tokenizer: Any = None,
+    return_top_logprobs: int = 0,
+    return_entropy: bool = False,
+    max_len: int | None = None,
+    python_loop: bool = False,
+    raise_on_error: bool = True,
+    kv_cache: str | None = None,
+) -> SpeculativeOutput:
+    """Continue each prompt by up to ``max_new_tokens`` tokens distributed exactly as ``target``'s
+    ``generate`` output, drafting ``gamma`` tokens per target call.
+
+    Args:
+      target: a ``Transformer`` (or any module with its call signature and a ``config``).
+      draft: a draft model with the target's vocabulary (it samples with ``params`` too), or a
+        model-free ``Drafter`` such as ``NgramDrafter()``.
+      prompts, params, max_new_tokens, seed, eos_ids, stop_sequences, stop_strings,
+      return_top_logprobs, return_entropy, python_loop, raise_on_error: as in ``generate``; the
+        logprobs, top logprobs and entropy are those of the target's sampling distribution.
+      gamma: proposals per round (>= 1); capped at ``max_new_tokens`` (after its clamping), as
+        proposals past the budget could never be kept. The tokens are those of the uncapped
+        gamma; ``stats.gamma`` reports the gamma used.
+      kv_cache: as in ``generate``, for the target's cache and a draft model's; with "int4" a
+        round's rewind (up to ``gamma + 1`` slots) must be within ``Kivi.max_rewind``.
+      tokenizer, draft_tokenizer: the models' tokenizers; when both are given they must be the same
+        (``tokenizer`` also serves ``stop_strings``).
+      max_len: cache slots per row, for both models. Default: the prompt bucket plus
+        ``max_new_tokens`` plus ``gamma``, capped by the smaller position table. Every prompt
+        needs room for one round: ``len(prompt) + gamma <= max_len``. ``max_new_tokens`` is
+        clamped to ``max_len`` minus the shortest prompt, as in ``generate``.
+
+    Raises ValueError before anything is allocated when the caches and buffers need more than the
+    memory limit (``checks.check_memory``).
+
+    Returns a ``SpeculativeOutput``: ``generate``'s fields plus ``stats`` (``SpeculativeStats``).
+    """
+    _check_models(target, draft, tokenizer, draft_tokenizer, kv_cache)
+    gamma = check_size("gamma", gamma, 1)
+    for name, flag in (("python_loop", python_loop), ("raise_on_error", raise_on_error)):
+        check_bool(name, flag)
+    request = check_request(
+        target.config.vocab_size, prompts, params, max_new_tokens, seed, eos_ids=eos_ids,
+        stop_sequences=stop_sequences, stop_strings=stop_strings, tokenizer=tokenizer,
+        return_top_logprobs=return_top_logprobs, return_entropy=return_entropy)
+    S, N, gamma = speculative_sizes(request, gamma, max_len, target,
+                                    None if isinstance(draft, Drafter) else draft)
+    _check_rewind_depth(gamma, kv_cache)
+
+    graphdef, target_weights = nnx.split(target)
+    drafter, draft_weights = _drafter(draft, kv_cache)
+    state = _start(request, graphdef, target_weights, drafter, draft_weights,
+                   params.per_row(len(request.rows), target.config.vocab_size), S, N, gamma,
+                   kv_cache)
+    state = SPECULATIVE_LOOP.run((target_weights, draft_weights), state, python_loop=python_loop,
+                                 graphdef=graphdef, drafter=drafter)
+    return finish_output(_output(state, request, gamma), np.asarray(state.finish), request,
+                         tokenizer, raise_on_error)
+
+
+def _check_models(target, draft, tokenizer, draft_tokenizer, kv_cache) -> None:
+    """The target, the draft (a model with the target's vocabulary and tokenizer, or a
+    model-free drafter without a tokenizer) and the cache kind."""
+    check_model("target", target)
+    kvquant.check_kind("kv_cache", kv_cache)
+    if isinstance(draft, Drafter):
+        if draft_tokenizer is not None:
+            raise ValueError(f"draft_tokenizer must be None for a model-free drafter "
+                             f"({type(draft).__name__}), got {draft_tokenizer!r}")
+        return
+    check_model("draft", draft)
+    if draft.config.vocab_size != target.config.vocab_size:
+        raise ValueError(f"draft must have the target's vocabulary: draft vocab_size "
+                         f"{draft.config.vocab_size}, target vocab_size "
+                         f"{target.config.vocab_size}")
+    _check_tokenizers(tokenizer, draft_tokenizer)
+
+
+def _check_rewind_depth(gamma: int, kv_cache: str | None) -> None:
+    depth = kvquant.max_rewind(kv_cache)
+    if depth is not None and gamma + 1 > depth:
+        raise ValueError(f"gamma must be at most {depth - 1} with kv_cache={kv_cache!r} (a round "
+                         f"rewinds up to gamma + 1 slots; Kivi.max_rewind is {depth}), got "
+                         f"{gamma}")
+
+
+def _drafter(draft, kv_cache: str | None) -> tuple[Drafter, Any]:
+    """``(drafter, its traced weights)``: a model-free drafter as it is, a draft model as a
+    ``ModelDrafter`` over its graph and weights."""
+    if isinstance(draft, Drafter):
+        return draft, None
+    draft_graphdef, draft_weights = nnx.split(draft)
+    return ModelDrafter(draft_graphdef, kv_cache), draft_weights
+
+
+def _start(request, graphdef, target_weights, drafter: Drafter, draft_weights, row_params,
+           S: int, N: int, gamma: int, kv_cache: str | None) -> SpecState:
+    """Both caches prefilled with each prompt but its last token, and the state around them."""
+    block, lengths = prompt_block(request.rows, S)
+    caches = prefill(target_weights, draft_weights, block, lengths - 1, graphdef=graphdef,
+                     drafter=drafter, max_len=S, kv_cache=kv_cache)
+    return initial_state(*caches, block, lengths, request.keys(), row_params, request.eos_mask,
+                         request.stop_block, gamma=gamma, max_new_tokens=N, top_n=request.top_n,
+                         with_entropy=request.with_entropy)
+
+
+def _output(state: SpecState, request, gamma: int) -> SpeculativeOutput:
+    """The final state on the host: ``generate``'s output fields and the statistics."""
+    out = host_output(state, request.top_n, request.with_entropy)
+    rounds, tested, accepted, per_round = jax.device_get(
+        (state.rounds, state.tested, state.accepted, state.per_round))
+    stats = SpeculativeStats(gamma=gamma, rounds=rounds, generated=out.lengths.copy(),
+                             tested_by_position=tested, accepted_by_position=accepted,
+                             accepted_per_round=per_round)
+    return SpeculativeOutput(**{f.name: getattr(out, f.name)
+                                for f in dataclasses.fields(GenerateOutput)}, stats=stats)

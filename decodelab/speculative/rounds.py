@@ -1,0 +1,266 @@
+"""One round of speculative decoding, and the state the loop carries (``speculative`` module
+docstring: the layout, the rule and the randomness). A round reads top to bottom: the drafter
+proposes, the target verifies every proposal in one pass (``verify``), judges them, the row keeps
+what its budget, an EOS or a stop sequence let it, and one pass records the kept tokens and
+rewinds both caches (``speculative_round``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+from decodelab import sampling
+from decodelab.cache.dense import KVCache
+from decodelab.decode.request import BAD_LOGITS, EOS, LENGTH, NO_ALLOWED_TOKEN, RUNNING, STOP
+from decodelab.sampling.processors import RowParams
+from decodelab.speculative.drafters import Drafter
+from decodelab.speculative.state import (ACCEPT_STREAM, TARGET_STREAM, Proposal, SpecState,
+                                         stream_keys)
+
+__all__ = ["speculative_round", "verify"]
+
+
+def _accepts(u: jax.Array, p: jax.Array, q: jax.Array) -> jax.Array:
+    """The rejection rule: accept a proposal x with ``p = p(x)``, ``q = q(x) > 0`` iff
+    ``u * q < p`` for ``u ~ U[0, 1)``, i.e. with probability ``min(1, p / q)``. (A greedy round
+    needs no test: one-hot distributions accept x iff it is the target's argmax.)"""
+    return u * q < p
+
+
+# --- One round ------------------------------------------------------------------------------------
+#
+# A round reads top to bottom: the drafter proposes (``Drafter.propose``), the target verifies the
+# proposals in one pass (``verify``), judges them (``_judge_greedy`` or ``_judge_sampled``: how
+# many it accepts and its own next token), the row keeps what the budget, an EOS or a stop
+# sequence let it (``_keep``), and one pass records the kept tokens and rewinds both caches
+# (``_commit``). Whether every row is greedy is the plan's (static) ``greedy``: a greedy round
+# compares argmaxes and forms no distribution.
+
+
+@struct.dataclass(kw_only=True)
+class Verdict:
+    """The target's judgement of one round's proposals, per row."""
+
+    n: jax.Array  # [B] int32, proposals accepted (the first n)
+    next_token: jax.Array  # [B] int32, the token at position L + n (residual or bonus draw)
+    usable: jax.Array  # [B, gamma + 1] bool, the target's distribution there can be sampled
+    bad_logits: jax.Array  # [B, gamma + 1] bool, NaN / +inf logits there
+    logp: jax.Array  # [B, gamma + 1] float32, log p of the token kept there (d_j; y at n)
+    rows: jax.Array | None  # [B, gamma + 1, V] float32 log p, only for top logprobs or entropy
+
+
+@struct.dataclass(kw_only=True)
+class Kept:
+    """What a row keeps of a round: ``count`` tokens of ``new``, and why it stops, if it does."""
+
+    count: jax.Array  # [B] int32 in [0, gamma + 1]; 0 for a row that had stopped
+    new: jax.Array  # [B, gamma + 1] int32: d_0 .. d_{n-1}, y, then y again (unkept)
+    tokens: jax.Array  # [B, S] int32, the proposals' buffer with y at L + n
+    finish: jax.Array  # [B] int32, RUNNING or a finish code
+
+
+def verify(target: nnx.Module, state: SpecState, proposal: Proposal
+           ) -> tuple[jax.Array, KVCache]:
+    """One target pass over ``[t_{L-1}, d_0, .., d_{gamma-1}]`` of each running row: ``[B, gamma
+    + 1, V]`` logits for positions ``L .. L+gamma`` and the cache with all of them written."""
+    last = jnp.take_along_axis(state.tokens, (state.lengths - 1)[:, None], axis=1)  # [B, 1]
+    block = jnp.concatenate([last, proposal.tokens], axis=1)  # [B, gamma + 1]
+    return target(block, cache=state.target_cache,
+                  num_valid=jnp.where(state.done, 0, state.gamma + 1))
+
+
+def _per_position(state: SpecState, buffer: jax.Array, T: int
+                  ) -> tuple[RowParams, sampling.History]:
+    """Sampling parameters and histories for the ``B * T`` positions ``L .. L+T-1`` (row-major),
+    each with the history up to its position (proposals from ``buffer``)."""
+    B = buffer.shape[0]
+    repeat = lambda a: jnp.repeat(a, T, axis=0)  # noqa: E731  [B, ...] -> [B*T, ...]
+    lengths = state.lengths[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]  # [B, T]
+    history = sampling.History(tokens=repeat(buffer), prompt_lengths=repeat(state.prompt_lengths),
+                               lengths=lengths.reshape(B * T), eos_mask=state.eos_mask)
+    return jax.tree.map(repeat, state.params), history
+
+
+def _count_accepted(ok: jax.Array) -> jax.Array:
+    """``[B, gamma]`` accepted flags -> ``[B]`` accepted proposals: those before the first
+    rejection."""
+    return jnp.sum(jnp.cumprod(ok, axis=1), axis=1)
+
+
+def _at(values: jax.Array, n: jax.Array) -> jax.Array:
+    """``values[b, n[b]]``: ``[B, T, ...]`` -> ``[B, ...]``."""
+    index = n.reshape((-1,) + (1,) * (values.ndim - 1))
+    return jnp.take_along_axis(values, index, axis=1)[:, 0]
+
+
+def _wants_rows(state: SpecState) -> bool:
+    return bool(state.top_logprobs.shape[-1] or state.entropy.shape[-1])
+
+
+def _judge_greedy(state: SpecState, proposal: Proposal, logits: jax.Array) -> Verdict:
+    """Every row greedy: a proposal is accepted iff it is the target's argmax there (under the
+    processors before temperature), and the next token is the argmax after the last accepted
+    one. No softmax: every distribution is one token with log-probability 0."""
+    B, T, V = logits.shape
+    params, history = _per_position(state, proposal.buffer, T)
+    choice, usable = sampling.greedy_choice(logits.reshape(B * T, V), params, history)
+    choice, usable = choice.reshape(B, T), usable.reshape(B, T)
+    proposed = jnp.arange(T - 1)[None, :] < proposal.count[:, None]  # [B, gamma]
+    n = _count_accepted(proposed & usable[:, :-1] & (proposal.tokens == choice[:, :-1]))
+    y = _at(choice, n)
+    rows = None
+    if _wants_rows(state):
+        kept = jnp.where(jnp.arange(T)[None, :] < n[:, None], choice, y[:, None])  # [B, T]
+        rows = jnp.where(jnp.arange(V)[None, None, :] == kept[..., None], 0.0, -jnp.inf)
+    return Verdict(n=n, next_token=y, usable=usable,
+                   bad_logits=jnp.any(jnp.isnan(logits) | (logits == jnp.inf), axis=-1),
+                   logp=jnp.zeros((B, T), jnp.float32), rows=rows)
+
+
+def _judge_sampled(drafter: Drafter, draft_weights: Any, draft_cache: KVCache | None,
+                   state: SpecState, proposal: Proposal, logits: jax.Array
+                   ) -> tuple[Verdict, KVCache | None]:
+    """The rejection rule: accept ``d_j`` iff ``u_j q_j(d_j) < p_j(d_j)`` while every earlier one
+    was; then draw the next token from ``normalise(max(0, p_n - q_n))`` (``p_n`` where no
+    proposal was rejected), asking the drafter for the ``q`` row of the rejected proposal."""
+    B, T, V = logits.shape
+    gamma, L = T - 1, state.lengths
+    params, history = _per_position(state, proposal.buffer, T)
+    scores = sampling.process_logits(logits.reshape(B * T, V), params, history).reshape(B, T, V)
+    normaliser = jax.nn.logsumexp(scores, axis=-1)  # [B, T]
+    bad_logits = jnp.any(jnp.isnan(logits) | (logits == jnp.inf), axis=-1)  # [B, T]
+    usable = ~bad_logits & (normaliser > -jnp.inf)
+    # Each position's proposal (the bonus position's is a stand-in), gathered from all T rows.
+    block = jnp.pad(proposal.tokens, ((0, 0), (0, 1)))  # [B, T]
+    logp_block = jnp.take_along_axis(scores, block[..., None], axis=-1)[..., 0] - normaliser
+    logp_proposed = logp_block[:, :gamma]  # [B, gamma]
+
+    positions = L[:, None] + jnp.arange(gamma, dtype=jnp.int32)[None, :]  # [B, gamma]
+    keys = stream_keys(jnp.repeat(state.keys, gamma, axis=0), positions.reshape(-1), ACCEPT_STREAM)
+    u = jax.vmap(jax.random.uniform)(keys).reshape(B, gamma)
+    proposed = jnp.arange(gamma)[None, :] < proposal.count[:, None]
+    n = _count_accepted(proposed & usable[:, :gamma]
+                        & _accepts(u, jnp.exp(logp_proposed), jnp.exp(proposal.logq)))
+
+    log_p_n = _at(scores, n) - _at(normaliser, n)[:, None]  # [B, V]
+    rejected = ~state.done & (n < proposal.count)
+    logq_n, draft_cache = drafter.rejected_logq(draft_weights, state, proposal, draft_cache, n,
+                                                rejected)
+    residual = jnp.maximum(jnp.exp(log_p_n) - jnp.where(rejected[:, None], jnp.exp(logq_n), 0.0),
+                           0.0)
+    total = jnp.sum(residual, axis=-1, keepdims=True)
+    # total = 0 only if p_n = q_n up to rounding, where a rejection has probability ~0.
+    log_residual = jnp.where(total > 0, jnp.log(residual) - jnp.log(total), log_p_n)
+    y = sampling.sample_tokens(log_residual, stream_keys(state.keys, L + n, TARGET_STREAM))
+
+    at_y = jnp.take_along_axis(log_p_n, y[:, None], axis=1)  # [B, 1]
+    logp = jnp.where(jnp.arange(T)[None, :] < n[:, None], logp_block, at_y)  # [B, T]
+    rows = scores - normaliser[..., None] if _wants_rows(state) else None
+    return Verdict(n=n, next_token=y, usable=usable, bad_logits=bad_logits, logp=logp,
+                   rows=rows), draft_cache
+
+
+def _stop_ends(state: SpecState, tokens: jax.Array, T: int) -> jax.Array:
+    """``[B, T]`` bool: the output of row b up to position ``L + i`` (``i < T``) ends with a stop
+    sequence; one gather of every window, not one per position."""
+    M, W = state.stop_ids.shape[-2:]
+    B, S = tokens.shape
+    if M == 0:
+        return jnp.zeros((B, T), bool)
+    stop_ids = jnp.broadcast_to(state.stop_ids, (B, M, W))  # shared or per row
+    ends = state.lengths[:, None] + 1 + jnp.arange(T, dtype=jnp.int32)[None, :]  # [B, T] lengths
+    index = ends[..., None] - W + jnp.arange(W, dtype=jnp.int32)[None, None, :]  # [B, T, W]
+    window = jnp.take_along_axis(tokens, jnp.clip(index, 0, S - 1).reshape(B, T * W),
+                                 axis=1).reshape(B, T, 1, W)
+    padding = stop_ids < 0  # [B, M, W]
+    equal = (window == stop_ids[:, None]) | padding[:, None]  # [B, T, M, W]
+    width = jnp.sum(~padding, axis=-1)[:, None, :]  # [B, 1, M]; 0: an unused row of a block
+    generated = (ends - state.prompt_lengths[:, None])[..., None]  # [B, T, 1]
+    return jnp.any(jnp.all(equal, axis=-1) & (width > 0) & (width <= generated), axis=-1)
+
+
+def _keep(state: SpecState, proposal: Proposal, verdict: Verdict) -> Kept:
+    """What each row keeps: ``d_0 .. d_{n-1}, y``, fewer at the budget or the cache's end, up to
+    an EOS or the end of a stop sequence; nothing past a target distribution that cannot be
+    sampled (the row stops with an error code)."""
+    B, S = state.tokens.shape
+    N, T = state.max_new_tokens, state.gamma + 1
+    L, P, n, y = state.lengths, state.prompt_lengths, verdict.n, verdict.next_token
+    running = ~state.done
+    room = jnp.minimum(N - (L - P), S - L)  # [B]
+    failed = ~_at(verdict.usable, n) & (n < room)
+    count = jnp.minimum(jnp.where(failed, n, n + 1), room)
+    k = jnp.arange(T, dtype=jnp.int32)[None, :]  # [1, T]
+    new = jnp.where(k < n[:, None], jnp.pad(proposal.tokens, ((0, 0), (0, 1))), y[:, None])
+    tokens = proposal.buffer.at[jnp.arange(B), jnp.where(failed, S, L + n)].set(y, mode="drop")
+    ends = (state.eos_mask[new] | _stop_ends(state, tokens, T)) & (k < count[:, None])
+    has_end, first_end = jnp.any(ends, axis=1), jnp.argmax(ends, axis=1)
+    count = jnp.where(running, jnp.where(has_end, first_end + 1, count), 0)
+    failed = failed & ~has_end
+    lengths = L + count
+    code = jnp.select(
+        [failed & _at(verdict.bad_logits, n), failed, has_end & state.eos_mask[_at(new, first_end)],
+         has_end, (lengths - P >= N) | (lengths >= S)],
+        [BAD_LOGITS, NO_ALLOWED_TOKEN, EOS, STOP, LENGTH],
+        RUNNING,
+    )
+    return Kept(count=count, new=new, tokens=tokens, finish=jnp.where(running, code, state.finish))
+
+
+def _commit(state: SpecState, drafter: Drafter, proposal: Proposal, verdict: Verdict, kept: Kept,
+            target_cache: KVCache, draft_cache: KVCache | None) -> SpecState:
+    """Record the kept tokens (logprob, top logprobs, entropy under the target's ``p``) and the
+    round's statistics, and rewind both caches to them: the target keeps every kept token but the
+    last; the draft what it has of those."""
+    B = state.tokens.shape[0]
+    N, gamma = state.max_new_tokens, state.gamma
+    L, n, running = state.lengths, verdict.n, ~state.done
+    lengths = L + kept.count
+    k = jnp.arange(gamma + 1, dtype=jnp.int32)[None, :]  # [1, gamma + 1]
+    out = jnp.where(k < kept.count[:, None], (L - state.prompt_lengths)[:, None] + k, N)
+    at = (jnp.broadcast_to(jnp.arange(B)[:, None], out.shape), out)  # [B, gamma + 1] each
+    record = dict(logprobs=state.logprobs.at[at].set(verdict.logp, mode="drop"))
+    if state.top_logprobs.shape[-1]:
+        top, ids = jax.lax.top_k(verdict.rows, state.top_logprobs.shape[-1])  # [B, gamma + 1, n]
+        record.update(top_logprobs=state.top_logprobs.at[at].set(top, mode="drop"),
+                      top_ids=state.top_ids.at[at].set(ids.astype(jnp.int32), mode="drop"))
+    if state.entropy.shape[-1]:
+        p = jnp.exp(verdict.rows)
+        entropy = -jnp.sum(jnp.where(p > 0, p * verdict.rows, 0.0), axis=-1)
+        record.update(entropy=state.entropy.at[at].set(entropy, mode="drop"))
+
+    j = k[:, :gamma]
+    tested = ((j < proposal.count[:, None]) & (j <= n[:, None]) & verdict.usable[:, :gamma]
+              & running[:, None])
+    accepted = (j < n[:, None]) & running[:, None]
+    per_round = state.per_round.at[jnp.arange(B), jnp.where(running, state.rounds, N)].set(
+        n, mode="drop")
+
+    target_cache = target_cache.rewind(jnp.where(running, lengths - 1, state.target_cache.lengths))
+    if draft_cache is not None:
+        draft_cache = drafter.rewind(draft_cache, jnp.where(
+            running, jnp.minimum(lengths - 1, L + gamma - 1), state.draft_cache.lengths))
+    return state.replace(
+        step=state.step + 1, tokens=kept.tokens, lengths=lengths, finish=kept.finish,
+        target_cache=target_cache, draft_cache=draft_cache,
+        rounds=state.rounds + running.astype(jnp.int32),
+        tested=state.tested + tested.astype(jnp.int32),
+        accepted=state.accepted + accepted.astype(jnp.int32), per_round=per_round, **record)
+
+
+def speculative_round(target: nnx.Module, drafter: Drafter, draft_weights: Any,
+                      state: SpecState) -> SpecState:
+    """One round of the loop: draft, verify in one target pass, judge, keep; record and rewind.
+    (Public, with ``verify`` and ``Drafter.propose``, so a study can time each part alone.)"""
+    proposal, draft_cache = drafter.propose(draft_weights, state)
+    logits, target_cache = verify(target, state, proposal)
+    if state.params.plan.greedy:
+        verdict = _judge_greedy(state, proposal, logits)
+    else:
+        verdict, draft_cache = _judge_sampled(drafter, draft_weights, draft_cache, state,
+                                              proposal, logits)
+    kept = _keep(state, proposal, verdict)
+    return _commit(state, drafter, proposal, verdict, kept, target_cache, draft_cache)

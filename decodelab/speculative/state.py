@@ -1,0 +1,79 @@
+"""What the speculative loop carries and what a drafter hands the verifier: ``SpecState``,
+``Proposal`` and the random streams of a round.
+
+Randomness: the draw for position ``pos`` of a request uses ``fold_in(fold_in(request key, pos),
+stream)`` with one stream each for the draft sample, the acceptance test and the target's sample
+(``stream_keys``), so the draws of a round never share a key.
+"""
+
+from __future__ import annotations
+
+import jax
+from flax import struct
+
+from decodelab import sampling
+from decodelab.cache.dense import KVCache
+from decodelab.decode.request import RUNNING
+from decodelab.sampling.processors import RowParams
+
+# Random streams: the key of a draw is fold_in(row key at the position, stream).
+DRAFT_STREAM, ACCEPT_STREAM, TARGET_STREAM = 0, 1, 2
+
+
+def stream_keys(keys: jax.Array, positions: jax.Array, stream: int) -> jax.Array:
+    """``[B]`` keys for the draws of ``stream`` at ``positions: [B]`` of the requests whose key
+    data is ``keys: [B, ...]``."""
+    row = sampling.row_keys(keys, positions)
+    return jax.vmap(lambda k: jax.random.fold_in(k, stream))(row)
+
+
+@struct.dataclass(kw_only=True)
+class Proposal:
+    """What a drafter proposes for each row in one round: the tokens and the probability of each
+    under the distribution it was drawn from, nothing vocabulary-wide."""
+
+    tokens: jax.Array  # [B, gamma] int32, for positions L .. L+gamma-1
+    logq: jax.Array  # [B, gamma] float32, log q_j(tokens[:, j]); 0 for a one-hot draw
+    count: jax.Array  # [B] int32 in [0, gamma]: only the first `count` are proposals
+    buffer: jax.Array  # [B, S] int32, the state's tokens with the proposals at L .. L+gamma-1
+
+
+@struct.dataclass(kw_only=True)
+class SpecState:
+    """Everything the speculative loop carries. Its output fields are ``decode.DecodeState``'s."""
+
+    step: jax.Array  # [] int32, rounds so far
+    tokens: jax.Array  # [B, S] int32, prompt then output (slots past `lengths` are scratch)
+    prompt_lengths: jax.Array  # [B] int32
+    lengths: jax.Array  # [B] int32, prompt + output tokens so far
+    finish: jax.Array  # [B] int32, RUNNING or a decode finish code
+    target_cache: KVCache  # lengths = self.lengths - 1 for running rows
+    draft_cache: KVCache | None  # lengths >= self.lengths - 2; None for a model-free drafter
+    keys: jax.Array  # [B, ...] uint32, each request's key data
+    params: RowParams  # [B] per field
+    eos_mask: jax.Array  # [V] bool
+    stop_ids: jax.Array  # [M, W] int32, right-aligned, -1 before
+    logprobs: jax.Array  # [B, N] float32, of each output token under the target's distribution
+    top_logprobs: jax.Array  # [B, N, n] float32
+    top_ids: jax.Array  # [B, N, n] int32
+    entropy: jax.Array  # [B, N] or [B, 0] float32
+    rounds: jax.Array  # [B] int32, target calls (verify passes) each row took part in
+    tested: jax.Array  # [B, gamma] int32, proposals at each draft position that were tested
+    accepted: jax.Array  # [B, gamma] int32, and accepted
+    per_round: jax.Array  # [B, N] int32, accepted proposals in each of the row's rounds, -1 after
+
+    @property
+    def done(self) -> jax.Array:  # [B] bool
+        return self.finish != RUNNING
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.logprobs.shape[1]
+
+    @property
+    def gamma(self) -> int:
+        return self.tested.shape[1]
+
+    def history(self, tokens: jax.Array, lengths: jax.Array) -> sampling.History:
+        return sampling.History(tokens=tokens, prompt_lengths=self.prompt_lengths, lengths=lengths,
+                                eos_mask=self.eos_mask)
