@@ -13,6 +13,7 @@ from ml_collections import config_dict
 
 import experiments
 from decodelab import experiment, report
+from decodelab.report import plots
 from decodelab.measure.stats import Interval
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
