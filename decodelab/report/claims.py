@@ -5,10 +5,11 @@ or an estimate against a threshold is called only when its interval excludes the
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from decodelab.measure.stats import Interval, units_needed
+from decodelab.report.tables import select
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,3 +76,91 @@ def across_seeds(verdicts: Mapping[Any, Verdict]) -> Verdict:
         return Verdict(side, f"{label} on every seed ({_seed_list(seeds)})")
     return Verdict(0, "seeds disagree: " + "; ".join(
         f"{label} ({_seed_list(seeds)})" for label, (_, seeds) in groups.items()))
+
+
+# --- Claims declared as data ----------------------------------------------------------------------
+
+Quantity = Callable[[Sequence[Mapping[str, Any]]], "Interval | float | None"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    """A claim as data: what is measured (``quantity``: the rows -> an Interval where the rows
+    allow one, a plain number where they do not, None where they hold nothing to measure), the
+    ``threshold`` and the comparison (``at_least``: the claim holds when the quantity is >= the
+    threshold; otherwise when it is <=). ``units`` names what the interval resamples (prompts,
+    repetitions), for the "about N would be needed" of an undecided claim; ``unit`` is written
+    after the measured value and the threshold ("x", " ms")."""
+
+    text: str
+    quantity: Quantity
+    threshold: float
+    at_least: bool = True
+    units: str = "units"
+    unit: str = ""
+
+    def __post_init__(self):
+        if not self.text:
+            raise ValueError("text must say what is claimed, got an empty string")
+        if not callable(self.quantity):
+            raise ValueError(f"quantity must be a function of the rows, got {self.quantity!r}")
+        if not isinstance(self.threshold, (int, float)) or isinstance(self.threshold, bool):
+            raise ValueError(f"threshold must be a number, got {self.threshold!r}")
+
+    @property
+    def comparison(self) -> str:
+        return ">=" if self.at_least else "<="
+
+    def judge(self, rows: Sequence[Mapping[str, Any]]) -> Judged:
+        """The claim against ``rows``: met (side +1) when the whole interval lies on the claimed
+        side of the threshold, not met (-1) when it lies on the other, undecided (0) when it
+        holds the threshold; a plain number is judged on its point value, and says so; None is
+        not measured (0)."""
+        measured = self.quantity(rows)
+        if measured is None:
+            return Judged(self, None, Verdict(0, "not measured"))
+        if isinstance(measured, Interval):
+            judged = verdict(measured, threshold=self.threshold, above="met", below="not met",
+                             units=self.units)
+            if not self.at_least:
+                judged = Verdict(-judged.side, {"met": "not met", "not met": "met"}.get(
+                    judged.text, judged.text))
+            if judged.side == 0:
+                judged = Verdict(0, judged.text.replace("not distinguishable at this sample size",
+                                                        "undecided"))
+            return Judged(self, measured, judged)
+        value = float(measured)
+        holds = value >= self.threshold if self.at_least else value <= self.threshold
+        return Judged(self, value, Verdict(1 if holds else -1, ("met" if holds else "not met")
+                                           + " (point estimate, no interval)"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Judged:
+    """A claim, what was measured for it and its verdict (``verdict.side``: +1 met, -1 not met, 0
+    undecided or not measured)."""
+
+    claim: Claim
+    measured: Interval | float | None
+    verdict: Verdict
+
+    @property
+    def met(self) -> bool:
+        return self.verdict.side > 0
+
+
+def on_row(value: Callable[[Mapping[str, Any]], Interval | float | None],
+           **where: Any) -> Quantity:
+    """A quantity read from the one row whose values match ``where`` (keys as ``tables.row_value``
+    reads them, dotted config keys or metric names, written with ``__`` for ``.``: ``model__preset=
+    "small"``): ``value(row)``. None when no row matches (the claim is not measured); two matching
+    rows are an error."""
+    wanted = {key.replace("__", "."): v for key, v in where.items()}
+
+    def quantity(rows: Sequence[Mapping[str, Any]]) -> Interval | float | None:
+        chosen = select(rows, wanted)
+        if len(chosen) > 1:
+            raise ValueError(f"where={wanted!r} must pick at most one row, got {len(chosen)}")
+        return value(chosen[0]) if chosen else None
+
+    return quantity

@@ -14,7 +14,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from decodelab.report.plots import line_plot
-from decodelab.report.tables import Table, is_number, ordered, points_table, row_value, swept_keys
+from decodelab.report.tables import (NumberFormat, Table, format_number, is_number, ordered,
+                                     points_table, row_value, swept_keys)
 
 
 def current_command() -> str:
@@ -97,7 +98,7 @@ class Page:
         return self
 
     def table(self, table: Table, csv_path: str | os.PathLike | None = None, *,
-              caption: str | None = None, number_format: str = "{:.4g}") -> Page:
+              caption: str | None = None, number_format: NumberFormat = format_number) -> Page:
         """Add ``table`` (and write it as CSV to ``csv_path``, linked from the page)."""
         part = (f"{caption}\n\n" if caption else "") + table.to_markdown(number_format)
         if csv_path is not None:

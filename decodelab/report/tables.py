@@ -21,6 +21,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
+import math
 import os
 import pathlib
 from collections.abc import Callable, Mapping, Sequence
@@ -108,16 +109,38 @@ def hashable(value: Any) -> Any:
     return tuple(value) if isinstance(value, list) else value
 
 
-def format_value(value: Any, number_format: str = "{:.4g}") -> str:
-    """A cell: None -> ``n/a``; floats with ``number_format``; an Interval as ``value [low, high]``
-    (each with ``number_format``); anything else as ``str``."""
+def format_number(x: float, digits: int = 3) -> str:
+    """``x`` to ``digits`` significant figures in plain notation: 10,300 (never 1.03e+04), 0.0123,
+    0.5; integers past 1,000 with thousands separators; nan and inf as written."""
+    if not math.isfinite(x):
+        return str(x)
+    if x == 0:
+        return "0"
+    rounded = float(f"{x:.{digits}g}")
+    if abs(rounded) >= 10 ** (digits - 1):
+        return f"{rounded:,.0f}"
+    decimals = digits - 1 - math.floor(math.log10(abs(rounded)))
+    return f"{rounded:.{decimals}f}"
+
+
+NumberFormat = str | Callable[[float], str]
+
+
+def _number(x: float, number_format: NumberFormat) -> str:
+    return number_format(x) if callable(number_format) else number_format.format(x)
+
+
+def format_value(value: Any, number_format: NumberFormat = format_number) -> str:
+    """A cell: None -> ``n/a``; floats with ``number_format`` (a format string or a function; by
+    default 3 significant figures in plain notation, ``format_number``); an Interval as
+    ``value [low, high]`` (each formatted alike); anything else as ``str``."""
     if value is None:
         return MISSING
     if isinstance(value, Interval):
-        return (f"{number_format.format(value.value)} [{number_format.format(value.low)}, "
-                f"{number_format.format(value.high)}]")
+        return (f"{_number(value.value, number_format)} [{_number(value.low, number_format)}, "
+                f"{_number(value.high, number_format)}]")
     if isinstance(value, float):
-        return number_format.format(value)
+        return _number(value, number_format)
     return str(value)
 
 
@@ -128,7 +151,7 @@ class Table:
     columns: list[str]
     rows: list[list[Any]]
 
-    def to_markdown(self, number_format: str = "{:.4g}") -> str:
+    def to_markdown(self, number_format: NumberFormat = format_number) -> str:
         def cell(value: Any) -> str:
             return format_value(value, number_format).replace("|", r"\|").replace("\n", " ")
 
