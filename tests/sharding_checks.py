@@ -38,7 +38,7 @@ import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 
 import decodelab as dl  # noqa: E402
-from decodelab import sampling, sharding,  # noqa: E402
+from decodelab import sampling, sharding  # noqa: E402
 from decodelab.cache.dense import KVCache  # noqa: E402
 from decodelab.decode import generation as decode
 from decodelab.decode import request

@@ -160,3 +160,16 @@ def test_the_checks_see_a_circle_an_upward_import_and_an_underscore_name(tmp_pat
     assert [(target, line) for target, _, line in imports("decodelab.text.a", modules)
             if layer(target) > layer("decodelab.text.a")] == [("decodelab.train.t", 2)]
     assert imports("decodelab.train.t", modules) == [("decodelab.text", "_hidden", 1)]
+
+
+def test_no_package_exports_a_name_that_hides_one_of_its_modules():
+    """``from decodelab.pkg import mod`` must give the module: a package re-exporting a function
+    named like one of its modules (``measure.perplexity``) would hand out the function."""
+    hidden = []
+    for module, path in MODULES.items():
+        if path.name != "__init__.py":
+            continue
+        for target, name, line in imports(module):
+            if name and f"{module}.{name}" in MODULES:
+                hidden.append(f"{module} exports {name} from {target}, line {line}")
+    assert hidden == []

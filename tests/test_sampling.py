@@ -126,7 +126,7 @@ def test_top_p_boundary_uses_the_exclusive_mass_not_a_rounded_difference():
 def test_exclusive_cumsum_is_the_inclusive_sum_shifted_bit_for_bit():
     x = np.float32([0.1, 0.2, 0.3, 0.4])
     inclusive = np.cumsum(x, dtype=np.float32)
-    got = np.asarray(processors.exclusive_cumsum(jnp.asarray(x)))
+    got = np.asarray(sampling.exclusive_cumsum(jnp.asarray(x)))
     np.testing.assert_array_equal(got, np.r_[np.float32(0), inclusive[:-1]])
     assert (inclusive - x)[1] != inclusive[0]  # the difference would not be
 

@@ -63,8 +63,8 @@ from decodelab.experiment.program import (ExperimentFlags, check_no_arguments, d
                                           run_from_flags)
 
 # Provenance.
-from decodelab.experiment.provenance import (PROVENANCE_FIELDS, cpu_seconds, current_command,
-                                             git_state, provenance)
+from decodelab.experiment.provenance import PROVENANCE_FIELDS, cpu_seconds, git_state
+from decodelab.report.pages import current_command
 
 # The runner and the programs.
 from decodelab.experiment.runner import Metrics, PointContext, run

@@ -2,10 +2,11 @@
 roofline, compile counting and bootstrap intervals."""
 
 from decodelab.measure.compiles import count_traces
-from decodelab.measure.perplexity import perplexity
 from decodelab.measure.quality import held_out_prompts, quality_row
 from decodelab.measure.roofline import StepCost, measure_bandwidth, step_cost
 from decodelab.measure.scoreboard import Scoreboard, compare
 from decodelab.measure.stats import Interval, bootstrap, bootstrap_difference, bootstrap_ratio
 
-__all__ = ["Interval", "Scoreboard", "StepCost", "bootstrap", "bootstrap_difference", "bootstrap_ratio", "compare", "count_traces", "held_out_prompts", "measure_bandwidth", "perplexity", "quality_row", "step_cost"]
+__all__ = ["Interval", "Scoreboard", "StepCost", "bootstrap", "bootstrap_difference",
+           "bootstrap_ratio", "compare", "count_traces", "held_out_prompts", "measure_bandwidth",
+           "quality_row", "step_cost"]

@@ -10,4 +10,8 @@ from decodelab.sampling.params import (SamplingParams, batch_keys, draw, greedy_
 from decodelab.sampling.processors import (HISTORY_PARAMETERS, PARAMETERS, PROCESSORS, RowParams,
                                            planned, union)
 
-__all__ = ["CANDIDATES", "HISTORY_PARAMETERS", "History", "LogitsProcessor", "PARAMETERS", "PROCESSORS", "Parameter", "Plan", "RowParams", "SamplingParams", "argmax", "batch_keys", "draw", "entropy", "exclusive_cumsum", "greedy_choice", "greedy_scores", "planned", "probs", "process_logits", "processed_logprobs", "row_keys", "sample_tokens", "seed_keys", "union", "usable"]
+__all__ = ["CANDIDATES", "HISTORY_PARAMETERS", "History", "LogitsProcessor", "PARAMETERS",
+           "PROCESSORS", "Parameter", "Plan", "RowParams", "SamplingParams", "argmax", "batch_keys",
+           "draw", "entropy", "exclusive_cumsum", "greedy_choice", "greedy_scores", "planned",
+           "probs", "process_logits", "processed_logprobs", "row_keys", "sample_tokens",
+           "seed_keys", "union", "usable"]

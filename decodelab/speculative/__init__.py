@@ -8,4 +8,6 @@ from decodelab.speculative.generation import (SpeculativeOutput, SpeculativeStat
 from decodelab.speculative.rounds import speculative_round, verify
 from decodelab.speculative.state import Proposal, SpecState, stream_keys
 
-__all__ = ["Drafter", "ModelDrafter", "NgramDrafter", "Proposal", "SpecState", "SpeculativeOutput", "SpeculativeStats", "expected_tokens_per_call", "predicted_speedup", "speculative_generate", "speculative_round", "stream_keys", "verify"]
+__all__ = ["Drafter", "ModelDrafter", "NgramDrafter", "Proposal", "SpecState", "SpeculativeOutput",
+           "SpeculativeStats", "expected_tokens_per_call", "predicted_speedup",
+           "speculative_generate", "speculative_round", "stream_keys", "verify"]
