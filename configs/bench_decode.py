@@ -23,7 +23,7 @@ Two more sweeps write their own rows (`study`) into the same workdir:
 `max_len`: `small` at batch 8 with caches of 288 (the default, prompt + new tokens), 1024 and 4096
 slots, the same live tokens: a step should cost what the live rows hold, not the cache's size.
 `breakdown`: `small` at batch 1, 8 and 32, each step split into attention, MLP and projections,
-sampling and loop bookkeeping by ablation (`experiments/bench_decode.py`, `ABLATIONS`).
+sampling and loop bookkeeping by ablation (`decodelab/measure/ablation.py`, `ABLATIONS`).
 
 Render the page (every sweep's rows in the workdir) with
 `python -m experiments.report --workdir=runs/bench_decode --out=results`. A quick look:

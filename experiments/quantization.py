@@ -45,8 +45,7 @@ from decodelab import experiment, optional
 from decodelab import report as results
 from decodelab.experiment import artefacts as pipeline
 from decodelab.experiment import presets
-from decodelab.measure import stats
-from experiments import llama_peer
+from decodelab.measure import llama_cpp, stats
 from experiments.scoreboard import (cached, cell, judged, reference_key, speed_cell, speed_judged,
                                     swap_candidate, time_decoding, timed_pair, times, token_windows)
 
@@ -124,10 +123,10 @@ def _peer_scoreboard(config, model, tokenizer, ctx) -> dict:
     ctx.status(config.peer)
     with tempfile.TemporaryDirectory() as scratch:
         path = (source if config.peer == "llama.cpp"
-                else llama_peer.float32_copy(source, pathlib.Path(scratch) / "f32.gguf"))
-        board = dl.compare(model, lambda batch: llama_peer.logits(path, np.asarray(batch)),
+                else llama_cpp.float32_copy(source, pathlib.Path(scratch) / "f32.gguf"))
+        board = dl.compare(model, lambda batch: llama_cpp.logits(path, np.asarray(batch)),
                            windows)
-        file_bytes = llama_peer.gguf_tensor_bytes(path)
+        file_bytes = llama_cpp.gguf_tensor_bytes(path)
     return {**board.as_dict(), "parameter_bytes": file_bytes,
             "llama_version": optional.require("llama_cpp").__version__}
 

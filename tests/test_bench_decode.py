@@ -2,9 +2,11 @@
 with a few tokens. These check what is reported and how the figures relate, never how fast anything
 is."""
 
+import csv
 import importlib.util
 import math
 import os
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -14,12 +16,16 @@ import requires
 from flax import nnx
 from study_config import config_module
 
-from decodelab import experiment
+from decodelab import experiment, report, sampling
 from decodelab.config import ModelConfig
 from decodelab.experiment import presets
-from decodelab.measure import roofline
-from decodelab.model import Transformer
+from decodelab.measure import ablation, peers, roofline, timing
+from decodelab.model import Transformer, attention
+from decodelab.sampling.params import SamplingParams
 from experiments import bench_decode
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+KEPT = ROOT / "results" / "rows" / "bench_decode"
 
 # In CI the test extra installs the peer, so its tests run there (and fail if it is missing).
 HAS_PEER = bool(os.environ.get("CI")) or all(importlib.util.find_spec(m)
@@ -44,6 +50,18 @@ def rows(tmp_path_factory):
 @pytest.fixture(scope="module")
 def metrics(rows):
     return rows[0]["metrics"]
+
+
+def render(rows, out_dir) -> tuple[str, report.Rendered]:
+    """The study's one page rendered from ``rows``: its text and what was written."""
+    (form,) = bench_decode.forms(rows)
+    done = report.render(form, rows, out_dir)
+    return done.page.read_text(), done
+
+
+def csv_rows(path) -> list[dict]:
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
 
 
 def test_the_sweep_covers_three_presets_at_three_batch_sizes_with_their_fields():
@@ -139,18 +157,16 @@ def test_a_breakdown_applies_the_ablations_cumulatively_and_its_parts_sum_to_the
     # A stand-in for the timing whose step time says which parts were still there: attention
     # costs 2 ms, the rest of the model 4, sampling 8, the loop 1.
     def step_ms(*args):
-        present = {"attention": bench_decode.attention.blocked_attention
-                   is not bench_decode._no_attention,
-                   "model": bench_decode.Transformer.__call__ is not bench_decode._no_model,
-                   "sampling": bench_decode.sampling.draw
-                   is not bench_decode._draw_argmax}
+        present = {"attention": attention.blocked_attention is not ablation.no_attention,
+                   "model": Transformer.__call__ is not ablation.no_model,
+                   "sampling": sampling.draw is not ablation.draw_argmax}
         return {"step_ms": 1.0 + 2.0 * (present["attention"] and present["model"])
                 + 4.0 * present["model"] + 8.0 * present["sampling"]}
 
-    monkeypatch.setattr(bench_decode, "time_generate", step_ms)
-    originals = [getattr(owner, name) for _, _, patches in bench_decode.ABLATIONS
+    monkeypatch.setattr(timing, "time_generate", step_ms)
+    originals = [getattr(owner, name) for _, _, patches in ablation.ABLATIONS
                  for owner, name, _ in patches]
-    out = bench_decode.time_breakdown(None, None, 8, 1, None, 0, "greedy")
+    out = ablation.time_breakdown(None, None, 8, 1, None, 0, "greedy")
     assert out == {"breakdown_greedy_full_step_ms": 15.0,
                    "breakdown_greedy_no_attention_step_ms": 13.0,
                    "breakdown_greedy_no_model_step_ms": 9.0,
@@ -159,20 +175,26 @@ def test_a_breakdown_applies_the_ablations_cumulatively_and_its_parts_sum_to_the
                    "breakdown_greedy_mlp_projections_ms": 4.0,
                    "breakdown_greedy_sampling_ms": 8.0,
                    "breakdown_greedy_loop_ms": 1.0}
-    assert [getattr(owner, name) for _, _, patches in bench_decode.ABLATIONS
+    assert [getattr(owner, name) for _, _, patches in ablation.ABLATIONS
             for owner, name, _ in patches] == originals  # every patch is undone
+
+
+def test_an_unknown_ablation_level_is_refused():
+    with pytest.raises(ValueError, match="level must be one of .*'no_sampling'.*, got 'none'"):
+        with ablation.ablated("none"):
+            pass
 
 
 def test_generate_runs_with_every_ablation_applied(tiny_config):
     model = Transformer(tiny_config, rngs=nnx.Rngs(0))
     prompts = np.zeros((2, 5), np.int32)
-    sampled = bench_decode.SamplingParams(temperature=0.8, top_p=0.95)
-    with bench_decode.ablated("no_sampling"):  # the deepest level: every stand-in is traced
-        timed = bench_decode.time_generate(model, prompts, 2, 1, sampled)
+    sampled = SamplingParams(temperature=0.8, top_p=0.95)
+    with ablation.ablated("no_sampling"):  # the deepest level: every stand-in is traced
+        timed = timing.time_generate(model, prompts, 2, 1, sampled)
     assert timed["tokens_per_s"] > 0  # time_generate checked that each row made 2 tokens
 
 
-def test_the_report_adds_the_max_len_and_breakdown_tables_from_their_rows(rows, tmp_path):
+def test_the_page_adds_the_max_len_and_breakdown_csvs_from_their_rows(rows, tmp_path):
     base = rows[0]
 
     def study_row(study, **metrics):
@@ -182,29 +204,34 @@ def test_the_report_adds_the_max_len_and_breakdown_tables_from_their_rows(rows, 
     breakdown = {f"breakdown_greedy_{level}_step_ms": ms for level, ms in
                  zip(("full", "no_attention", "no_model", "no_sampling"), (4.0, 3.0, 1.0, 0.5))}
     breakdown.update({f"breakdown_greedy_{part}_ms": ms for part, ms in
-                      zip(bench_decode.PARTS, (1.0, 2.0, 0.5, 0.5))})
+                      zip(ablation.PARTS, (1.0, 2.0, 0.5, 0.5))})
     breakdown.update({f"breakdown_sampled_{level}_step_ms": ms for level, ms in
                       zip(("full", "no_attention", "no_model", "no_sampling"), (10, 9, 1, 0.5))})
     breakdown.update({f"breakdown_sampled_{part}_ms": ms for part, ms in
-                      zip(bench_decode.PARTS, (1.0, 8.0, 0.5, 0.5))})
+                      zip(ablation.PARTS, (1.0, 8.0, 0.5, 0.5))})
     extra = [study_row("max_len", max_len=40, step_ms=2.0),
              study_row("max_len", max_len=400, step_ms=2.2),
              study_row("breakdown", **breakdown)]
-    written = bench_decode.report(rows + extra, tmp_path)
-    assert {p.name for p in written} >= {"decode_speed_max_len.csv", "decode_speed_breakdown.csv"}
-    page = (tmp_path / "decode_speed.md").read_text()
-    assert "| tiny | 2 | 400 | 40 | 2.2 | 1.1 |" in page  # 2.2 ms / 2.0 ms at max_len 40
-    assert "| tiny | 2 | greedy | 4 | 1 (25%) | 2 (50%) | 0.5 (12%) | 0.5 (12%) |" in page
-    assert ("Step time at max_len 400 within 15% of max_len 40 (tiny, batch 2, the same live "
-            "tokens): undecided: tiny batch 2 not judged (the row keeps fewer than 2 "
-            "repetitions' seconds)** (2.2 ms against 2 ms, 1.10x)") in page
-    assert "the largest part per row: tiny batch 2: MLP and projections (50% of 4 ms)" in page
+    page, done = render(rows + extra, tmp_path)
+    assert {p.name for p in done.written} >= {"decode_speed_max_len.csv",
+                                              "decode_speed_breakdown.csv"}
+    lengths = csv_rows(tmp_path / "decode_speed_max_len.csv")
+    assert [(r["max_len"], r["live tokens at the end"], r["decodelab step ms"]) for r in lengths] \
+        == [("40", "40", "2.0"), ("400", "40", "2.2")]
+    assert float(lengths[1]["step / step at the smallest max_len"]) == pytest.approx(1.1)
+    (greedy, _) = csv_rows(tmp_path / "decode_speed_breakdown.csv")
+    assert list(greedy.values()) == ["tiny", "2", "greedy", "4.0", "1.00 (25%)", "2.00 (50%)",
+                                     "0.500 (12%)", "0.500 (12%)"]
+    # One repetition kept: the step ratio has no interval, so the target is not judged.
+    assert ("| step at the largest max_len / at the smallest (the same live tokens) | n/a | "
+            "<= 1.15x | not measured |") in page
+    assert "the largest part per row: tiny batch 2: MLP and projections (50% of 4.00 ms)" in page
     # Sampling's whole cost: the sampled step (10 ms) minus the greedy step (4 ms).
-    assert ("the sampled step minus the greedy step: tiny batch 2 6 ms (60% of the sampled step)"
-            in page)
+    assert ("the sampled step minus the greedy step: tiny batch 2 6.00 ms (60% of the sampled "
+            "step)") in page
 
 
-def test_the_report_sets_llama_cpp_beside_decodelab_with_each_sides_bytes_and_roofline(
+def test_the_page_sets_llama_cpp_beside_decodelab_with_each_sides_bytes_and_roofline(
         rows, tmp_path):
     base = rows[0]
     llama = {"step_bytes": 8e6, "tokens_per_s": 40.0, "step_ms": 20.0, "roofline_step_ms": 10.0,
@@ -216,19 +243,21 @@ def test_the_report_sets_llama_cpp_beside_decodelab_with_each_sides_bytes_and_ro
                       f"{key}_step_ms": step, f"{key}_roofline_step_ms": roof,
                       f"{key}_roofline_ratio": roof / step})
     row = {**base, "metrics": {**base["metrics"], **llama}}
-    written = bench_decode.report([row], tmp_path)
-    assert tmp_path / "decode_speed_llama_cpp.csv" in written
-    page = (tmp_path / "decode_speed.md").read_text()
-    assert "| tiny | decodelab | float32 (dequantized by decodelab) | 8 | 40 | 20 | 10 | 0.5 | 1 |" \
-        in page
-    assert ("| tiny | llama.cpp 0.3.36 | float32 (converted by llama.cpp) | 8 | 50 | 16 | 8 | 0.5 "
-            "| 0.8 |") in page
-    assert "| tiny | llama.cpp 0.3.36 | as stored in the file | 2 | 100 | 8 | 2 | 0.25 | 0.4 |" \
-        in page
+    page, done = render([row], tmp_path)
+    assert tmp_path / "decode_speed_llama_cpp.csv" in done.written
+    table = [[r[c] for c in ("implementation", "weights", "MB read per token", "tok/s", "step ms",
+                             "roofline step ms", "step / own roofline", "decodelab tok/s / this")]
+             for r in csv_rows(tmp_path / "decode_speed_llama_cpp.csv")]
+    assert table == [
+        ["decodelab", "float32 (dequantized by decodelab)", "8.0", "40.0", "20.0", "10.0", "0.5",
+         "1.0"],
+        ["llama.cpp 0.3.36", "float32 (converted by llama.cpp)", "8.0", "50.0", "16.0", "8.0",
+         "0.5", "0.8"],
+        ["llama.cpp 0.3.36", "as stored in the file", "2.0", "100.0", "8.0", "2.0", "0.25", "0.4"]]
+    assert ("llama.cpp runs 100 tok/s: decodelab (tiny batch 2) is 0.400x its speed") in page
     # One repetition or none kept (rows of an earlier version): no interval, so not judged.
-    assert ("llama.cpp on the same float32 weights: undecided: tiny batch 2 not judged (the row "
-            "keeps fewer than 2 repetitions' seconds)** (tiny 0.80x; against llama.cpp on the "
-            "file's own weights 0.40x)") in page
+    assert ("| tiny batch 2: decodelab / llama.cpp on float32 weights (pretrained, batch 1) | n/a "
+            "| >= 0.900x | not measured |") in page
 
 
 def test_targets_are_judged_by_the_intervals_of_the_repetitions(rows, tmp_path):
@@ -244,11 +273,13 @@ def test_targets_are_judged_by_the_intervals_of_the_repetitions(rows, tmp_path):
                       f"{key}_roofline_ratio": 1.0,
                       f"{key}_generate_reps_s": [seconds * f for f in (0.99, 1, 1.01, 1, 1)]})
     row = {**base, "metrics": {**base["metrics"], **llama}}
-    bench_decode.report([row], tmp_path)
-    page = (tmp_path / "decode_speed.md").read_text()
-    assert "llama.cpp on the same float32 weights: not met** (tiny 0.80 [0.7" in page
-    assert "| tiny | decodelab | float32 (dequantized by decodelab) | 8 | 40 [39" in page
-    assert "| 0.39 / 0.4 / 0.41 |" in page  # the latency table's min / median / max
+    page, _ = render([row], tmp_path)
+    assert ("| tiny batch 2: decodelab / llama.cpp on float32 weights (pretrained, batch 1) | "
+            "0.800x [0.7") in page
+    assert "| >= 0.900x | not met |" in page
+    assert "| tiny | 2 | 40.0 [39" in page  # the main table's tokens/s with its interval
+    (latency,) = csv_rows(tmp_path / "decode_speed_latency.csv")
+    assert latency["generate s (min / median / max)"] == "0.390 / 0.400 / 0.410"
 
 
 def test_step_targets_are_judged_by_the_interval_of_the_step_ratio(rows, tmp_path):
@@ -266,29 +297,99 @@ def test_step_targets_are_judged_by_the_interval_of_the_step_ratio(rows, tmp_pat
     lengths = [{**base, "config": {**base["config"], "study": "max_len"},
                 "metrics": {**base["metrics"], "study": "max_len", "max_len": S, **greedy}}
                for S in (40, 400)]
-    bench_decode.report([main, *lengths], tmp_path)
-    page = (tmp_path / "decode_speed.md").read_text()
-    assert ("within 25% of greedy step time at batch 8: not met** (sampled / greedy step: tiny "
-            "2.00 [") in page
-    assert "(tiny, batch 2, the same live tokens): met** (" in page
+    page, _ = render([main, *lengths], tmp_path)
+    assert "| tiny batch 8: sampled step (temperature + top-p) / greedy step | 2.00x [" in page
+    assert "| <= 1.25x | not met |" in page
+    assert ("| step at the largest max_len / at the smallest (the same live tokens) | 1.00x "
+            "[") in page
+    assert "| <= 1.15x | met |" in page
 
 
-def test_the_report_writes_the_page_tables_and_plot(rows, tmp_path):
-    written = bench_decode.report(rows, tmp_path)
-    assert {p.name for p in written} == {"decode_speed.md", "decode_speed.csv",
-                                         "decode_speed_latency.csv", "decode_speed.png"}
-    page = (tmp_path / "decode_speed.md").read_text()
-    assert "| tiny | 0.385 | 2 |" in page
-    assert "Targets of the issue" in page
-    assert "Faster than transformers: not measured" in page
-    header = (tmp_path / "decode_speed.csv").read_text().splitlines()[0]
+def test_the_page_writes_its_main_table_csvs_and_plot(rows, tmp_path):
+    page, done = render(rows, tmp_path)
+    assert {p.name for p in done.written} == {"decode_speed.md", "decode_speed.csv",
+                                              "decode_speed_throughput.csv",
+                                              "decode_speed_latency.csv", "decode_speed.png"}
+    assert page.startswith("# How fast does dl.generate decode")
+    assert "| tiny | 2 |" in page
+    # Without the peer the transformers targets are not measured, and the answer says so.
+    assert "| tiny batch 2: decodelab / transformers | n/a | >= 1.00x | not measured |" in page
+    assert "faster than transformers on 0 of 1 rows" not in page
+    assert "faster than transformers: not measured" in page.splitlines()[2]
+    header = (tmp_path / "decode_speed_throughput.csv").read_text().splitlines()[0]
     assert header.startswith("preset,params (M),batch,decodelab tok/s,transformers tok/s")
+
+
+@pytest.fixture(scope="module")
+def kept_page(tmp_path_factory):
+    """The page rendered from the kept rows of the last full run (results/rows/bench_decode)."""
+    return render(report.load_rows(KEPT), tmp_path_factory.mktemp("kept"))
+
+
+def test_the_committed_page_is_what_its_kept_rows_render(kept_page):
+    page, done = kept_page
+    assert page == (ROOT / "results" / "decode_speed.md").read_text()
+    for path in done.written:
+        if path.suffix == ".csv":
+            assert path.read_text() == (ROOT / "results" / path.name).read_text(), path.name
+
+
+def test_every_target_of_the_kept_run_is_judged_in_the_verdict_table(kept_page):
+    page, done = kept_page
+    claims = [j.claim.text for j in done.judged]
+    # Every small, medium and pretrained row against its roofline share (75% at batch 1 for
+    # medium and pretrained), every row against transformers, tiny and small against 2x (1.5x at
+    # batch 32), llama.cpp, the cache size, sampled at batch 8 and the KV cache: 32 claims.
+    assert [sum(text.endswith(suffix) for text in claims) for suffix in (
+        ": decodelab / roofline", ": decodelab / transformers", "the 2x target (1.5x at batch 32)",
+        "(pretrained, batch 1)", "(the same live tokens)", "/ greedy step",
+        "over recompute, the lowest row")] == [8, 11, 6, 1, 1, 4, 1]
+    for line in [
+            "| small batch 1: decodelab / roofline | 0.815 [0.765, 0.918] | >= 0.500 | met |",
+            "| medium batch 1: decodelab / roofline | 0.587 [0.553, 0.620] | >= 0.750 | not met |",
+            "| small batch 32: decodelab / transformers | 1.14x [0.980, 1.17] | >= 1.00x | "
+            "undecided (about 4 repetitions would be needed) |",
+            "| small batch 32: decodelab / transformers, the 2x target (1.5x at batch 32) | 1.14x "
+            "[0.980, 1.17] | >= 1.50x | not met |",
+            "| smollm2-135m batch 1: decodelab / llama.cpp on float32 weights (pretrained, batch "
+            "1) | 0.613x [0.550, 0.691] | >= 0.900x | not met |",
+            "| step at the largest max_len / at the smallest (the same live tokens) | 0.952x "
+            "[0.772, 1.30] | <= 1.15x | undecided (about 16 repetitions would be needed) |",
+            "| tiny batch 8: sampled step (temperature + top-p) / greedy step | 24.3x [21.6, 30.9] "
+            "| <= 1.25x | not met |",
+            "| KV cache speed-up over recompute, the lowest row | 8.52x | >= 10.0x | not met "
+            "(point estimate, no interval) |"]:
+        assert line in page
+    assert page.splitlines()[2].startswith("16 of 32 claims met, 14 not met, 2 undecided")
+
+
+def test_the_kept_page_follows_the_form_and_keeps_every_column_of_its_csvs(kept_page):
+    page, done = kept_page
+    lines = page.splitlines()
+    assert lines[0].startswith("# How fast") and lines[0].endswith("?")
+    assert lines[4] == "| claim | measured [interval] | threshold | verdict |"
+    assert ("| preset | batch | decodelab tok/s | decodelab / roofline | decodelab / transformers "
+            "| cache speed-up | sampled / greedy step |") in lines
+    assert "| tiny | 1 | 10,300 [7,300, 11,800] | 0.675 [0.450, 0.788] | 12.3 [8.66, 14.0] | " \
+        "20.2 | 16.0 [11.2, 19.2] |" in lines
+    assert "`python -m experiments.report --all` (this page)" in page
+    headers = {path.name: path.read_text().splitlines()[0].split(",") for path in done.written
+               if path.suffix == ".csv"}
+    columns = {column for header in headers.values() for column in header}
+    # Every column the page's tables had before the page form is still in some CSV.
+    assert columns >= {"params (M)", "transformers tok/s", "no-cache tok/s", "roofline tok/s",
+                       "sampled tok/s", "compile s", "prefill ms", "bound by",
+                       "transformers ms/token", "no-cache ms/token", "MB read per token",
+                       "step / own roofline", "live tokens at the end",
+                       "step / step at the smallest max_len", "attention ms (share)",
+                       "loop bookkeeping ms (share)"}
+    assert "e+0" not in page and "e-0" not in page  # plain notation, never 1.03e+04
 
 
 def test_last_logits_equal_the_full_forward_at_the_last_position(tiny_config):
     graphdef, weights = nnx.split(Transformer(tiny_config, rngs=nnx.Rngs(0)))
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, 512, (3, 11)), jnp.int32)
-    last = jax.jit(lambda w, t: bench_decode.last_logits(nnx.merge(graphdef, w), t))
+    last = jax.jit(lambda w, t: timing.last_logits(nnx.merge(graphdef, w), t))
     full = jax.jit(lambda w, t: nnx.merge(graphdef, w)(t)[:, -1])
     np.testing.assert_allclose(last(weights, tokens), full(weights, tokens), rtol=1e-5, atol=1e-5)
 
@@ -350,14 +451,14 @@ def test_the_point_rejects_a_single_new_token(tmp_path):
 def test_the_peer_refuses_a_model_that_is_not_llama_shaped(tiny_config):
     requires.importorskip("transformers", reason="the peer is transformers (the test extra)")
     with pytest.raises(ValueError, match="the transformers peer is a Llama model"):
-        bench_decode.llama_config(tiny_config.replace(position="alibi"), 64)
+        peers.llama_config(tiny_config.replace(position="alibi"), 64)
 
 
 @pytest.mark.skipif(not HAS_PEER, reason="needs the peer extra (torch, transformers)")
 def test_the_peer_generates_every_token_with_the_same_parameter_count(tiny_config):
     prompts = np.random.default_rng(0).integers(0, 512, (2, 5), dtype=np.int32)
     model = Transformer(tiny_config, rngs=nnx.Rngs(0))
-    hf = bench_decode.time_hf_generate(model, prompts, new_tokens=4, repeats=1)
+    hf = peers.time_hf_generate(model, prompts, new_tokens=4, repeats=1)
     assert hf["hf_tokens_per_s"] == pytest.approx(2 * 4 / hf["hf_generate_s"], rel=1e-12)
     assert hf["hf_version"].startswith("transformers ")
 
@@ -370,9 +471,9 @@ def test_the_peer_runs_decodelabs_weights(tiny_config, tie):
 
     cfg = tiny_config.replace(tie_embeddings=tie)
     model = Transformer(cfg, rngs=nnx.Rngs(0))
-    peer = transformers.LlamaForCausalLM(bench_decode.llama_config(cfg, 64)).eval()
+    peer = transformers.LlamaForCausalLM(peers.llama_config(cfg, 64)).eval()
     weights = {k: torch.from_numpy(v.copy())
-               for k, v in bench_decode.llama_state_dict(model).items()}
+               for k, v in peers.llama_state_dict(model).items()}
     missing, unexpected = peer.load_state_dict(weights, strict=False)
     assert (missing, unexpected) == (["lm_head.weight"] if tie else [], [])
     tokens = np.random.default_rng(0).integers(0, 512, (2, 11), dtype=np.int32)
@@ -391,15 +492,15 @@ def test_a_pretrained_preset_sweeps_batch_1_and_8_with_its_own_weights(smollm2_i
 
 def test_a_load_up_to_the_benchmarks_own_threads_is_not_read_as_a_shared_machine():
     own = [{"load_avg_1min": 1.9, "threads": 2}, {"load_avg_1min": 1.4, "threads": 2}]
-    assert bench_decode.load_reading(own).startswith(
+    assert timing.load_reading(own).startswith(
         "1-minute load average up to 1.9 on 2 cores: no more than the benchmark's own 2 threads")
     shared = own + [{"load_avg_1min": 2.6, "threads": 2}]
-    assert bench_decode.load_reading(shared).startswith(
+    assert timing.load_reading(shared).startswith(
         "**The machine was shared during this run** (1-minute load average up to 2.6 on 2 cores")
     # Where rows record the CPU time other processes took, that decides, not the load average.
-    assert bench_decode.load_reading(shared, [0.01, 0.08]).startswith(
+    assert timing.load_reading(shared, [0.01, 0.08]).startswith(
         "The machine was not shared: other processes kept up to 0.08 of the 2 cores busy")
-    assert bench_decode.load_reading(own, [0.01, 0.6]).startswith(
+    assert timing.load_reading(own, [0.01, 0.6]).startswith(
         "**The machine was shared during this run**: other processes kept up to 0.60 of the 2 "
         "cores busy during a point")
 
@@ -410,7 +511,6 @@ def test_a_row_keeps_every_peer_repetition_so_the_peer_target_is_judged(tmp_path
     row = experiment.run(config, [{}], bench_decode.benchmark, tmp_path, progress=False)[0]
     reps = row["metrics"]["hf_generate_reps_s"]
     assert len(reps) == 2 and row["metrics"]["hf_generate_s"] == pytest.approx(np.median(reps))
-    bench_decode.report([row], tmp_path)
-    page = (tmp_path / "decode_speed.md").read_text()
-    assert "**Faster than transformers on every row: " in page
-    assert f"tiny batch 2 not judged ({bench_decode.NO_REPS})" not in page
+    page, _ = render([row], tmp_path)
+    assert "| tiny batch 2: decodelab / transformers | " in page
+    assert "| >= 1.00x | not measured |" not in page  # judged: met, not met or undecided

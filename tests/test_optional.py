@@ -81,10 +81,10 @@ def test_a_pretrained_tokenizer_without_tokenizers_says_to_install_the_real_extr
 
 
 def test_the_benchmark_peer_without_torch_is_left_out(hide):
-    from experiments import bench_decode
+    from decodelab.measure import peers
 
     hide("torch")
-    assert bench_decode.time_hf_generate(None, np.zeros((1, 4), np.int32), 2, 1) == {}
+    assert peers.time_hf_generate(None, np.zeros((1, 4), np.int32), 2, 1) == {}
 
 
 def test_require_refuses_a_package_that_is_not_optional():

@@ -1,7 +1,7 @@
 """llama.cpp as a peer (through ``llama-cpp-python``, the ``llamacpp`` extra): loading a GGUF file
 with the same threads as decodelab, its own float32 conversion of a file, and its logits on token
-windows. Shared by the decode benchmark (speed) and the quantization study (a cross-implementation
-row of the scoreboard).
+windows. Shared by the decode benchmark (speed, ``decodelab.measure.peers``) and the quantization
+study (a cross-implementation row of the scoreboard).
 
 llama.cpp's AMX kernels stop with an illegal instruction where the kernel does not grant a
 process AMX state (some virtual machines), so ``load`` takes ``extra_buffers=False`` by default:
@@ -12,17 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import os
 import pathlib
 
 import numpy as np
 
 from decodelab import optional
-
-
-def threads() -> int:
-    """CPU threads this process may use: XLA's CPU thread pool has one per core it can run on."""
-    return len(os.sched_getaffinity(0))
+from decodelab.measure.timing import threads
 
 
 def gguf_tensor_bytes(path: pathlib.Path) -> int:
