@@ -4,12 +4,15 @@ intervals over windows, claims judged by them, the seed spread, and rows of an e
 
 import csv
 import math
+import pathlib
 
 import numpy as np
 import pytest
 from study_config import config_module
 
-from decodelab import experiment
+from decodelab import experiment, report
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 WINDOWS = 40
 L = 128
@@ -71,11 +74,27 @@ def study():
     return extrapolation
 
 
+def render(study, rows, out):
+    """The study's one page of ``rows`` (``forms``), written to ``out``: (written paths, text)."""
+    (form,) = study.forms(rows)
+    done = report.render(form, rows, out)
+    return done.written, done.page.read_text()
+
+
 @pytest.fixture(scope="module")
 def page(study, tmp_path_factory):
     out = tmp_path_factory.mktemp("extrapolation")
-    written = study.report(_rows(), out)
-    return out, written, (out / "extrapolation.md").read_text()
+    written, text = render(study, _rows(), out)
+    return out, written, text
+
+
+def verdict_line(text: str, claim: str) -> str:
+    return next(line for line in text.splitlines() if line.startswith(f"| {claim}"))
+
+
+def read_csv(path) -> list[list[str]]:
+    with open(path) as f:
+        return list(csv.reader(f))
 
 
 def test_the_sweep_trains_four_encodings_with_three_seeds_and_keeps_the_first_seeds_points():
@@ -99,59 +118,59 @@ def test_the_sweep_trains_four_encodings_with_three_seeds_and_keeps_the_first_se
 def test_tables_show_each_value_with_its_window_interval(page):
     out, written, text = page
     assert {p.name for p in written} == {
-        "extrapolation.md", "extrapolation.csv", "extrapolation_tail.csv",
-        "extrapolation_growth.csv", "extrapolation_seeds.csv", "extrapolation_tail.png",
-        "extrapolation.png"}
+        "extrapolation.md", "extrapolation.csv", "extrapolation.png", "extrapolation_whole.csv",
+        "extrapolation_growth.csv", "extrapolation_seeds.csv", "extrapolation_claims.csv",
+        "extrapolation_points.csv"}
     line = next(line for line in text.splitlines() if line.startswith("| alibi | 58.7 ["))
     assert line.count("[") == 4 and "n/a" not in line
     assert next(line for line in text.splitlines() if line.startswith("| learned |")).endswith(
         "| n/a | n/a | n/a |")
-    with open(out / "extrapolation_tail.csv") as f:
-        header, *body = list(csv.reader(f))
-    assert header[:4] == ["encoding \\ context_len", "128", "128_low", "128_high"]
-    alibi = next(r for r in body if r[0] == "alibi")
-    assert float(alibi[1]) == pytest.approx(58.7, rel=1e-12)
-    assert float(alibi[2]) < 58.7 < float(alibi[3])
+    for name in ("extrapolation.csv", "extrapolation_whole.csv"):
+        header, *body = read_csv(out / name)
+        assert header[:4] == ["encoding \\ context_len", "128", "128_low", "128_high"]
+        alibi = next(r for r in body if r[0] == "alibi")
+        assert float(alibi[1]) == pytest.approx(58.7, rel=1e-12)
+        assert float(alibi[2]) < 58.7 < float(alibi[3])
 
 
 def test_claims_are_called_only_when_the_interval_excludes_the_threshold(page):
-    _, _, text = page
-    # RoPE 56 -> 126: its ratio's interval lies far above 1. ALiBi 58.7 -> 60.0: straddles 1.
-    growth = text.split("**Tail perplexity at 8L over")[1].split("CSV:")[0].splitlines()
-    assert "| rope | 56.00 | 126.00 | 2.25 [" in next(g for g in growth if "| rope |" in g)
-    assert next(g for g in growth if "| rope |" in g).endswith(
-        "| degrades | 2.23 [2.07, 2.39] (seed 1), 2.21 [2.06, 2.37] (seed 2): degrades on every "
-        "seed (seeds 0, 1, 2) |")
-    alibi = next(g for g in growth if "| alibi |" in g)
-    assert "| not distinguishable at this sample size (about " in alibi
-    assert alibi.endswith(" (seed 2): not distinguishable at this sample size on every seed "
-                          "(seeds 0, 1, 2) |")
-    assert next(g for g in growth if "| nope |" in g).endswith("| degrades | one seed |")
+    out, _, text = page
+    # RoPE 56 -> 126: its ratio's interval lies far above 1, on every seed. ALiBi 58.7 -> 60.0:
+    # straddles 1.
+    rope = verdict_line(text, "rope's tail perplexity grows from L to 8L")
+    assert "| 2.25x [" in rope and rope.endswith("| >= 1.00x | met on every seed (seeds 0, 1, 2) |")
+    growth = {(r[0], r[1]): r for r in read_csv(out / "extrapolation_growth.csv")[1:]}
+    assert [round(float(growth["rope", s][4]), 2) for s in "012"] == [2.25, 2.23, 2.21]
+    assert growth["rope", "0"][:4] == ["rope", "0", "56.0", "126.0"]
+    assert growth["learned", "0"][3:] == ["", "", "", "", "n/a"]
+    assert verdict_line(text, "alibi's tail perplexity grows").endswith(
+        "| undecided on every seed (seeds 0, 1, 2) |")
+    assert verdict_line(text, "nope's tail perplexity grows").endswith("| met |")  # one seed
     # RoPE 126 and sinusoidal 126.5 at 8L: their paired difference straddles 0 on every seed.
-    same = next(line for line in text.splitlines() if "degrades as badly as sinusoidal" in line)
-    assert "rope - sinusoidal, seed 0: -0.5 [" in same and "seed 2: -0.5 [" in same
-    assert "], not distinguishable at this sample size (about " in same
-    assert same.endswith("Over seeds: **not distinguishable at this sample size on every seed "
-                         "(seeds 0, 1, 2)**.")
+    same = verdict_line(text, "RoPE degrades at least as badly as sinusoidal")
+    assert "| -0.500 [" in same
+    assert same.endswith("| undecided on every seed (seeds 0, 1, 2) |")
+    claims = read_csv(out / "extrapolation_claims.csv")
+    per_seed = [r for r in claims if r[0].startswith("RoPE degrades")]
+    assert [(r[1], round(float(r[2]), 1)) for r in per_seed] == [("0", -0.5), ("1", -0.5),
+                                                                ("2", -0.5)]
+    assert all(r[-1].startswith("undecided (about ") for r in per_seed)
     # YaRN 70 against RoPE 126 at 8L, on the same windows: called on every seed.
-    yarn = next(line for line in text.splitlines() if "YaRN recovers" in line)
-    assert "**rope+yarn is better (lower perplexity) on every seed (seeds 0, 1, 2)**" in yarn
+    assert verdict_line(text, "YaRN recovers").endswith("| met on every seed (seeds 0, 1, 2) |")
     # NTK at 2L helps seeds 0 and 1 and hurts seed 2: the claim is not called.
-    ntk = next(line for line in text.splitlines() if "NTK-aware scaling" in line)
-    assert ntk.endswith("Over seeds: **seeds disagree: rope+ntk is better (lower perplexity) "
-                        "(seeds 0, 1); rope+ntk is worse (higher perplexity) (seed 2)**.")
-    best = next(line for line in text.splitlines() if "*The lowest tail perplexity at L*" in line)
-    assert best.startswith("- *The lowest tail perplexity at L* (among the encodings each seed "
-                           "trained): seed 0: rope (56.0), then alibi (58.7), of 6 encodings; "
-                           "alibi - rope = +2.7 [")
-    assert "seed 2: rope (58.0), then alibi (60.7), of 4 encodings; alibi - rope = +2.7 [" in best
-    assert best.endswith("**rope is the best encoding on every seed (seeds 0, 1, 2)**.")
+    assert verdict_line(text, "NTK-aware scaling").endswith(
+        "| seeds disagree: met (seeds 0, 1); not met (seed 2) |")
+    best = verdict_line(text, "RoPE has the lowest tail perplexity at L")
+    assert "| 2.70 [" in best and best.endswith("| met on every seed (seeds 0, 1, 2) |")
+    lowest = [r for r in claims if r[0].startswith("RoPE has the lowest")]
+    assert [round(float(r[2]), 1) for r in lowest] == [2.7, 2.7, 2.7]
+    assert text.splitlines()[2].startswith(
+        "Past the training length L, only alibi holds its tail perplexity from L to 8L")
 
 
 def test_the_seed_spread_sits_beside_the_window_interval(page):
     out, _, text = page
-    with open(out / "extrapolation_seeds.csv") as f:
-        header, *body = list(csv.reader(f))
+    header, *body = read_csv(out / "extrapolation_seeds.csv")
     assert header == ["encoding", "context_len", "seeds", "mean", "min", "max", "seed range",
                       "seed 0 window 95% width"]
     rope_8l = next(r for r in body if r[:2] == ["rope", "1024"])
@@ -159,12 +178,31 @@ def test_the_seed_spread_sits_beside_the_window_interval(page):
     assert float(rope_8l[7]) > 0
     assert {r[0] for r in body} == {"sinusoidal", "t5", "alibi", "rope", "rope+linear",
                                     "rope+ntk", "rope+yarn"}
-    assert "**Tail perplexity over training seeds**" in text
+    caveat = next(line for line in text.splitlines() if "(`extrapolation_seeds.csv`)" in line)
+    assert "rope 2.00 against " in caveat
 
 
 def test_rows_without_per_window_values_still_render_and_say_so(study, tmp_path):
-    study.report(_rows(windows=False), tmp_path)
-    text = (tmp_path / "extrapolation.md").read_text()
-    assert "No intervals: the row keeps no per-window values" in text
+    _, text = render(study, _rows(windows=False), tmp_path)
+    assert "No intervals: the rows keep no per-window values" in text
     assert "| alibi | 58.7 | 57.2 | 57.6 | 60.0 |" in text
-    assert "not judged (the row keeps no per-window values" in text
+    assert verdict_line(text, "YaRN recovers").endswith(
+        "| met (point estimate, no interval) on every seed (seeds 0, 1, 2) |")
+
+
+def test_the_kept_rows_render_the_page_with_their_numbers(study, tmp_path):
+    rows = report.load_rows(ROOT / "results" / "rows" / "extrapolation")
+    _, text = render(study, rows, tmp_path)
+    lines = text.splitlines()
+    assert lines[2] == ("Past the training length L, only alibi holds its tail perplexity from L "
+                        "to 8L (no growth the windows can see, on every seed); sinusoidal, t5, "
+                        "rope and nope degrade: 10 of 12 claims met, 2 undecided or not "
+                        "measured.")
+    assert ("| alibi | 58.7 [56.9, 60.7] | 57.2 [55.3, 59.2] | 57.6 [55.8, 59.4] | "
+            "57.7 [55.8, 59.5] |") in lines
+    assert verdict_line(text, "rope's tail perplexity grows").endswith(
+        "| 2.24x [2.15, 2.34] | >= 1.00x | met on every seed (seeds 0, 1, 2) |")
+    assert verdict_line(text, "RoPE degrades at least as badly as sinusoidal").endswith(
+        "| -18.5 [-20.3, -16.6] | >= 0 | seeds disagree: not met (seeds 0, 1); met (seed 2) |")
+    assert verdict_line(text, "YaRN recovers").endswith(
+        "| -55.2 [-57.0, -53.4] | <= 0 | met on every seed (seeds 0, 1, 2) |")

@@ -3,6 +3,7 @@ and numbers read from the rows. Synthetic rows; no model is trained."""
 
 import csv
 import math
+import pathlib
 
 import matplotlib.colors
 import matplotlib.image
@@ -10,7 +11,10 @@ import numpy as np
 import pytest
 from study_config import config_module
 
-from decodelab import experiment
+from decodelab import experiment, report
+from decodelab.report import quality
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _metrics(name: str, **changes) -> dict:
@@ -80,19 +84,41 @@ def study():
     return sampling
 
 
+def render(study, rows, out):
+    """The study's one page of ``rows`` (``forms``), written to ``out``: (written paths, text)."""
+    (form,) = study.forms(rows)
+    done = report.render(form, rows, out)
+    return done.written, done.page.read_text()
+
+
+def sides(study, rows) -> dict[str, int]:
+    """Each claim's verdict (+1 met, -1 not met, 0 undecided or not measured), by its text."""
+    return {claim.text: claim.judge(rows).verdict.side for claim in study.CLAIMS}
+
+
+def side(judged: dict[str, int], start: str) -> int:
+    (only,) = [value for text, value in judged.items() if text.startswith(start)]
+    return only
+
+
 def test_the_page_has_one_row_per_strategy_plus_human_a_csv_and_a_plot(study, tmp_path):
     rows = _rows({"greedy": dict(compiles_generate_loop=1), "beam 4": dict(compiles_beam_loop=1)})
-    written = study.report(rows, tmp_path)
-    assert {p.name for p in written} == {"sampling.md", "sampling.csv", "sampling.png"}
-    page = (tmp_path / "sampling.md").read_text()
-    table = [line for line in page.splitlines() if line.startswith("| ") and "64.0" in line]
+    written, page = render(study, rows, tmp_path)
+    assert {p.name for p in written} == {"sampling.md", "sampling.csv", "sampling.png",
+                                         "sampling_all.csv", "sampling_points.csv"}
+    lines = page.splitlines()
+    assert lines[0] == "# What do the sampling strategies do to text, against human text?"
+    assert lines[2].startswith("On the `small` model, ")
+    # The main table: a strategy and six metrics with their intervals (the verdict table has 4).
+    table = [line for line in lines if line.count("|") == 8 and "[" in line]
     assert len(table) == len(rows) == len(config_module("sampling").STRATEGIES)
-    assert table[0].startswith("| **human** |")
-    with open(tmp_path / "sampling.csv") as f:
-        assert len(list(csv.reader(f))) == len(rows) + 1
+    assert table[0].startswith("| human |")
+    for name in ("sampling.csv", "sampling_all.csv", "sampling_points.csv"):
+        with open(tmp_path / name) as f:
+            assert len(list(csv.reader(f))) == len(rows) + 1
     assert "decode loop 1 for 16 sampling strategies" in page
     assert "loop 1 for 2" in page
-    # The plot's legend-free encoding (experiments/sampling.py docstring): strategies are blue
+    # The plot's legend-free encoding (report.quality.diversity_plot): strategies are blue
     # points, human text a crimson star; both must be drawn.
     pixels = matplotlib.image.imread(tmp_path / "sampling.png")[..., :3]
     for colour in ("tab:blue", "crimson"):
@@ -101,29 +127,41 @@ def test_the_page_has_one_row_per_strategy_plus_human_a_csv_and_a_plot(study, tm
 
 
 def test_claim_verdicts_follow_the_numbers(study):
-    holds = study.claims(_rows({}))
-    assert '"deterministic but repetitive"**: holds' in holds
-    assert "40% [37%, 43%] of its 4-grams repeat" in holds
+    holds = sides(study, _rows({"top-k 40": dict(candidates_p90=40.0)}))
+    assert side(holds, "Greedy is deterministic") == 1
+    assert side(holds, "Greedy is repetitive") == 1  # rep-4 0.40 against human's 0.02
+    assert side(holds, "Low temperature is almost greedy") == -1  # top-1 0.5
     # The same numbers at temperatures 1.0 and 1.5, prompt by prompt: nothing to call.
-    assert '"more random"**: not distinguishable at this sample size.' in holds
-    assert '"adaptive"**: holds' in holds
-    changed = study.claims(_rows({"greedy": dict(repetition_4=0.03),
+    assert [value for text, value in holds.items()
+            if text.startswith("High temperature is more random")] == [0, 0]
+    assert side(holds, "Top-k keeps only the k most probable tokens") == 1
+    assert side(holds, "Top-p is adaptive") == 1  # 1000 / 10 kept tokens
+    changed = sides(study, _rows({"greedy": dict(repetition_4=0.03),
                                   "temperature 0.3": dict(top1_rate=0.95),
                                   "temperature 1.5": dict(self_bleu=9.0),
+                                  "top-k 40": dict(improbable_rate=0.1),
                                   "top-p 0.95": dict(candidates_p10=50.0, candidates_p90=60.0)}))
-    assert '"deterministic but repetitive"**: half holds (deterministic only)' in changed
-    assert '"almost greedy"**: holds at 0.3' in changed
-    assert '"more random"**: does not hold' in changed
-    assert '"adaptive"**: does not hold clearly' in changed
+    assert side(changed, "Greedy is deterministic") == 1
+    assert side(changed, "Greedy is repetitive") == -1  # deterministic only
+    assert side(changed, "Low temperature is almost greedy") == 1
+    assert side(changed, "High temperature is more random: self-BLEU") == -1
+    assert side(changed, "Top-k keeps only the k most probable tokens") == -1  # 1000 kept
+    assert side(changed, "Top-k avoids improbable words") == 1  # 0.1 against 0.3
+    assert side(changed, "Top-p is adaptive") == -1
+
+
+def test_a_claim_whose_strategy_has_no_row_is_not_measured(study):
+    rows = [r for r in _rows({}) if r["metrics"]["strategy"] != "temperature 1.5"]
+    judged = [claim.judge(rows) for claim in study.CLAIMS]
+    assert [j.verdict.text for j in judged if "1.5" in j.claim.text] == ["not measured"] * 2
 
 
 def test_the_table_shows_intervals_over_prompts_and_the_csv_their_bounds(study, tmp_path):
-    study.report(_rows({}), tmp_path)
-    page = (tmp_path / "sampling.md").read_text()
+    _, page = render(study, _rows({}), tmp_path)
     greedy = next(line for line in page.splitlines() if line.startswith("| greedy |"))
     assert "| 0.400 [0.37" in greedy  # rep-4 with its interval
-    assert "Brackets: 95% percentile bootstrap interval over the 24 prompts" in page
-    with open(tmp_path / "sampling.csv") as f:
+    assert "Brackets: 95% percentile bootstrap intervals over the 24 prompts" in page
+    with open(tmp_path / "sampling_all.csv") as f:
         header = next(csv.reader(f))
     assert header[header.index("repetition_4"):header.index("repetition_4") + 3] == [
         "repetition_4", "repetition_4_low", "repetition_4_high"]
@@ -133,19 +171,37 @@ def test_rows_without_per_prompt_values_still_render_and_say_so(study, tmp_path)
     rows = _rows({})
     for row in rows:
         del row["metrics"]["per_prompt"]
-    study.report(rows, tmp_path)
-    page = (tmp_path / "sampling.md").read_text()
+    _, page = render(study, rows, tmp_path)
     assert "No intervals: the rows keep no per-prompt values" in page
     assert "[" not in next(line for line in page.splitlines() if line.startswith("| greedy |"))
-    assert "(not judged (the rows keep no per-prompt values" in page
+    repetitive = next(line for line in page.splitlines()
+                      if line.startswith("| Greedy is repetitive"))
+    assert repetitive.endswith("| 20.0x | >= 2.00x | met (point estimate, no interval) |")
 
 
 def test_plot_labels_are_short():
-    from experiments.sampling import short_label
+    assert quality.short_label("t 1.0 + top-k 40 + top-p 0.95") == "t1.0+k40+p0.95"
+    assert quality.short_label("beam 4, no early EOS") == "beam4 no-EOS"
+    assert quality.short_label("min-p 0.1") == "minp0.1"
 
-    assert short_label("t 1.0 + top-k 40 + top-p 0.95") == "t1.0+k40+p0.95"
-    assert short_label("beam 4, no early EOS") == "beam4 no-EOS"
-    assert short_label("min-p 0.1") == "minp0.1"
+
+def test_the_kept_rows_render_the_smollm2_page_with_their_numbers(study, tmp_path):
+    rows = report.load_rows(ROOT / "results" / "rows" / "sampling_smollm2")
+    written, page = render(study, rows, tmp_path)
+    assert {p.name for p in written} == {
+        "sampling_smollm2-135m.md", "sampling_smollm2-135m.csv", "sampling_smollm2-135m.png",
+        "sampling_smollm2-135m_all.csv", "sampling_smollm2-135m_points.csv"}
+    lines = page.splitlines()
+    assert lines[2].startswith("On `smollm2-135m`, 8 of 9 claims met, 1 undecided")
+    assert ("| Greedy is repetitive: its rep-4 over human text's, paired by prompt | "
+            "40.4x [15.2, 576] | >= 2.00x | met |") in lines
+    assert any(line.startswith("| Low temperature is almost greedy") and
+               "| 0.898 [0.883, 0.914] | >= 0.900 | undecided" in line for line in lines)
+    assert any(line.startswith("| High temperature is more random: self-BLEU") and
+               "| -1.56 [-2.31, -1.04] | <= 0 | met |" in line for line in lines)
+    assert "| greedy | 2.09 [1.86, 2.37] | 0.522 [0.405, 0.634] | 0.442 [0.321, 0.571] |" in page
+    assert "| temperature 1.5 | 8,090 [7,240, 8,930] |" in page
+    assert "decode loop 11 for 16 sampling strategies" in page
 
 
 def test_an_unknown_config_argument_is_refused():
@@ -177,13 +233,13 @@ def test_the_pretrained_variants_page_names_the_model_and_its_chat_prompts(study
                  overrides=p.overrides, config=p.config.to_dict(),
                  metrics=_metrics(p.config.decode.name), start_time="2026-01-01T00:00:00+00:00",
                  wall_time_s=1.0, provenance=provenance) for p in points]
-    written = study.report(rows, tmp_path)
+    written, page = render(study, rows, tmp_path)
     # Files of its own, beside the default study's sampling.*.
-    assert {p.name for p in written} == {"sampling_smollm2-135m.md", "sampling_smollm2-135m.csv",
-                                         "sampling_smollm2-135m.png"}
-    page = (tmp_path / "sampling_smollm2-135m.md").read_text()
-    assert page.startswith("# Sampling strategies against human text: the pretrained "
-                           "`smollm2-135m`")
+    assert {p.name for p in written} == {
+        "sampling_smollm2-135m.md", "sampling_smollm2-135m.csv", "sampling_smollm2-135m.png",
+        "sampling_smollm2-135m_all.csv", "sampling_smollm2-135m_points.csv"}
+    assert page.startswith("# What do the sampling strategies do to text, against human text, "
+                           "on the pretrained `smollm2-135m`?")
     assert "[sampling_smollm2-135m.csv](sampling_smollm2-135m.csv)" in page
     assert "The pretrained instruct model `smollm2-135m`" in page
     assert module.INSTRUCTION in page
