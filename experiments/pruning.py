@@ -18,7 +18,7 @@ What each number is:
   the candidate (before any quantization).
 - ``tokens_per_s_b<B>``, ``speedup_b<B>``, ``reference_reps_s_b<B>``, ``reps_s_b<B>``: greedy
   ``dl.generate`` of ``new_tokens`` tokens for B prompts, candidate against reference, runs
-  interleaved after a warm-up (``experiments/scoreboard.py``).
+  interleaved after a warm-up (``decodelab/measure/interleaved.py``).
 - ``head_importance`` (head rows): the importance of each key/value head group
   (``head_importance``), and ``heads_kept``: 1 for each query head kept, 0 for one removed; each
   a dict of one list per layer (``by_layer``; ``layers`` gives ``[L, K]`` and ``[L, N]``).
@@ -42,11 +42,13 @@ from decodelab.compress.pruning import (head_importance, heads_to_keep, prune_he
                                         sparsity_of, update_mask)
 from decodelab.experiment import artefacts as pipeline
 from decodelab.experiment import presets
+from decodelab.experiment.process_cache import cached, reference_key, swap_candidate
 from decodelab.measure import stats
+from decodelab.measure.interleaved import time_decoding
+from decodelab.report.scoreboard import cell, speed_cell, speed_judged, times
 from decodelab.text import data
+from decodelab.text.data import token_windows
 from decodelab.train.trainer import TrainConfig, train
-from experiments.scoreboard import (cached, cell, reference_key, speed_cell, speed_judged,
-                                    swap_candidate, time_decoding, times, token_windows)
 
 _FLAGS = experiment.define_flags("configs/pruning.py")
 

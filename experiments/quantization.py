@@ -45,9 +45,11 @@ from decodelab import experiment, optional
 from decodelab import report as results
 from decodelab.experiment import artefacts as pipeline
 from decodelab.experiment import presets
+from decodelab.experiment.process_cache import cached, reference_key, swap_candidate
 from decodelab.measure import llama_cpp, stats
-from experiments.scoreboard import (cached, cell, judged, reference_key, speed_cell, speed_judged,
-                                    swap_candidate, time_decoding, timed_pair, times, token_windows)
+from decodelab.measure.interleaved import time_decoding, timed_pair
+from decodelab.report.scoreboard import cell, judged, speed_cell, speed_judged, times
+from decodelab.text.data import token_windows
 
 _FLAGS = experiment.define_flags("configs/quantization.py")
 

@@ -140,6 +140,17 @@ def test_token_stream_is_bos_ids_eos_per_document_in_sorted_order():
     np.testing.assert_array_equal(stream, expected)
 
 
+def test_token_windows_are_evenly_spaced_from_the_start_to_one_before_the_end():
+    stream = data.token_stream(CharTokenizer(), "test")
+    windows = data.token_windows(CharTokenizer(), "test", 3, 5)
+    last = len(stream) - 5 - 1
+    assert windows.dtype == np.int32 and windows.shape == (3, 5)
+    for window, start in zip(windows, (0, last // 2, last)):
+        np.testing.assert_array_equal(window, stream[start:start + 5])
+    with pytest.raises(ValueError, match="num must be an int >= 1, got 0"):
+        data.token_windows(CharTokenizer(), "test", 0, 5)
+
+
 def test_eval_windows_tile_the_targets():
     windows = data.eval_windows(np.arange(11), seq_len=4)
     np.testing.assert_array_equal(windows, [[0, 1, 2, 3, 4], [4, 5, 6, 7, 8]])

@@ -114,6 +114,16 @@ def token_stream(tokenizer: TextTokenizer, split: str) -> np.ndarray:
     return np.concatenate([np.asarray(p, dtype=np.int32) for p in pieces])
 
 
+def token_windows(tokenizer: TextTokenizer, split: str, num: int, length: int) -> np.ndarray:
+    """int32 [num, length]: windows of `length` tokens evenly spaced over `split`'s token stream
+    (the first at its start, the last ending one token before its end)."""
+    _check_positive("num", num)
+    _check_positive("length", length)
+    stream = token_stream(tokenizer, split)
+    starts = np.linspace(0, len(stream) - length - 1, num).astype(int)
+    return np.stack([stream[s:s + length] for s in starts]).astype(np.int32)
+
+
 def eval_windows(stream: np.ndarray, seq_len: int) -> np.ndarray:
     """int32 [N, seq_len + 1] windows for validation loss, targets tiling the stream.
 
