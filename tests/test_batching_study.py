@@ -1,7 +1,7 @@
 """The batching study's pieces: its long-prompt trace, its warm-up (after which a timed replay
 compiles none of the engine's programs), the per-request and per-replay values its rows keep,
-and its page: intervals over requests and over replays and claims judged by them, from synthetic
-rows (no model)."""
+and its page in the one form: intervals over requests and over replays and claims judged by them,
+from synthetic rows (no model)."""
 
 import csv
 import re
@@ -10,12 +10,12 @@ import types
 import numpy as np
 import pytest
 from flax import nnx
-from ml_collections import config_dict
 from study_config import config_module
 
 import decodelab as dl
-from decodelab import experiment, serving
-from decodelab.measure import compiles, stats
+from decodelab import experiment, report, serving
+from decodelab.measure import compiles, replays, stats
+from decodelab.report import serving_rows
 
 PROGRAMS = ("prefill_rows", "_advance_loop", "harvest", "replan")
 
@@ -40,23 +40,32 @@ def test_the_long_prompt_points_are_continuous_with_whole_and_chunked_prefill():
 
 @pytest.mark.parametrize("chunk", [0, 16])
 def test_after_the_warm_up_a_replay_compiles_none_of_the_engine_programs(tiny, chunk):
-    from experiments import batching
-
-    engine = config_dict.ConfigDict(dict(num_slots=2, max_len=64, steps_per_call=2,
-                                         prefill_chunk=chunk))
+    arm = replays.Arm("continuous", num_slots=2, max_len=64, steps_per_call=2,
+                      prefill_chunk=chunk)
     trace = serving.poisson_trace(
         8, 50.0, {"kind": "uniform", "low": 4, "high": 40},
         {"kind": "fixed", "length": 3}, vocab_size=512, seed=0,
         params=dl.SamplingParams(temperature=0.8, top_p=0.95))
     assert max(len(r.prompt) for r in trace) > 32  # three prompt blocks: 16, 32 and 64
-    batching.warm_up(tiny, engine, trace)
+    replays.warm_up(tiny, arm, trace)
     with compiles.count_traces() as counts:
-        result = serving.replay(batching._engine(tiny, engine), trace, serving.Continuous(),
+        result = serving.replay(arm.engine(tiny), trace, serving.Continuous(),
                                 clock=serving.VirtualClock(1.0), steps_per_call=2)
     assert {name: counts[name] for name in PROGRAMS} == dict.fromkeys(PROGRAMS, 0)
     values = serving.per_request(result.records)
     assert values["tokens"] == [3] * 8
     assert [len(v) for v in values.values()] == [8] * 5
+
+
+def test_a_point_runs_its_policy_on_its_engine():
+    from experiments import batching
+
+    config = config_module("batching").get_config("tiny")
+    config.update(policy="dynamic", dynamic_max_wait=0.5)
+    config.engine.update(prefill_chunk=16)
+    arm = batching.arm(config)
+    assert arm == replays.Arm("dynamic", 8, 128, 2, 16, max_wait=0.5)
+    assert arm.scheduler() == serving.Dynamic(8, 0.5)
 
 
 def test_each_replay_draws_its_own_trace_and_replay_0_is_the_single_replay_point():
@@ -150,7 +159,7 @@ def _rows(changed: dict | None = None) -> list[dict]:
 def _page(rows, tmp_path) -> str:
     from experiments import batching
 
-    batching.report(rows, tmp_path)
+    report.render(batching.forms(rows)[0], rows, tmp_path)
     return (tmp_path / "batching.md").read_text()
 
 
@@ -158,39 +167,63 @@ def _line(page: str, start: str) -> str:
     return next(line for line in page.splitlines() if line.startswith(start))
 
 
+def _verdict(page: str, claim: str) -> list[str]:
+    """The verdict table's cells of ``claim``: measured [interval], threshold, verdict."""
+    line = _line(page, f"| {claim} |")
+    return [cell.strip() for cell in line.strip().strip("|").split(" | ")[1:]]
+
+
 STATIC_LONG = ("static", "long_tail", 64.0, 0)
 
 
 def test_throughput_is_the_mean_over_replays_and_the_percentiles_the_rows_of_replay_0():
-    from experiments import batching
-
     m = _metrics(_records())
-    replays = m["replay_output_tokens_per_s"]
-    assert batching.interval(m, "output_tokens_per_s") == stats.bootstrap(stats.mean, replays)
-    assert batching.interval(m, "output_tokens_per_s").value == pytest.approx(
+    replayed = m["replay_output_tokens_per_s"]
+    assert serving_rows.shown(m, "output_tokens_per_s") == stats.bootstrap(stats.mean, replayed)
+    assert serving_rows.shown(m, "output_tokens_per_s").value == pytest.approx(
         m["output_tokens_per_s"] * np.mean(FACTORS), rel=1e-12)
-    assert batching.interval(m, "output_tokens_per_s").units == 5
+    assert serving_rows.shown(m, "output_tokens_per_s").units == 5
     for metric in ("latency_p50_s", "latency_p99_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s"):
-        assert batching.interval(m, metric).value == m[metric]
-        assert batching.interval(m, metric).units == 64
+        assert serving_rows.shown(m, metric).value == m[metric]
+        assert serving_rows.shown(m, metric).units == 64
+
+
+def test_the_page_follows_the_form(tmp_path):
+    rows = _rows()
+    page = _page(rows, tmp_path)
+    lines = page.splitlines()
+    assert lines[0] == "# What do continuous batching and chunked prefill buy over static batching?"
+    assert lines[2].startswith("At saturation continuous batching gives 1.00x [1.00, 1.00] static "
+                               "batching's output tokens/s on long-tailed outputs (>= 2.2x: not "
+                               "met)")
+    assert lines[2].endswith(": 0 of 12 claims met, 1 not met, 11 undecided or not measured.")
+    header = _line(page, "| point")
+    assert header.count(" | ") + 1 <= 7
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "batching.csv", "batching.md", "batching.png", "batching_intervals.csv",
+        "batching_points.csv"]
+    assert not re.search(r"\d[eE][+-]?\d", page)  # plain notation, never 1.03e+04
+    # Every metric of a row (the per-request and per-replay lists aside) is in some CSV.
+    with open(tmp_path / "batching_points.csv") as f:
+        columns = set(next(csv.reader(f)))
+    assert {name for name, v in rows[0]["metrics"].items() if not isinstance(v, list)} <= columns
 
 
 def test_the_tables_show_intervals_over_requests_and_the_csv_their_bounds(tmp_path):
     page = _page(_rows(), tmp_path)
-    p50 = page[page.index("**long_tail: p50 end-to-end latency (s)**"):]
-    cell = r"\d\.\d\d \[\d\.\d\d, \d\.\d\d\]"
-    assert re.fullmatch(rf"\| continuous \| {cell} \| {cell} \| {cell} \| {cell} \|",
-                        _line(p50, "| continuous |"))
-    tput = page[page.index("**long_tail: output tokens/s (mean of 5 replays)**"):]
-    assert re.fullmatch(r"\| static \| (\d+ \[\d+, \d+\] \| ){4}", _line(tput, "| static |") + " ")
-    assert ("Brackets on latency, TTFT, TPOT and the longest gap: 95% percentile bootstrap "
-            "interval over the completed requests of the point's replay 0") in page
-    assert ("Brackets on output tokens/s: the mean of 5 replays of the point (replay r replays "
-            "the trace drawn with seed + r") in page
-    with open(tmp_path / "batching_long_tail_latency_p50_s.csv") as f:
-        assert next(csv.reader(f)) == ["policy \\ trace.rate", "2", "2_low", "2_high", "6", "6_low",
-                                       "6_high", "16", "16_low", "16_high", "64", "64_low",
-                                       "64_high"]
+    cell = r"\d[\d.,]* \[\d[\d.,]*, \d[\d.,]*\]"
+    assert re.fullmatch(rf"\| long_tail outputs, continuous \| ({cell} \| ){{5}}0\.500 \|",
+                        _line(page, "| long_tail outputs, continuous"))
+    assert "| long prompts, chunks of 16 |" in page and "| long prompts, whole prefill |" in page
+    with open(tmp_path / "batching_intervals.csv") as f:
+        header = next(csv.reader(f))
+    assert header[:7] == ["trace.output", "trace.rate", "policy", "trace.prompts",
+                          "model.max_seq_len", "engine.max_len", "engine.prefill_chunk"]
+    for metric in ("output_tokens_per_s", "latency_p50_s", "latency_p99_s", "ttft_p50_s",
+                   "ttft_p99_s", "tpot_p50_s", "max_tbt_p99_s"):
+        at = header.index(metric)
+        assert header[at + 1:at + 3] == [f"{metric}_low", f"{metric}_high"]
+    assert "tbt_p99_s" in header and "slot_occupancy" in header
 
 
 def test_a_clearly_met_target_renders_met(tmp_path):
@@ -198,96 +231,90 @@ def test_a_clearly_met_target_renders_met(tmp_path):
     # replay by replay continuous gives 2.45x to 2.53x static's throughput.
     static = (_records(scale=2.5), (1.0, 0.99, 1.01, 1.0, 1.03))
     page = _page(_rows({STATIC_LONG: static}), tmp_path)
-    target = _line(page, "Target (long-tailed trace at saturation")
-    assert ("lower p50 and p99 latency): **met** (throughput ratio 2.50x [2.47, 2.52] against "
-            "2.2: met; p50 latency -") in target
-    assert re.search(r"p50 latency -\d\.\d\d \[-\d\.\d\d, -\d\.\d\d\] s: lower; p99 latency "
-                     r"-\d\.\d\d \[-\d\.\d\d, -\d\.\d\d\] s: lower\)\.", target)
-    assert "The throughput verdict rests on 5 replays" in target
-    assert "= **2.50x [2.47, 2.52]** (continuous higher)" in _line(page, "- **long_tail**")
+    assert _verdict(page, "long-tailed outputs: continuous / static output tokens/s") == [
+        "2.50x [2.47, 2.52]", ">= 2.20x", "met"]
+    for q in ("p50", "p99"):
+        measured, threshold, verdict = _verdict(
+            page, f"long-tailed outputs: continuous - static {q} latency")
+        assert re.fullmatch(r"-\d\.\d+ s \[-\d\.\d+, -\d\.\d+\]", measured)
+        assert (threshold, verdict) == ("<= 0 s", "met")
+    assert "static batching's output tokens/s on long-tailed outputs (>= 2.2x: met)" in page
 
 
-def test_a_throughput_ratio_whose_replays_straddle_the_target_is_not_distinguishable(tmp_path):
+def test_a_throughput_ratio_whose_replays_straddle_the_target_is_undecided(tmp_path):
     # Replay by replay continuous gives 1.92x to 3.00x static's throughput.
     static = (_records(scale=2.5), (1.0, 1.26, 0.85, 1.2, 0.89))
     page = _page(_rows({STATIC_LONG: static}), tmp_path)
-    target = _line(page, "Target (long-tailed trace at saturation")
     ratio = stats.bootstrap_ratio(stats.mean, list(FACTORS), list(static[1]), paired=True)
     assert ratio.low < 2.2 / 2.5 < ratio.high  # the interval of the ratio (over 2.5) holds 2.2
-    assert re.search(r"\*\*not distinguishable at this sample size\*\* \(throughput ratio "
-                     r"2\.\d\dx \[\d\.\d\d, \d\.\d\d\] against 2\.2: not distinguishable at "
-                     r"this sample size \(about [\d,]+ replays would be needed\); p50 latency -",
-                     target)
+    measured, _, verdict = _verdict(page, "long-tailed outputs: continuous / static output "
+                                          "tokens/s")
+    assert re.fullmatch(r"2\.\d\dx \[\d\.\d\d, \d\.\d\d\]", measured)
+    assert re.fullmatch(r"undecided \(about [\d,]+ replays would be needed\)", verdict)
 
 
 def test_a_constant_latency_shift_is_detected_by_the_paired_difference(tmp_path):
     # Every request finishes 0.1 s later under static: request by request the difference is
     # exactly -0.1, though the requests' latencies spread far wider.
     page = _page(_rows({STATIC_LONG: _records(shift=0.1)}), tmp_path)
-    line = _line(page, "- **long_tail**")
-    assert "(paired difference -0.10 [-0.10, -0.10] s: lower)" in line
-    assert "(-0.10 [-0.10, -0.10] s: lower)" in line  # p99
+    for q in ("p50", "p99"):
+        assert _verdict(page, f"long-tailed outputs: continuous - static {q} latency") == [
+            "-0.100 s [-0.100, -0.100]", "<= 0 s", "met"]
     # The throughput ratio (every replay's makespan 0.1 s longer) is far below the 2.2x target.
-    assert "2.2x static output tokens/s with lower p50 and p99 latency): **not met**" in page
+    assert _verdict(page, "long-tailed outputs: continuous / static output tokens/s")[2] == (
+        "not met")
 
 
 def test_noise_is_not_distinguishable_at_this_sample_size(tmp_path):
     # Each request finishes earlier or later under static by zero-mean noise (sd 0.05 s).
     noise = np.random.default_rng(0).normal(0.0, 0.05, size=len(TOKENS))
     page = _page(_rows({STATIC_LONG: _records(noise=noise - noise.mean())}), tmp_path)
-    line = _line(page, "- **long_tail**")
-    assert re.search(r"\(paired difference [-+]\d\.\d\d \[-\d\.\d\d, \+\d\.\d\d\] s: not "
-                     r"distinguishable at this sample size \(about [\d,]+ requests would be "
-                     r"needed\)\)", line)
+    measured, _, verdict = _verdict(page, "long-tailed outputs: continuous - static p50 latency")
+    assert re.fullmatch(r"-?\d\.\d+ s \[-\d\.\d+, \d\.\d+\]", measured)
+    assert re.fullmatch(r"undecided \(about [\d,]+ requests would be needed\)", verdict)
 
 
 def test_chunked_prefill_that_lowers_ttft_by_a_constant_meets_its_target(tmp_path):
     # Chunks of 16 bring every request's first token (and every later one) 0.05 s sooner; the
     # gaps between tokens do not change.
     page = _page(_rows({("continuous", "long_tail", 64.0, 16): _records(shift=-0.05)}), tmp_path)
-    line = _line(page, "- chunks of 16:")
-    assert "(paired difference -0.050 [-0.050, -0.050] s: lower)" in line
-    assert "(+0.0 [+0.0, +0.0] ms: not distinguishable at this sample size (" in line
+    words = "long prompts, chunks of 16: chunked"
+    assert _verdict(page, f"{words} - whole p99 TTFT") == ["-0.0500 s [-0.0500, -0.0500]",
+                                                         "<= 0 s", "met"]
+    assert _verdict(page, f"{words} - whole p99 longest gap between tokens")[2].startswith(
+        "undecided")
     # Every replay's makespan 0.05 s shorter: 1.06x the throughput, replay by replay.
-    assert "tokens/s (mean of 5 replays) = 1.06x [1.06, 1.06] (chunked higher)." in line
-    assert ("trace): **met** (chunks of 16: p99 TTFT); 4 comparisons, each at 95%") in page
+    assert _verdict(page, f"{words} / whole output tokens/s") == ["1.06x [1.06, 1.06]",
+                                                                ">= 1.00x", "met"]
+    assert "chunked prefill lowers 1 of the 4 p99 TTFT and longest-gap tails" in page
 
 
 def test_rows_of_different_requests_are_not_paired(tmp_path):
-    # One request fewer tokens under static: request i is no longer the same request.
+    # One request fewer tokens under static: request i is no longer the same request, so the
+    # difference is the plain one, judged as a point estimate.
     records = _records()
     records[0].tokens = records[0].tokens[:-1]
     page = _page(_rows({STATIC_LONG: records}), tmp_path)
-    assert ("(paired difference not judged (the two rows do not hold the same completed "
-            "requests));") in _line(page, "- **long_tail**")
+    measured, _, verdict = _verdict(page, "long-tailed outputs: continuous - static p50 latency")
+    assert "[" not in measured and verdict.endswith("(point estimate, no interval)")
 
 
-def test_rows_without_per_request_or_per_replay_values_still_render_plain_and_not_judged(
-        tmp_path):
+def test_rows_without_per_request_or_per_replay_values_still_render_plain(tmp_path):
     rows = _rows({STATIC_LONG: _records(scale=2.5)})
     for row in rows:
         for name in [k for k in row["metrics"] if k.startswith(("per_request_", "replay"))]:
             del row["metrics"][name]
     page = _page(rows, tmp_path)
-    assert "No intervals over requests: some rows keep no per-request values" in page
-    assert ("No intervals on output tokens/s for some points (the rows keep no per-replay "
-            "throughputs (written by an earlier version of the study)): they show the plain "
-            "number") in page
-    assert all("[" not in line for line in page.splitlines() if line.startswith("| "))
-    assert "**long_tail: output tokens/s (one replay)**" in page
-    assert ("(paired difference not judged (no per-request values in the rows)); p99 latency "
-            "0.91 s vs 2.28 s (not judged (no per-request values in the rows));") in page
-    assert ("lower p50 and p99 latency): **not judged (the rows keep no per-replay throughputs "
-            "(written by an earlier version of the study))** (throughput ratio 2.50x against "
-            "2.2: not judged (the rows keep no per-replay throughputs (written by an earlier "
-            "version of the study)); p50 latency not judged") in page
-    assert "trace): **not judged (no per-request values in the rows)**" in page
+    assert "[" not in _line(page, "| long_tail outputs, static")
+    assert _verdict(page, "long-tailed outputs: continuous / static output tokens/s") == [
+        "2.50x", ">= 2.20x", "met (point estimate, no interval)"]
+    assert _verdict(page, "long-tailed outputs: continuous - static p99 latency") == [
+        "-1.37 s", "<= 0 s", "met (point estimate, no interval)"]
+    assert "Output tokens/s and mean running requests: the one replay" in page
 
 
-def test_rows_of_a_single_replay_show_throughput_plain_and_not_judged(tmp_path):
+def test_rows_of_a_single_replay_show_throughput_plain(tmp_path):
     page = _page(_rows({STATIC_LONG: (_records(scale=2.5), (1.0,))}), tmp_path)
-    assert ("No intervals on output tokens/s for some points (a single replay per point; an "
-            "interval over replays needs at least 2)") in page
-    assert ("= **2.51x** (not judged (a single replay per point; an interval over replays "
-            "needs at least 2)); p50 latency") in _line(page, "- **long_tail**")
-    assert "**long_tail: output tokens/s (mean of each point's replays (1 to 5))**" in page
+    assert _verdict(page, "long-tailed outputs: continuous / static output tokens/s") == [
+        "2.51x", ">= 2.20x", "met (point estimate, no interval)"]
+    assert "the mean of 1 to 5 replays" in page
