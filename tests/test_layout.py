@@ -173,3 +173,18 @@ def test_no_package_exports_a_name_that_hides_one_of_its_modules():
             if name and f"{module}.{name}" in MODULES:
                 hidden.append(f"{module} exports {name} from {target}, line {line}")
     assert hidden == []
+
+
+# The names `import decodelab as dl` exported before the packages by layer: each still resolves.
+PUBLIC = ("BeamSearchOutput", "GenerateOutput", "KVCache", "Kivi", "KiviKVCache", "ModelConfig",
+          "NgramDrafter", "PretrainedTokenizer", "QuantizedKVCache", "SamplingParams", "Scoreboard",
+          "SpeculativeOutput", "Tokenizer", "TrainConfig", "Transformer", "beam_search", "compare",
+          "generate", "init_cache", "load_checkpoint", "load_gguf", "load_hf", "make_mesh",
+          "param_count", "parameter_bytes", "prune", "prune_heads", "prune_neurons", "quantize",
+          "save_checkpoint", "set_memory_limit", "shard", "speculative_generate")
+
+
+def test_the_public_names_are_all_still_exported():
+    import decodelab as dl
+
+    assert [name for name in PUBLIC if name not in dl.__all__ or not hasattr(dl, name)] == []
