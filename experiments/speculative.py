@@ -77,7 +77,7 @@ from matplotlib.figure import Figure
 from decodelab import experiment, sampling
 from decodelab import report as results
 from decodelab.decode.generation import generate
-from decodelab.decode.request import bucket_length
+from decodelab.decode.request import OutputSpec, RowInputs, bucket_length
 from decodelab.experiment import artefacts as pipeline
 from decodelab.experiment.presets import MODEL_PRESETS
 from decodelab.measure.stats import (RESAMPLES, Interval, bootstrap, bootstrap_difference,
@@ -161,10 +161,11 @@ def start_state(target, drafter, draft_weights, prompts, params, gamma: int, max
     graphdef, weights = nnx.split(target)
     caches = speculative.prefill(weights, draft_weights, block, lengths - 1, graphdef=graphdef,
                                  drafter=drafter, max_len=max_len)
-    return speculative.initial_state(
-        *caches, block, lengths, sampling.batch_keys(0, B), params.per_row(B, V),
-        np.zeros((V,), bool), np.zeros((0, 1), np.int32), gamma=gamma,
-        max_new_tokens=max_new_tokens)
+    rows = RowInputs(prompt_lengths=lengths, keys=sampling.batch_keys(0, B),
+                     params=params.per_row(B, V), eos_mask=np.zeros((V,), bool),
+                     stop_ids=np.zeros((0, 1), np.int32))
+    return speculative.initial_state(*caches, block, rows, gamma=gamma,
+                                     outputs=OutputSpec(max_new_tokens))
 
 
 ROUND_PARTS = ("propose", "verify", "round")
@@ -274,8 +275,9 @@ def evaluate(config, ctx) -> dict:
 
     def speculative_batch(i):
         chunk, seeds = batches[i]
-        return speculative.speculative_generate(target, drafter, chunk, params, gamma, N,
-                                                seed=seeds, max_len=max_len)
+        return speculative.speculative_generate(
+            target, drafter, chunk, params, gamma, N, seed=seeds,
+            options=speculative.SpeculativeOptions(max_len=max_len))
 
     def timed_pairs(repetition):  # each batch's target and speculative seconds, back to back
         pair = ([], [])
