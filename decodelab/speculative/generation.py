@@ -33,9 +33,10 @@ Conventions (every caller relies on them):
   acceptance test and the target's (residual or bonus) sample. A key influences the output only
   once its position is kept, so re-drafting a position after a rejection is still exact, and with
   per-request seeds a request's output never depends on its batch-mates.
-- Drafters (``ModelDrafter``, ``NgramDrafter``) live in ``drafters``, one round and the loop's
-  state in ``spec_round``; the loop runs through ``SPECULATIVE_LOOP`` (compiled, or its Python
-  twin with ``python_loop``).
+- Drafters (``ModelDrafter``, ``NgramDrafter``) live in ``drafters``, one round in ``rounds``
+  and the loop's state in ``state`` (``SpecState``: ``decode``'s ``RowState`` plus both caches
+  and the acceptance counts); the loop runs through ``SPECULATIVE_LOOP`` (compiled, or its
+  Python twin with ``python_loop``).
 - The loop is one ``lax.while_loop`` of rounds with static shapes; rows that have stopped are
   carried along with nothing written and their caches unchanged. Rows stop as in ``generate``
   (EOS, stop sequences and strings, ``max_new_tokens``, ``max_len``, bad logits).

@@ -1,4 +1,4 @@
-"""One round of speculative decoding, and the state the loop carries (``speculative`` module
+"""One round of speculative decoding over a ``state.SpecState`` (``speculative`` module
 docstring: the layout, the rule and the randomness). A round reads top to bottom: the drafter
 proposes, the target verifies every proposal in one pass (``verify``), judges them, the row keeps
 what its budget, an EOS or a stop sequence let it, and one pass records the kept tokens and
