@@ -15,7 +15,8 @@ from decodelab.config import ModelConfig
 from decodelab.convert import PretrainedTokenizer, load_gguf, load_hf
 from decodelab.decode.beam import BeamSearchOutput, beam_search
 from decodelab.decode.generation import generate
-from decodelab.decode.request import GenerateOutput
+from decodelab.decode.output import GenerateOutput
+from decodelab.decode.request import BeamOptions, DecodeOptions
 
 # Compression: weights and KV caches stored quantized, weights pruned, judged on one scoreboard
 from decodelab.measure.scoreboard import Scoreboard, compare
@@ -24,7 +25,8 @@ from decodelab.sampling.params import SamplingParams
 
 # Scale: data and tensor parallel on a device mesh
 from decodelab.sharding import make_mesh, shard
-from decodelab.speculative.generation import NgramDrafter, SpeculativeOutput, speculative_generate
+from decodelab.speculative.generation import (NgramDrafter, SpeculativeOptions, SpeculativeOutput,
+                                              speculative_generate)
 
 # Text: tokenizer
 from decodelab.text.tokenizer import Tokenizer
@@ -59,10 +61,13 @@ __all__ = [
     # Sampling and decoding
     "GenerateOutput",
     "SamplingParams",
+    "DecodeOptions",
     "generate",
+    "BeamOptions",
     "BeamSearchOutput",
     "beam_search",
     "NgramDrafter",
+    "SpeculativeOptions",
     "SpeculativeOutput",
     "speculative_generate",
     "set_memory_limit",

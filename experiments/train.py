@@ -22,6 +22,7 @@ from ml_collections import config_flags
 
 from decodelab import experiment, sharding
 from decodelab.decode.generation import generate
+from decodelab.decode.request import DecodeOptions
 from decodelab.experiment import artefacts as pipeline
 from decodelab.measure import quality
 from decodelab.sampling.params import SamplingParams
@@ -111,7 +112,8 @@ def main(argv) -> None:
         name: SamplingParams(**settings.to_dict())
         for name, settings in config.report.sampling.items()}}
     outputs = {name: generate(model, prompts, params, config.report.new_tokens,
-                              seed=config.report.seed, eos_ids=[tokenizer.eos_id])
+                              seed=config.report.seed,
+                              options=DecodeOptions(eos_ids=[tokenizer.eos_id]))
                for name, params in strategies.items()}
     samples = []
     for i, (prompt, truth) in enumerate(pairs):

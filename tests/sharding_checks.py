@@ -187,10 +187,11 @@ def programs() -> dict:
     # the cache and the decode loop's parameters stay sharded: no all-gather of their size
     graphdef, weights = nnx.split(smodel)
     block, lengths = request.prompt_block([np.asarray(r, np.int32) for r in rows], 32)
-    state = decode.prefill(weights, block, lengths, sampling.batch_keys(0, B),
-                           greedy.per_row(B, 512), np.zeros((512,), bool),
-                           np.full((0, 1), -1, np.int32), graphdef=graphdef, max_len=32,
-                           max_new_tokens=STEPS, top_n=0, with_entropy=False)
+    inputs = request.RowInputs(prompt_lengths=lengths, keys=sampling.batch_keys(0, B),
+                               params=greedy.per_row(B, 512), eos_mask=np.zeros((512,), bool),
+                               stop_ids=np.full((0, 1), -1, np.int32))
+    state = decode.prefill(weights, block, inputs, graphdef=graphdef, max_len=32,
+                           outputs=request.OutputSpec(STEPS))
     out["cache_sharding"] = str(state.cache.k.sharding.spec)
     text = decode.DECODE_LOOP.loop.lower(weights, state, graphdef=graphdef).compile().as_text()
     out["decode_all_gathers"] = all_gathers(text)

@@ -157,8 +157,8 @@ def test_finished_hypotheses_are_kept_and_the_length_penalty_ranks_them(ends, al
     < -0.916 / (9/6)^2 = -0.407). Prompts 0 and 1 end with the same token (ragged prompts each
     continue from their own history); after prompt 2's [3, 2] only 3 follows, so it has one
     hypothesis and the second slot is empty."""
-    out = dl.beam_search(ends, [[0], [5, 6, 0], [3, 2]], width=2, max_new_tokens=4, eos_ids=EOS,
-                         length_penalty=alpha)
+    out = dl.beam_search(ends, [[0], [5, 6, 0], [3, 2]], width=2, max_new_tokens=4,
+                         length_penalty=alpha, options=dl.BeamOptions(eos_ids=EOS))
     logprob, length, reason = zip(*(HYPOTHESES[h] for h in order))
     for p in (0, 1):
         assert [tuple(h) for h in out.token_lists()[p]] == order
@@ -175,8 +175,8 @@ def test_finished_hypotheses_are_kept_and_the_length_penalty_ranks_them(ends, al
 
 def test_min_new_tokens_keeps_eos_from_ending_shorter_hypotheses(ends):
     """With at least 3 tokens [1, 7] may not finish; [1, 4, 7] may, and is now second."""
-    out = dl.beam_search(ends, [[0], [5, 6, 0], [3, 2]], width=2, max_new_tokens=4, eos_ids=EOS,
-                         min_new_tokens=3)
+    out = dl.beam_search(ends, [[0], [5, 6, 0], [3, 2]], width=2, max_new_tokens=4,
+                         options=dl.BeamOptions(eos_ids=EOS, min_new_tokens=3))
     assert out.token_lists()[0] == [[2, 3, 3, 3], [1, 4, 7]]
     np.testing.assert_allclose(out.logprobs[0], np.log([0.4, 0.06]), rtol=0, atol=1e-6)
 
@@ -226,8 +226,8 @@ def test_matches_the_reference_on_random_chains_with_eos(seed, alpha, kv_cache):
     table /= table.sum(axis=-1, keepdims=True)
     model = Chain(table)
     prompts = [[0], [1, 2], [3, 0, 1]]
-    out = dl.beam_search(model, prompts, width=3, max_new_tokens=5, eos_ids=list(eos),
-                         length_penalty=alpha, kv_cache=kv_cache)
+    out = dl.beam_search(model, prompts, width=3, max_new_tokens=5, length_penalty=alpha,
+                         kv_cache=kv_cache, options=dl.BeamOptions(eos_ids=list(eos)))
     for p, prompt in enumerate(prompts):
         expected = reference_beam_search(table, prompt, 3, 5, alpha, eos)
         assert tied_groups(out.token_lists()[p], out.scores[p]) == tied_groups(
@@ -251,10 +251,12 @@ def test_a_beam_as_wide_as_the_vocabulary_finds_the_exhaustive_n_best_of_two_tok
 
 def test_python_loop_twin_gives_identical_hypotheses():
     table = np.random.default_rng(5).dirichlet(np.ones(6), size=(6, 6))
-    kwargs = dict(width=3, max_new_tokens=5, eos_ids=[4, 5], length_penalty=0.6)
+    kwargs = dict(width=3, max_new_tokens=5, length_penalty=0.6)
     prompts = [[0], [1, 2], [3, 0, 1]]
-    compiled = dl.beam_search(Chain(table), prompts, **kwargs)
-    twin = dl.beam_search(Chain(table), prompts, python_loop=True, **kwargs)
+    compiled = dl.beam_search(Chain(table), prompts, **kwargs,
+                              options=dl.BeamOptions(eos_ids=[4, 5]))
+    twin = dl.beam_search(Chain(table), prompts, **kwargs,
+                          options=dl.BeamOptions(eos_ids=[4, 5], python_loop=True))
     assert twin.token_lists() == compiled.token_lists()
     np.testing.assert_array_equal(twin.scores, compiled.scores)
 
@@ -280,8 +282,8 @@ PROMPTS = [[5, 17, 300, 2], [9], list(range(40, 60))]  # row 2 alone is in bucke
 
 @pytest.fixture(scope="module")
 def tiny_beams(tiny):
-    return dl.beam_search(tiny, PROMPTS, width=4, max_new_tokens=6, eos_ids=[3, 7],
-                          length_penalty=0.6)
+    return dl.beam_search(tiny, PROMPTS, width=4, max_new_tokens=6, length_penalty=0.6,
+                          options=dl.BeamOptions(eos_ids=[3, 7]))
 
 
 def test_each_hypothesis_scores_its_own_tokens_under_a_full_forward_pass(tiny, tiny_beams):
@@ -306,7 +308,7 @@ def test_each_hypothesis_scores_its_own_tokens_under_a_full_forward_pass(tiny, t
 def test_a_prompt_gives_the_same_hypotheses_at_every_position_of_the_batch(tiny, tiny_beams):
     order = [2, 0, 1]
     moved = dl.beam_search(tiny, [PROMPTS[p] for p in order], width=4, max_new_tokens=6,
-                           eos_ids=[3, 7], length_penalty=0.6)
+                           length_penalty=0.6, options=dl.BeamOptions(eos_ids=[3, 7]))
     for position, p in enumerate(order):
         assert moved.token_lists()[position] == tiny_beams.token_lists()[p]
         np.testing.assert_allclose(moved.scores[position], tiny_beams.scores[p], rtol=0, atol=1e-5)
@@ -326,7 +328,7 @@ def test_length_penalties_eos_ids_and_prompt_lengths_compile_once(ends):
     with experiment.count_traces() as counts:
         for i, alpha in enumerate([0.0, 0.6, 1.0, 2.5]):
             dl.beam_search(ends, [[1] * (i + 1), [2, 3]], width=3, max_new_tokens=5,
-                           eos_ids=[i], length_penalty=alpha)
+                           length_penalty=alpha, options=dl.BeamOptions(eos_ids=[i]))
         assert counts["_beam_loop"] == 1 and counts["_beam_prefill"] == 1
 
 
@@ -340,13 +342,18 @@ def test_length_penalties_eos_ids_and_prompt_lengths_compile_once(ends):
     (dict(length_penalty=-0.5), r"length_penalty must be a finite number >= 0 .*, got -0.5"),
     (dict(length_penalty=float("nan")), r"length_penalty must be a finite number >= 0"),
     (dict(length_penalty="0.6"), r"length_penalty must be a finite number >= 0 .*, got '0.6'"),
-    (dict(num_return=3), r"num_return must be an int in \[1, width=2\], got 3"),
-    (dict(num_return=0), r"num_return must be an int in \[1, width=2\], got 0"),
+    (dict(options=dl.BeamOptions(num_return=3)),
+     r"num_return must be an int in \[1, width=2\], got 3"),
+    (dict(options=dl.BeamOptions(num_return=0)),
+     r"num_return must be an int in \[1, width=2\], got 0"),
     (dict(max_new_tokens=0), r"max_new_tokens must be an int >= 1, got 0"),
-    (dict(min_new_tokens=-1), r"min_new_tokens must be an int >= 0, got -1"),
+    (dict(options=dl.BeamOptions(min_new_tokens=-1)),
+     r"min_new_tokens must be an int >= 0, got -1"),
+    (dict(options=dl.BeamOptions(python_loop="yes")), r"python_loop must be a bool, got 'yes'"),
+    (dict(options={"num_return": 1}), r"options must be a BeamOptions, got \{'num_return': 1\}"),
     (dict(prompts=[[1], []]), r"prompts\[1\] is empty"),
     (dict(prompts=[[8]]), r"prompts\[0\] holds token id 8 at index 0; ids must be in \[0, 8\)"),
-    (dict(eos_ids=[9]), r"eos_ids must be token ids in \[0, 8\), got 9"),
+    (dict(options=dl.BeamOptions(eos_ids=[9])), r"eos_ids must be token ids in \[0, 8\), got 9"),
     (dict(max_len=4, prompts=[[1] * 4]), r"prompts\[0\] has 4 tokens but max_len is 4"),
     (dict(kv_cache="int3"), r"kv_cache must be None \(float\) or one of \('int8', 'int4'\), got "
                             r"'int3'"),

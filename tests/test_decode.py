@@ -8,6 +8,7 @@ engine says the token sits at; with ``rule="position"`` the next token is instea
 outputs are exact.
 """
 
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -60,6 +61,11 @@ def run(model, prompts, max_new_tokens, params=GREEDY, **kwargs):
     return dl.generate(model, prompts, params, max_new_tokens, **kwargs)
 
 
+def opts(**fields):
+    """``generate``'s keyword arguments with these ``DecodeOptions`` fields."""
+    return dict(options=dl.DecodeOptions(**fields))
+
+
 # --- Exact outputs from the stand-in --------------------------------------------------------------
 
 
@@ -76,7 +82,7 @@ def test_each_row_decodes_at_its_own_positions():
 
 
 def test_eos_ends_a_row_and_is_kept_while_others_continue(stand_in):
-    out = run(stand_in, [[3], [5], [20]], 5, eos_ids=[7, 22])
+    out = run(stand_in, [[3], [5], [20]], 5, options=dl.DecodeOptions(eos_ids=[7, 22]))
     np.testing.assert_array_equal(out.tokens, [[4, 5, 6, 7, -1], [6, 7, -1, -1, -1],
                                                [21, 22, -1, -1, -1]])
     np.testing.assert_array_equal(out.lengths, [4, 2, 2])
@@ -88,20 +94,21 @@ def test_min_new_tokens_suppresses_eos_until_reached(stand_in):
     # row 0 reaches EOS as its 3rd token (allowed); row 1 would at its 2nd (suppressed: the argmax
     # of the rest is the lowest id, 0, among ties at 0)
     out = run(stand_in, [[4], [5]], 4, dl.SamplingParams(temperature=0.0, min_new_tokens=[2, 3]),
-              eos_ids=7)
+              options=dl.DecodeOptions(eos_ids=7))
     assert out.token_lists() == [[5, 6, 7], [6, 0, 1, 2]]
     assert out.finish_reason == ["eos", "length"]
 
 
 def test_stop_sequence_ends_a_row_inside_the_loop(stand_in):
-    out = run(stand_in, [[5], [1], [12]], 6, stop_sequences=[[8, 9], [14]])
+    out = run(stand_in, [[5], [1], [12]], 6,
+              options=dl.DecodeOptions(stop_sequences=[[8, 9], [14]]))
     assert out.token_lists() == [[6, 7, 8, 9], [2, 3, 4, 5, 6, 7], [13, 14]]
     assert out.finish_reason == ["stop", "length", "stop"]
 
 
 def test_stop_sequence_must_lie_in_the_output(stand_in):
     # the prompt ends with 8; the output's 9 completes "8 9" only across the prompt boundary
-    out = run(stand_in, [[7, 8]], 3, stop_sequences=[[8, 9]])
+    out = run(stand_in, [[7, 8]], 3, options=dl.DecodeOptions(stop_sequences=[[8, 9]]))
     assert out.token_lists() == [[9, 10, 11]] and out.finish_reason == ["length"]
 
 
@@ -120,7 +127,8 @@ class Letters:
 def test_stop_strings_cut_after_the_token_that_completes_them(stand_in):
     # row 0: "efg" -> "fg" is found in the loop from its tokens [5, 6];
     # row 1: "GH" "IJ" contains "HI" across a token boundary, found in the decoded text
-    out = run(stand_in, [[3], [28]], 6, stop_strings=["fg", "HI"], tokenizer=Letters())
+    out = run(stand_in, [[3], [28]], 6,
+              options=dl.DecodeOptions(stop_strings=["fg", "HI"], tokenizer=Letters()))
     assert out.token_lists() == [[4, 5, 6], [29, 30]]
     assert out.finish_reason == ["stop", "stop"]
     assert out.tokens[1, 2:].tolist() == [-1] * 4 and np.isnan(out.logprobs[1, 2:]).all()
@@ -137,8 +145,8 @@ def test_greedy_logprobs_are_zero_and_sampled_logprobs_are_the_processed_distrib
     base = np.linspace(0.0, 2.0, V)
     model = StandIn(margin=1.0, base=base)
     params = dl.SamplingParams(temperature=0.5, top_k=8)
-    out = run(model, [[3], [3]], 3, params, seed=[0, 1], return_top_logprobs=4,
-              return_entropy=True)
+    out = run(model, [[3], [3]], 3, params, seed=[0, 1],
+              options=dl.DecodeOptions(return_top_logprobs=4, return_entropy=True))
     logits = np.tile(base + 1.0 * (np.arange(V) == 4), (2, 1))  # the first step follows token 3
     processed = dl.sampling.process_logits(jnp.asarray(logits, jnp.float32), params.per_row(2, V),
                                            _empty_history())
@@ -150,7 +158,8 @@ def test_greedy_logprobs_are_zero_and_sampled_logprobs_are_the_processed_distrib
         kept = np.asarray(expected)[np.asarray(expected) > -np.inf]
         entropy = -np.sum(np.exp(kept) * kept)
         np.testing.assert_allclose(out.entropy[row, 0], entropy, rtol=0, atol=1e-5)
-    greedy = run(model, [[3]], 3, return_top_logprobs=2, return_entropy=True)
+    greedy = run(model, [[3]], 3,
+                 options=dl.DecodeOptions(return_top_logprobs=2, return_entropy=True))
     np.testing.assert_array_equal(greedy.logprobs, [[0, 0, 0]])
     np.testing.assert_array_equal(greedy.entropy, [[0, 0, 0]])
     np.testing.assert_array_equal(greedy.top_logprobs[0, :, 1], [-np.inf] * 3)
@@ -163,10 +172,10 @@ def _empty_history():
 
 
 def test_python_loop_twin_gives_identical_outputs(stand_in):
-    kwargs = dict(eos_ids=5, stop_sequences=[[20, 21]], return_top_logprobs=3)
+    options = dl.DecodeOptions(eos_ids=5, stop_sequences=[[20, 21]], return_top_logprobs=3)
     prompts = [[1], [17, 18], [25, 26, 27]]
-    compiled = run(stand_in, prompts, 6, **kwargs)
-    twin = run(stand_in, prompts, 6, python_loop=True, **kwargs)
+    compiled = run(stand_in, prompts, 6, options=options)
+    twin = run(stand_in, prompts, 6, options=dataclasses.replace(options, python_loop=True))
     np.testing.assert_array_equal(twin.tokens, compiled.tokens)
     assert twin.finish_reason == compiled.finish_reason == ["eos", "stop", "length"]
     np.testing.assert_array_equal(twin.top_logprobs, compiled.top_logprobs)
@@ -192,7 +201,7 @@ def test_nan_logits_are_never_sampled_and_raise_by_default():
     model = StandIn(nan_token=20)
     with pytest.raises(ValueError, match=r"row 0 after 2 tokens: the model's logits hold NaN"):
         run(model, [[17], [1]], 4)
-    out = run(model, [[17], [1]], 4, raise_on_error=False)
+    out = run(model, [[17], [1]], 4, options=dl.DecodeOptions(raise_on_error=False))
     assert out.token_lists() == [[18, 19], [2, 3, 4, 5]]
     assert out.finish_reason == ["error", "length"]
 
@@ -201,7 +210,7 @@ def test_parameters_that_leave_no_token_finish_with_error():
     params = dl.SamplingParams(temperature=0.0, min_new_tokens=1,
                                banned_tokens=[i for i in range(V) if i != 7])
     with pytest.raises(ValueError, match=r"row 0 after 0 tokens: no token has a finite prob"):
-        run(StandIn(), [[3]], 2, params, eos_ids=7)
+        run(StandIn(), [[3]], 2, params, options=dl.DecodeOptions(eos_ids=7))
 
 
 # --- The real Transformer -------------------------------------------------------------------------
@@ -248,6 +257,7 @@ MIXED = dl.SamplingParams(
     no_repeat_ngram_size=[0, 0, 0, 2],
 )
 SEEDS = [11, 12, 13, 14]
+TOP_2 = dl.DecodeOptions(return_top_logprobs=2)
 
 
 def _row(params: dl.SamplingParams, rows) -> dl.SamplingParams:
@@ -259,11 +269,12 @@ def _row(params: dl.SamplingParams, rows) -> dl.SamplingParams:
 
 @pytest.fixture(scope="module")
 def mixed_batch(tiny):
-    return run(tiny, PROMPTS, 8, MIXED, seed=SEEDS, return_top_logprobs=2)
+    return run(tiny, PROMPTS, 8, MIXED, seed=SEEDS, options=TOP_2)
 
 
 def test_python_loop_twin_matches_the_compiled_loop_on_the_transformer(tiny, mixed_batch):
-    twin = run(tiny, PROMPTS, 8, MIXED, seed=SEEDS, return_top_logprobs=2, python_loop=True)
+    twin = run(tiny, PROMPTS, 8, MIXED, seed=SEEDS,
+               options=dl.DecodeOptions(return_top_logprobs=2, python_loop=True))
     np.testing.assert_array_equal(twin.tokens, mixed_batch.tokens)
     np.testing.assert_allclose(twin.logprobs, mixed_batch.logprobs, rtol=0, atol=1e-5)
 
@@ -273,8 +284,7 @@ def test_a_request_alone_equals_the_same_request_in_a_mixed_batch(tiny, mixed_ba
     """Per-row parameters and per-request seeds: each row of the batch, greedy or sampled, is
     what the request gives alone (a different batch size, and for rows 0, 1 and 3 a different
     prompt bucket and cache size)."""
-    alone = run(tiny, [PROMPTS[row]], 8, _row(MIXED, [row]), seed=[SEEDS[row]],
-                return_top_logprobs=2)
+    alone = run(tiny, [PROMPTS[row]], 8, _row(MIXED, [row]), seed=[SEEDS[row]], options=TOP_2)
     np.testing.assert_array_equal(alone.tokens[0], mixed_batch.tokens[row])
     np.testing.assert_allclose(alone.logprobs[0], mixed_batch.logprobs[row], rtol=0, atol=1e-5)
     np.testing.assert_allclose(alone.top_logprobs[0], mixed_batch.top_logprobs[row], atol=1e-5)
@@ -287,7 +297,7 @@ def test_a_request_gives_the_same_tokens_at_every_position_of_a_batch(tiny, mixe
     for position in range(len(PROMPTS)):
         order = others[:position] + [needle] + others[position:]
         out = run(tiny, [PROMPTS[r] for r in order], 8, _row(MIXED, order),
-                  seed=[SEEDS[r] for r in order], return_top_logprobs=2)
+                  seed=[SEEDS[r] for r in order], options=TOP_2)
         np.testing.assert_array_equal(out.tokens[position], mixed_batch.tokens[needle])
         np.testing.assert_allclose(out.logprobs[position], mixed_batch.logprobs[needle], rtol=0,
                                    atol=1e-5)
@@ -310,7 +320,8 @@ def test_a_sweep_of_sampling_values_compiles_once_and_a_new_set_of_processors_on
                                        top_p=[float(rng.uniform(0.1, 1.0)), 1.0],
                                        min_p=float(rng.uniform(0.01, 0.2)),
                                        repetition_penalty=float(rng.uniform(1.01, 1.5)))
-            run(tiny, prompts, 5, params, seed=i, eos_ids=[int(rng.integers(0, 512))])
+            run(tiny, prompts, 5, params, seed=i,
+                options=dl.DecodeOptions(eos_ids=[int(rng.integers(0, 512))]))
         assert counts["_decode_loop"] == 1 and counts["prefill"] == 1
         run(tiny, prompts, 5, params.replace(top_k=0))  # top-k off in every row: a new set
         assert counts["_decode_loop"] == 2 and counts["prefill"] == 2
@@ -340,14 +351,20 @@ def test_a_sweep_of_sampling_values_compiles_once_and_a_new_set_of_processors_on
     (([[1]], 4), dict(seed=-1), r"seed must be an int in \[0, 2\*\*32 - 1\]"),
     (([[1], [2]], 4), dict(seed=[1]), r"seed has 1 values but there are 2 prompts"),
     (([[1]], 4), dict(seed=[1.5]), r"seed\[0\] must be an int in \[0, 2\*\*32\), got 1.5"),
-    (([[1]], 4), dict(eos_ids=32), r"eos_ids must be token ids in \[0, 32\), got 32"),
-    (([[1]], 4), dict(stop_sequences=[[]]), r"stop_sequences\[0\] is empty"),
-    (([[1]], 4), dict(stop_sequences=[[40]]), r"stop_sequences\[0\] holds token id 40"),
-    (([[1]], 4), dict(stop_strings=["x"]), r"stop_strings need a tokenizer .*, got tokenizer=None"),
-    (([[1]], 4), dict(stop_strings=[""], tokenizer=Letters()), r"stop_strings must be non-empty"),
-    (([[1]], 4), dict(return_top_logprobs=-1), r"return_top_logprobs must be an int >= 0, got -1"),
-    (([[1]], 4), dict(return_top_logprobs=33), r"return_top_logprobs must be <= the vocabulary"),
-    (([[1]], 4), dict(return_entropy=1), r"return_entropy must be a bool, got 1"),
+    (([[1]], 4), opts(eos_ids=32), r"eos_ids must be token ids in \[0, 32\), got 32"),
+    (([[1]], 4), opts(stop_sequences=[[]]), r"stop_sequences\[0\] is empty"),
+    (([[1]], 4), opts(stop_sequences=[[40]]), r"stop_sequences\[0\] holds token id 40"),
+    (([[1]], 4), opts(stop_strings=["x"]),
+     r"stop_strings need a tokenizer .*, got tokenizer=None"),
+    (([[1]], 4), opts(stop_strings=[""], tokenizer=Letters()), r"stop_strings must be non-empty"),
+    (([[1]], 4), opts(return_top_logprobs=-1),
+     r"return_top_logprobs must be an int >= 0, got -1"),
+    (([[1]], 4), opts(return_top_logprobs=33), r"return_top_logprobs must be <= the vocabulary"),
+    (([[1]], 4), opts(return_entropy=1), r"return_entropy must be a bool, got 1"),
+    (([[1]], 4), opts(python_loop=1), r"python_loop must be a bool, got 1"),
+    (([[1]], 4), opts(raise_on_error=None), r"raise_on_error must be a bool, got None"),
+    (([[1]], 4), dict(options={"eos_ids": 2}),
+     r"options must be a DecodeOptions, got \{'eos_ids': 2\}"),
     (([[1]], 4), dict(max_len=1), r"max_len must be an int >= 2, got 1"),
     (([[1], [2], [3]], 4), dict(params=dl.SamplingParams(temperature=[0.5, 1.0])),
      r"temperature has 2 values but the batch has 3 rows"),

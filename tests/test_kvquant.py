@@ -185,7 +185,7 @@ def test_greedy_speculative_with_a_quantized_cache_equals_greedy_generate_with_o
     draft = dl.Transformer(cfg, rngs=nnx.Rngs(1))  # most proposals are rejected and rewound
     expected = dl.generate(model, PROMPTS, GREEDY, 12, seed=0, kv_cache=kind).token_lists()
     spec = dl.speculative_generate(model, draft, PROMPTS, GREEDY, gamma=3, max_new_tokens=12,
-                                   seed=0, kv_cache=kind)
+                                   seed=0, options=dl.SpeculativeOptions(kv_cache=kind))
     assert spec.token_lists() == expected
     floats = dl.generate(model, PROMPTS, GREEDY, 12, seed=0).token_lists()
     assert kind == "int8" or floats != expected  # int4 with groups of 4 changes some token
@@ -203,7 +203,8 @@ def test_engine_with_a_quantized_cache_generates_what_generate_does(model, kind)
 
 @pytest.mark.parametrize("call", [
     lambda m: dl.generate(m, PROMPTS, GREEDY, 4, kv_cache="fp8"),
-    lambda m: dl.speculative_generate(m, m, PROMPTS, GREEDY, 2, 4, kv_cache="fp8"),
+    lambda m: dl.speculative_generate(m, m, PROMPTS, GREEDY, 2, 4,
+                                      options=dl.SpeculativeOptions(kv_cache="fp8")),
     lambda m: SlotEngine(m, num_slots=2, max_len=32, kv_cache="fp8"),
 ])
 def test_unknown_kv_cache_kind_is_rejected_naming_the_argument(model, call):
@@ -226,4 +227,4 @@ def test_speculative_gamma_past_the_int4_rewind_depth_is_rejected(model):
     with pytest.raises(ValueError, match=r"gamma must be at most 3 with kv_cache=Kivi\(.*\), got "
                                          r"4"):
         dl.speculative_generate(model, model, PROMPTS, GREEDY, gamma=4, max_new_tokens=8,
-                                kv_cache=kvquant.Kivi(max_rewind=4))
+                                options=dl.SpeculativeOptions(kv_cache=kvquant.Kivi(max_rewind=4)))

@@ -582,7 +582,7 @@ def overflowing(tiny_config):
 
 def test_generate_reports_an_overflowing_forward_pass_as_an_error(overflowing):
     out = dl.generate(overflowing, [[1, 2, 3], [4, 5]], dl.SamplingParams.greedy(), 4, seed=0,
-                      raise_on_error=False)
+                      options=dl.DecodeOptions(raise_on_error=False))
     assert out.finish_reason == ["error", "error"]
     assert out.lengths.tolist() == [0, 0]
     with pytest.raises(ValueError, match=r"row 0 after 0 tokens: the model's logits hold NaN"):

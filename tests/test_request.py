@@ -12,7 +12,7 @@ import pytest
 from flax import nnx
 
 import decodelab as dl
-from decodelab.decode import request
+from decodelab.decode import output, request
 from decodelab.serving import Request, SlotEngine
 
 V = 512
@@ -101,17 +101,17 @@ def test_stop_string_cut_matches_the_shortest_containing_prefix():
         ids = rng.integers(0, 4, int(rng.integers(1, 40))).tolist()  # letters a..d: many matches
         stops = ["".join(rng.choice(list("abcd"), int(rng.integers(1, 4)))) for _ in range(2)]
         brute = first_containing_prefix(ids, stops, CountingLetters())
-        assert request.stop_string_cut(ids, stops, CountingLetters()) == brute, (ids, stops)
+        assert output.stop_string_cut(ids, stops, CountingLetters()) == brute, (ids, stops)
 
 
 def test_stop_string_cut_decodes_log_n_times_not_once_per_prefix():
     ids = [i % 20 for i in range(1024)]  # letters a..t, so "xyz" occurs only where placed
     ids[700:703] = [23, 24, 25]
     tokenizer = CountingLetters()
-    assert request.stop_string_cut(ids, ["xyz"], tokenizer) == 703
+    assert output.stop_string_cut(ids, ["xyz"], tokenizer) == 703
     assert tokenizer.calls <= 1 + math.ceil(math.log2(1024))
     tokenizer = CountingLetters()
-    assert request.stop_string_cut(ids[:700], ["xyz"], tokenizer) is None
+    assert output.stop_string_cut(ids[:700], ["xyz"], tokenizer) is None
     assert tokenizer.calls == 1
 
 
@@ -123,12 +123,14 @@ SIZE_CALLS = {
                                 "max_new_tokens"),
     "generate max_len": (lambda m: dl.generate(m, [[1]], GREEDY, 2, max_len=TOO_BIG), "max_len"),
     "generate return_top_logprobs": (
-        lambda m: dl.generate(m, [[1]], GREEDY, 2, return_top_logprobs=TOO_BIG),
+        lambda m: dl.generate(m, [[1]], GREEDY, 2,
+                              options=dl.DecodeOptions(return_top_logprobs=TOO_BIG)),
         "return_top_logprobs"),
     "beam width": (lambda m: dl.beam_search(m, [[1]], TOO_BIG, 2), "width"),
     "beam max_new_tokens": (lambda m: dl.beam_search(m, [[1]], 2, TOO_BIG), "max_new_tokens"),
-    "beam min_new_tokens": (lambda m: dl.beam_search(m, [[1]], 2, 2, min_new_tokens=TOO_BIG),
-                            "min_new_tokens"),
+    "beam min_new_tokens": (
+        lambda m: dl.beam_search(m, [[1]], 2, 2, options=dl.BeamOptions(min_new_tokens=TOO_BIG)),
+        "min_new_tokens"),
     "beam max_len": (lambda m: dl.beam_search(m, [[1]], 2, 2, max_len=TOO_BIG), "max_len"),
     "speculative gamma": (
         lambda m: dl.speculative_generate(m, dl.NgramDrafter(), [[1]], GREEDY, TOO_BIG, 2),
@@ -138,7 +140,8 @@ SIZE_CALLS = {
         "max_new_tokens"),
     "speculative max_len": (
         lambda m: dl.speculative_generate(m, dl.NgramDrafter(), [[1]], GREEDY, 2, 2,
-                                          max_len=TOO_BIG), "max_len"),
+                                          options=dl.SpeculativeOptions(max_len=TOO_BIG)),
+        "max_len"),
     "ngram max_ngram": (lambda m: dl.NgramDrafter(max_ngram=TOO_BIG), "max_ngram"),
     "engine num_slots": (lambda m: SlotEngine(m, TOO_BIG, 8), "num_slots"),
     "engine max_len": (lambda m: SlotEngine(m, 1, TOO_BIG), "max_len"),
@@ -259,7 +262,8 @@ HUGE_CALLS = {
         "speculative_generate"),
     "speculative max_len": (
         lambda m: dl.speculative_generate(m, dl.NgramDrafter(), [[1]], GREEDY, 4, 4,
-                                          max_len=10**9), "speculative_generate"),
+                                          options=dl.SpeculativeOptions(max_len=10**9)),
+        "speculative_generate"),
     "engine num_slots": (lambda m: SlotEngine(m, 10**8, 8), "SlotEngine"),
     "engine max_len": (lambda m: SlotEngine(m, 1, 10**9), "SlotEngine"),
 }
@@ -288,8 +292,11 @@ def sizes_at_most(monkeypatch, module, name, limit):
     real = getattr(module, name)
 
     def checked(*args, **kwargs):
+        sizes = dict(kwargs)
+        if "outputs" in kwargs:  # an OutputSpec
+            sizes["max_new_tokens"] = kwargs["outputs"].max_new_tokens
         for size in ("max_new_tokens", "gamma", "max_len"):
-            assert kwargs.get(size, 0) <= limit, (size, kwargs[size])
+            assert sizes.get(size, 0) <= limit, (size, sizes[size])
         return real(*args, **kwargs)
 
     monkeypatch.setattr(module, name, checked)
@@ -356,7 +363,7 @@ def assert_nan_exactly_at_padding(out):
 def test_generate_logprobs_are_nan_exactly_past_each_rows_length(uniform):
     """Rows stopped at max_len 8 after prompts of 3, 1 and 6 tokens: 5, 7 and 2 outputs."""
     out = dl.generate(uniform, [[1, 2, 3], [1], [1] * 6], dl.SamplingParams(), 10**9, max_len=8,
-                      return_top_logprobs=2, return_entropy=True)
+                      options=dl.DecodeOptions(return_top_logprobs=2, return_entropy=True))
     assert out.valid.tolist() == [[True] * 5 + [False] * 2, [True] * 7,
                                   [True] * 2 + [False] * 5]
     assert_nan_exactly_at_padding(out)
@@ -366,8 +373,9 @@ def test_generate_logprobs_are_nan_exactly_past_each_rows_length(uniform):
 
 def test_speculative_logprobs_are_nan_exactly_past_each_rows_length(uniform):
     out = dl.speculative_generate(uniform, dl.NgramDrafter(), [[1, 2, 3], [1]],
-                                  dl.SamplingParams(), 2, 10**9, max_len=8,
-                                  return_top_logprobs=2, return_entropy=True)
+                                  dl.SamplingParams(), 2, 10**9,
+                                  options=dl.SpeculativeOptions(max_len=8, return_top_logprobs=2,
+                                                                return_entropy=True))
     assert out.lengths.tolist() == [5, 7]
     assert_nan_exactly_at_padding(out)
 

@@ -20,6 +20,7 @@ from flax import nnx
 import decodelab as dl
 from decodelab import sampling
 from decodelab.decode import generation as decode
+from decodelab.decode.request import OutputSpec, RowInputs
 from decodelab.serving import Request, SlotEngine, engine_programs
 
 B = 3
@@ -113,10 +114,11 @@ def initial_state(model, params: dl.SamplingParams, *, top_n=0, with_entropy=Fal
     block = np.zeros((B, 16), np.int32)
     block[:, :4] = [[5, 17, 300, 2], [9, 9, 9, 9], [40, 41, 42, 43]]
     graphdef, weights = nnx.split(model)
-    state = decode.prefill(weights, block, np.asarray([4, 1, 4], np.int32),
-                           sampling.batch_keys(0, B), row_params, np.zeros((V,), bool),
-                           np.zeros((0, 1), np.int32), graphdef=graphdef, max_len=MAX_LEN,
-                           max_new_tokens=8, top_n=top_n, with_entropy=with_entropy)
+    rows = RowInputs(prompt_lengths=np.asarray([4, 1, 4], np.int32),
+                     keys=sampling.batch_keys(0, B), params=row_params,
+                     eos_mask=np.zeros((V,), bool), stop_ids=np.zeros((0, 1), np.int32))
+    state = decode.prefill(weights, block, rows, graphdef=graphdef, max_len=MAX_LEN,
+                           outputs=OutputSpec(8, top_n, with_entropy))
     return graphdef, weights, state
 
 

@@ -35,7 +35,8 @@ def make_requests(n: int = 8) -> list[Request]:
 
 def alone(model, request: Request):
     return dl.generate(model, [list(request.prompt)], request.params, request.max_new_tokens,
-                       seed=[request.seed], stop_sequences=request.stop_sequences, max_len=S)
+                       seed=[request.seed], max_len=S,
+                       options=dl.DecodeOptions(stop_sequences=request.stop_sequences))
 
 
 @pytest.fixture(scope="module")

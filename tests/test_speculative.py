@@ -7,6 +7,7 @@ Stand-in models (as in test_decode) make the greedy rounds exact: the target's n
 the first two output tokens against the exact one computed from the target's logits.
 """
 
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -17,9 +18,10 @@ from flax import nnx
 
 import decodelab as dl
 from decodelab import experiment
+from decodelab.decode.request import OutputSpec, RowInputs
 from decodelab.speculative import generation as speculative
 from decodelab.speculative import rounds as spec_round
-from decodelab.speculative.generation import NgramDrafter
+from decodelab.speculative.generation import NgramDrafter, SpeculativeOptions
 
 GREEDY = dl.SamplingParams.greedy()
 V = 32
@@ -86,7 +88,8 @@ def test_rounds_and_statistics_equal_a_direct_count_of_the_algorithm():
     sequence in the middle of a round, row 2 at the budget (its last round cut short)."""
     gamma, prompts, N = 3, [[0], [2, 10], [16]], 13
     out = speculative.speculative_generate(StandIn(), StandIn(skip_after=5), prompts, GREEDY,
-                                           gamma, N, eos_ids=9, stop_sequences=[[14, 15]])
+                                           gamma, N, options=dl.DecodeOptions(
+                                               eos_ids=9, stop_sequences=[[14, 15]]))
     assert out.finish_reason == ["eos", "stop", "length"]
     stats = out.stats
     tested, accepted = np.zeros(gamma, int), np.zeros(gamma, int)
@@ -157,7 +160,8 @@ def greedy_reference(tiny):
 def test_greedy_equals_greedy_generate_with_a_random_draft(tiny, tiny_draft, greedy_reference,
                                                            gamma):
     out = speculative.speculative_generate(tiny, tiny_draft, PROMPTS, GREEDY, gamma, 16,
-                                           max_len=48)  # one prefill program for all gammas
+                                           options=SpeculativeOptions(max_len=48))
+    # (max_len fixed: one prefill program for all gammas)
     assert out.token_lists() == greedy_reference.token_lists()
     assert out.finish_reason == greedy_reference.finish_reason
     np.testing.assert_array_equal(out.logprobs, greedy_reference.logprobs)
@@ -213,10 +217,10 @@ def ngram_proposal(prompt, gamma=3):
     lengths = np.asarray([len(prompt)], np.int32)
     caches = speculative.prefill(weights, None, block, lengths - 1, graphdef=graphdef,
                                  drafter=NgramDrafter(), max_len=32)
-    state = speculative.initial_state(*caches, block, lengths,
-                                      dl.sampling.seed_keys(np.zeros((1,), np.uint32)),
-                                      GREEDY.per_row(1, V), np.zeros((V,), bool),
-                                      np.zeros((0, 1), np.int32), gamma=gamma, max_new_tokens=8)
+    rows = RowInputs(prompt_lengths=lengths, keys=dl.sampling.seed_keys(np.zeros((1,), np.uint32)),
+                     params=GREEDY.per_row(1, V), eos_mask=np.zeros((V,), bool),
+                     stop_ids=np.zeros((0, 1), np.int32))
+    state = speculative.initial_state(*caches, block, rows, gamma=gamma, outputs=OutputSpec(8))
     proposal, _ = NgramDrafter().propose(None, state)
     return proposal.tokens[0].tolist(), int(proposal.count[0])
 
@@ -247,19 +251,19 @@ def _rows(params, order):
 def test_a_sampled_request_gives_the_same_output_at_every_position_of_a_batch(tiny, tiny_draft):
     """Per-request keys: the batch reversed (so each request has other neighbours and another
     row) gives each request the same tokens; so does the Python-loop twin."""
-    kwargs = dict(return_top_logprobs=2, return_entropy=True)
+    options = SpeculativeOptions(return_top_logprobs=2, return_entropy=True)
     batch = speculative.speculative_generate(tiny, tiny_draft, PROMPTS, MIXED, 3, 10, seed=SEEDS,
-                                             **kwargs)
+                                             options=options)
     order = [3, 2, 1, 0]
     moved = speculative.speculative_generate(tiny, tiny_draft, [PROMPTS[r] for r in order],
                                              _rows(MIXED, order), 3, 10,
-                                             seed=[SEEDS[r] for r in order], **kwargs)
+                                             seed=[SEEDS[r] for r in order], options=options)
     np.testing.assert_array_equal(moved.tokens[::-1], batch.tokens)
     np.testing.assert_allclose(moved.logprobs[::-1], batch.logprobs, rtol=0, atol=1e-5)
     np.testing.assert_allclose(moved.entropy[::-1], batch.entropy, rtol=0, atol=1e-5)
     np.testing.assert_array_equal(moved.stats.rounds[::-1], batch.stats.rounds)
     twin = speculative.speculative_generate(tiny, tiny_draft, PROMPTS, MIXED, 3, 10, seed=SEEDS,
-                                            python_loop=True, **kwargs)
+                                            options=dataclasses.replace(options, python_loop=True))
     np.testing.assert_array_equal(twin.tokens, batch.tokens)
     np.testing.assert_array_equal(twin.stats.accepted_per_round, batch.stats.accepted_per_round)
 
@@ -301,9 +305,9 @@ def exact_two_token_distribution(target, prompt, params, eos_ids=()):
     return first[:, None] * second
 
 
-def first_two_tokens(target, draft, prompt, params, seed0, **kwargs):
+def first_two_tokens(target, draft, prompt, params, seed0, options=SpeculativeOptions()):
     out = speculative.speculative_generate(target, draft, [prompt] * SAMPLES, params, 2, 2,
-                                           seed=seed0, **kwargs)
+                                           seed=seed0, options=options)
     assert (out.lengths == 2).all()
     return np.bincount(out.tokens[:, 0] * SMALL_V + out.tokens[:, 1],
                        minlength=SMALL_V * SMALL_V), out.stats
@@ -383,7 +387,7 @@ def test_history_dependent_processors_are_exact_at_every_verified_position(pair,
     target, draft = pair
     draft = draft if drafter == "model" else NgramDrafter()
     counts, stats = first_two_tokens(target, draft, REPEATING_PROMPT, HISTORY_SETTING, seed0=0,
-                                     eos_ids=[EOS_ID])
+                                     options=SpeculativeOptions(eos_ids=[EOS_ID]))
     assert stats.tested.sum() > 0
     exact = exact_two_token_distribution(target, REPEATING_PROMPT, HISTORY_SETTING,
                                          eos_ids=[EOS_ID])
@@ -407,7 +411,8 @@ def test_stop_strings_keep_the_distribution_exact(pair):
     target, draft = pair
     params = SETTINGS["temperature 1"]
     out = speculative.speculative_generate(target, draft, [PROMPT] * SAMPLES, params, 2, 2,
-                                           seed=0, stop_strings=["c"], tokenizer=LetterTokenizer())
+                                           seed=0, options=SpeculativeOptions(
+                                               stop_strings=["c"], tokenizer=LetterTokenizer()))
     stopped = out.tokens[:, 0] == 2
     assert (out.lengths == np.where(stopped, 1, 2)).all()
     assert [out.finish_reason[i] for i in np.flatnonzero(stopped)] == ["stop"] * stopped.sum()
@@ -439,20 +444,25 @@ def learned_draft(tiny_config):
 @pytest.mark.parametrize("case, kwargs, message", [
     ("gamma 0", dict(gamma=0), r"gamma must be an int >= 1, got 0"),
     ("gamma 2.0", dict(gamma=2.0), r"gamma must be an int >= 1, got 2.0"),
-    ("gamma too large", dict(gamma=5, max_len=20, prompts=[[1] * 17, [1]]),
+    ("gamma too large", dict(gamma=5, options=SpeculativeOptions(max_len=20),
+                             prompts=[[1] * 17, [1]]),
      r"gamma=4 is too large for the cache: prompts\[0\] has 17 tokens and one round needs "
      r"len\(prompt\) \+ gamma = 21 slots, but max_len is 20"),
     ("vocabularies", dict(draft="other vocab"),
      r"draft must have the target's vocabulary: draft vocab_size 256, target vocab_size 512"),
-    ("tokenizers", dict(tokenizer=FakeTokenizer("a"), draft_tokenizer=FakeTokenizer("b")),
+    ("tokenizers", dict(options=SpeculativeOptions(tokenizer=FakeTokenizer("a"),
+                                                   draft_tokenizer=FakeTokenizer("b"))),
      r"draft_tokenizer must be the target's tokenizer"),
     ("draft cache", dict(draft="learned", prompts=[[1] * 30]),
      r"prompts\[0\] has 30 tokens but the draft's cache holds at most 24 \(its position table"),
-    ("draft max_len", dict(draft="learned", max_len=40),
+    ("draft max_len", dict(draft="learned", options=SpeculativeOptions(max_len=40)),
      r"max_len must be <= 24, the draft's position table"),
     ("draft type", dict(draft="not a model"), r"draft must be an nnx.Module with a config, got str"),
-    ("ngram tokenizer", dict(draft=NgramDrafter(), draft_tokenizer=FakeTokenizer("a")),
+    ("ngram tokenizer", dict(draft=NgramDrafter(),
+                             options=SpeculativeOptions(draft_tokenizer=FakeTokenizer("a"))),
      r"draft_tokenizer must be None for a model-free drafter"),
+    ("options", dict(options={"max_len": 8}),
+     r"options must be a SpeculativeOptions or a DecodeOptions, got \{'max_len': 8\}"),
     ("prompts", dict(prompts=[[1], []]), r"prompts\[1\] is empty"),
 ])
 def test_bad_input_is_rejected_before_anything_is_traced(tiny, tiny_config, tiny_draft, case,

@@ -17,6 +17,7 @@ from flax import nnx
 
 import decodelab as dl
 from decodelab import sampling
+from decodelab.decode.request import OutputSpec, RowInputs
 from decodelab.speculative import generation as speculative
 from decodelab.speculative.generation import ModelDrafter, NgramDrafter
 
@@ -36,9 +37,10 @@ def round_hlo(cfg, drafter_kind: str, params: dl.SamplingParams) -> str:
     block, lengths = np.zeros((B, 16), np.int32), np.full((B,), 10, np.int32)
     caches = speculative.prefill(target_weights, draft_weights, block, lengths - 1,
                                  graphdef=graphdef, drafter=drafter, max_len=S)
-    state = speculative.initial_state(
-        *caches, block, lengths, sampling.batch_keys(0, B), params.per_row(B, V),
-        np.zeros((V,), bool), np.zeros((0, 1), np.int32), gamma=GAMMA, max_new_tokens=16)
+    rows = RowInputs(prompt_lengths=lengths, keys=sampling.batch_keys(0, B),
+                     params=params.per_row(B, V), eos_mask=np.zeros((V,), bool),
+                     stop_ids=np.zeros((0, 1), np.int32))
+    state = speculative.initial_state(*caches, block, rows, gamma=GAMMA, outputs=OutputSpec(16))
     return speculative.SPECULATIVE_LOOP.step.lower(
         (target_weights, draft_weights), state, graphdef=graphdef,
         drafter=drafter).compile().as_text()

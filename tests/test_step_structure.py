@@ -19,6 +19,7 @@ import decodelab as dl
 from decodelab import sampling
 from decodelab.decode import beam
 from decodelab.decode import generation as decode
+from decodelab.decode.request import OutputSpec, RowInputs
 from decodelab.model import attention
 
 B, S = 4, 512  # rows, cache slots: S makes the cache the only buffer of its shape
@@ -107,10 +108,11 @@ def test_cached_model_step_updates_the_cache_in_place_without_copy_or_transpose(
 def test_greedy_decode_step_updates_the_cache_in_place_without_copy_or_transpose(tiny):
     cfg, graphdef, weights = tiny
     V = cfg.vocab_size
-    state = decode.prefill(
-        weights, np.zeros((B, 16), np.int32), np.full((B,), 10, np.int32), sampling.batch_keys(0, B),
-        dl.SamplingParams.greedy().per_row(B, V), np.zeros(V, bool), np.full((0, 1), -1, np.int32),
-        graphdef=graphdef, max_len=S, max_new_tokens=8, top_n=0, with_entropy=False)
+    rows = RowInputs(prompt_lengths=np.full((B,), 10, np.int32), keys=sampling.batch_keys(0, B),
+                     params=dl.SamplingParams.greedy().per_row(B, V), eos_mask=np.zeros(V, bool),
+                     stop_ids=np.full((0, 1), -1, np.int32))
+    state = decode.prefill(weights, np.zeros((B, 16), np.int32), rows, graphdef=graphdef,
+                           max_len=S, outputs=OutputSpec(8))
     hlo = decode.DECODE_LOOP.step.lower(weights, state, graphdef=graphdef).compile().as_text()
     assert_cache_in_place(hlo, cfg, B)
 

@@ -1,10 +1,15 @@
-"""Decoding: request checks and output types (``request``), the compiled loop (``loop``),
-``generate`` (``generation``) and beam search (``beam``)."""
+"""Decoding: request checks and options (``request``), the output (``output``), the state every
+loop carries (``state``), the compiled loop (``loop``), ``generate`` (``generation``) and beam
+search (``beam``)."""
 
 from decodelab.decode.beam import BeamSearchOutput, beam_search
 from decodelab.decode.generation import DecodeState, generate, greedy
 from decodelab.decode.loop import CompiledLoop
-from decodelab.decode.request import FINISH_REASONS, PAD_TOKEN, GenerateOutput, bucket_length
+from decodelab.decode.output import GenerateOutput
+from decodelab.decode.request import (FINISH_REASONS, PAD_TOKEN, BeamOptions, DecodeOptions,
+                                      OutputSpec, bucket_length)
+from decodelab.decode.state import LoopState, RowState
 
-__all__ = ["BeamSearchOutput", "CompiledLoop", "DecodeState", "FINISH_REASONS", "GenerateOutput",
-           "PAD_TOKEN", "beam_search", "bucket_length", "generate", "greedy"]
+__all__ = ["BeamOptions", "BeamSearchOutput", "CompiledLoop", "DecodeOptions", "DecodeState",
+           "FINISH_REASONS", "GenerateOutput", "LoopState", "OutputSpec", "PAD_TOKEN", "RowState",
+           "beam_search", "bucket_length", "generate", "greedy"]

@@ -51,8 +51,9 @@ from decodelab.checks import (check_bool, check_memory, check_model, check_size,
                               position_limit)
 from decodelab.decode.loop import CompiledLoop
 from decodelab.decode.request import (EOS, FINISH_REASONS, LENGTH, NO_HYPOTHESIS, PAD_TOKEN,
-                                      bucket_length, check_eos, check_prompts, clamp_new_tokens,
-                                      prompt_block, resolve_max_len)
+                                      BeamOptions, bucket_length, check_eos, check_prompts,
+                                      clamp_new_tokens, prompt_block, resolve_max_len)
+from decodelab.decode.state import LoopState
 
 
 @struct.dataclass(kw_only=True)
@@ -132,12 +133,11 @@ class BeamCache:
 
 
 @struct.dataclass(kw_only=True)
-class BeamState:
-    """Everything the beam loop carries: running beams, the pool of finished hypotheses, the cache.
-    ``B`` prompts, ``W`` beams each, ``N`` = max_new_tokens."""
+class BeamState(LoopState):
+    """Everything the beam loop carries (``LoopState``'s step, budgets per prompt and EOS mask,
+    then its own): running beams, the pool of finished hypotheses, the cache. ``B`` prompts,
+    ``W`` beams each, ``N`` = max_new_tokens."""
 
-    step: jax.Array  # [] int32
-    budgets: jax.Array  # [B] int32, output tokens each prompt may generate (<= N)
     min_new_tokens: jax.Array  # [] int32, no hypothesis finishes with EOS before this length
     lengths: jax.Array  # [B] int32, output tokens of each prompt's running beams
     done: jax.Array  # [B] bool
@@ -150,7 +150,6 @@ class BeamState:
     pool_logprobs: jax.Array  # [B, W] float32
     pool_lengths: jax.Array  # [B, W] int32
     pool_reasons: jax.Array  # [B, W] int32, NO_HYPOTHESIS | EOS | LENGTH (request's codes)
-    eos_mask: jax.Array  # [V] bool
     alpha: jax.Array  # [] float32, the length penalty exponent
 
     @property
@@ -257,15 +256,11 @@ def _step(model: nnx.Module, state: BeamState) -> BeamState:
     return state.replace(cache=cache, logits=logits[:, 0])
 
 
-def _running(state: BeamState) -> jax.Array:
-    return jnp.any(~state.done) & (state.step < state.max_new_tokens)
-
-
 def _body(weights, state: BeamState, *, graphdef) -> BeamState:
     return _step(nnx.merge(graphdef, weights), state)
 
 
-BEAM_LOOP = CompiledLoop("_beam", _body, lambda weights, state: _running(state),
+BEAM_LOOP = CompiledLoop("_beam", _body, lambda weights, state: state.running(),
                          static_argnames=("graphdef",))
 
 
@@ -381,12 +376,9 @@ def beam_search(
     max_new_tokens: int,
     *,
     length_penalty: float = 0.0,
-    num_return: int | None = None,
-    eos_ids: int | Sequence[int] = (),
-    min_new_tokens: int = 0,
     max_len: int | None = None,
     kv_cache: str | None = None,
-    python_loop: bool = False,
+    options: BeamOptions = BeamOptions(),
 ) -> BeamSearchOutput:
     """The ``num_return`` best continuations of each prompt found by a beam of ``width``.
 
@@ -398,14 +390,15 @@ def beam_search(
         prompt (no hypothesis can be longer), which sets the output's column count.
       length_penalty: GNMT's alpha >= 0; hypotheses are ranked by log-probability over
         ``((5 + length) / 6) ** alpha`` (0: by log-probability; larger favours longer outputs).
-      num_return: hypotheses returned per prompt, in ``[1, width]``; default ``width``.
-      eos_ids: ids that finish a hypothesis (kept in its output, never extended).
-      min_new_tokens: no hypothesis ends with an EOS id before this many output tokens (beam
-        search's best hypotheses are often short: Stahlberg and Byrne 2019).
       max_len: cache slots per row (prompt + output). Default: the prompt bucket plus
         ``max_new_tokens``, at most the model's position table if it has one.
       kv_cache: None (a float cache) or "int8" (module docstring; "int4" is refused).
-      python_loop: run the steps from Python (same step function, same hypotheses).
+      options: a ``BeamOptions``, the rarer arguments:
+        num_return: hypotheses returned per prompt, in ``[1, width]``; default ``width``.
+        eos_ids: ids that finish a hypothesis (kept in its output, never extended).
+        min_new_tokens: no hypothesis ends with an EOS id before this many output tokens (beam
+          search's best hypotheses are often short: Stahlberg and Byrne 2019).
+        python_loop: run the steps from Python (same step function, same hypotheses).
 
     Raises ValueError before anything is allocated when the cache and buffers need more than the
     memory limit (``checks.check_memory``).
@@ -418,12 +411,15 @@ def beam_search(
         raise ValueError(f"width must be <= the vocabulary size {V}, got {width}")
     N = check_size("max_new_tokens", max_new_tokens, 1)
     alpha = _check_alpha(length_penalty)
-    R = W if num_return is None else num_return
+    if not isinstance(options, BeamOptions):
+        raise ValueError(f"options must be a BeamOptions, got {options!r}")
+    R = W if options.num_return is None else options.num_return
     if not is_int(R) or not 1 <= R <= W:
-        raise ValueError(f"num_return must be an int in [1, width={W}], got {num_return!r}")
-    eos_mask = check_eos(eos_ids, V)
-    min_new = check_size("min_new_tokens", min_new_tokens, 0)
-    check_bool("python_loop", python_loop)
+        raise ValueError(f"num_return must be an int in [1, width={W}], got "
+                         f"{options.num_return!r}")
+    eos_mask = check_eos(options.eos_ids, V)
+    min_new = check_size("min_new_tokens", options.min_new_tokens, 0)
+    check_bool("python_loop", options.python_loop)
     kvquant.check_kind("kv_cache", kv_cache)
     if isinstance(kvquant.resolve(kv_cache), kvquant.Kivi):
         raise ValueError(f"kv_cache must be None or 'int8' for beam search, got {kv_cache!r}: "
@@ -441,5 +437,5 @@ def beam_search(
     state = _beam_prefill(weights, block, lengths, budgets, eos_mask, np.float32(alpha),
                           np.int32(min_new), graphdef=graphdef, width=W, max_len=S,
                           max_new_tokens=N, kv_cache=kv_cache)
-    state = BEAM_LOOP.run(weights, state, python_loop=python_loop, graphdef=graphdef)
+    state = BEAM_LOOP.run(weights, state, python_loop=options.python_loop, graphdef=graphdef)
     return _output(state, R)

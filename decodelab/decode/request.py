@@ -1,4 +1,4 @@
-"""The request layer every decoder shares: validating what a caller asked for, and the output.
+"""The request layer every decoder shares: validating what a caller asked for.
 
 Conventions (``generate``, ``beam_search``, ``speculative_generate`` and the serving engine rely
 on them):
@@ -6,7 +6,8 @@ on them):
 - ``check_request`` validates the arguments of a batch call and returns a ``BatchRequest``; it
   converts nothing to traced values, so an entry point can check more and still reject bad input
   before anything is compiled. Every size that ends up in an int32 array is checked against the
-  int32 range.
+  int32 range. The rarer arguments come grouped: ``DecodeOptions`` (stops, extra outputs, how
+  the loop runs) for ``generate`` and ``speculative_generate``, ``BeamOptions`` for beam search.
 - Seeds: an int ``seed`` gives row r the key ``fold_in(key(seed), r)`` (``sampling.batch_keys``),
   so no (seed, row) pair shares a stream; a list gives each request its own ``key(seed_r)``
   (``sampling.seed_keys``), and then a request's output depends only on its own tokens,
@@ -18,11 +19,12 @@ on them):
   the room ``max_len`` leaves after the shortest prompt (no row can generate more), and before
   anything is allocated the bytes of the cache and buffers are checked against the memory limit
   (``checks.check_memory``; ``decode_buffers`` lists them).
-- Outputs are host arrays padded to ``N`` columns, ``N`` = ``max_new_tokens`` clamped as above:
-  ``PAD_TOKEN`` past a row's length, NaN in the float fields there (padding, not a numerical
-  failure: ``GenerateOutput.valid`` is the mask of real entries).
+- What a loop records per output token is an ``OutputSpec`` (static: it sets the buffers'
+  shapes), whose ``buffers`` are the one place the output buffers are built; the host-side
+  output is ``output``'s.
 - Prompts are padded to a power-of-two block (``bucket_length``) for one prefill, so a new prompt
-  length within a bucket does not recompile.
+  length within a bucket does not recompile; ``BatchRequest.row_inputs`` puts the per-row values
+  on the device (``RowInputs``), as every loop state starts from them.
 """
 
 from __future__ import annotations
@@ -32,12 +34,15 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from flax import struct
 
 from decodelab import sampling
 from decodelab.checks import (INT32_MAX, check_bool, check_memory, check_size, is_int,
                               kv_cache_bytes, nbytes, position_limit)
 from decodelab.sampling.params import SamplingParams
+from decodelab.sampling.processors import RowParams
 
 # Finish codes of a row (DecodeState.finish, SpecState.finish, BeamState.pool_reasons).
 RUNNING, EOS, STOP, LENGTH, BAD_LOGITS, NO_ALLOWED_TOKEN, NO_HYPOTHESIS = range(7)
@@ -50,120 +55,6 @@ def bucket_length(n: int, minimum: int = 16) -> int:
     """The power of two >= max(n, minimum): prompt blocks are padded to it so new prompt lengths
     reuse a compiled program."""
     return max(minimum, 1 << (int(n) - 1).bit_length())
-
-
-# --- Output ---------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class GenerateOutput:
-    """Per-row results of ``generate``; arrays are padded to ``N`` columns, ``N`` =
-    ``min(max_new_tokens, max_len - shortest prompt)`` (no row can generate more).
-
-    Past a row's length (where ``valid`` is False) the token ids are ``PAD_TOKEN``, the top ids
-    ``PAD_TOKEN`` and the float fields NaN: deliberate padding, not a numerical failure. Within a
-    row's length they are never NaN (a row whose logits hold NaN stops with finish reason "error"
-    before anything is recorded)."""
-
-    tokens: np.ndarray  # [B, N] int32, the output only; PAD_TOKEN past lengths[b]
-    lengths: np.ndarray  # [B] int32, output tokens per row
-    finish_reason: list[str]  # per row: "eos" | "stop" | "length" | "error"
-    logprobs: np.ndarray  # [B, N] float32, of each token under the distribution it was drawn
-    #   from; NaN past lengths[b] (padding)
-    top_logprobs: np.ndarray | None  # [B, N, n] float32, that distribution's n largest,
-    #   descending; NaN past lengths[b] (padding)
-    top_ids: np.ndarray | None  # [B, N, n] int32, their ids (arbitrary where the logprob is
-    #   -inf); PAD_TOKEN past lengths[b]
-    entropy: np.ndarray | None  # [B, N] float32, that distribution's entropy in nats; NaN past
-    #   lengths[b] (padding)
-
-    @property
-    def valid(self) -> np.ndarray:
-        """``[B, N]`` bool: True where a column holds an output token of its row, False where the
-        fields are padding (PAD_TOKEN, NaN)."""
-        return np.arange(self.tokens.shape[1])[None, :] < self.lengths[:, None]
-
-    def token_lists(self) -> list[list[int]]:
-        return [row[:n].tolist() for row, n in zip(self.tokens, self.lengths)]
-
-
-def host_output(state: Any, top_n: int, with_entropy: bool) -> GenerateOutput:
-    """The host-side output of a finished loop state (any state with ``DecodeState``'s output
-    fields: tokens, prompt_lengths, lengths, finish, logprobs, top_logprobs, top_ids, entropy).
-    Only the output fields come to the host, never the cache."""
-    (tokens, prompt_lengths, lengths, finish, logprobs, top_logprobs, top_ids, entropy) = (
-        jax.device_get((state.tokens, state.prompt_lengths, state.lengths, state.finish,
-                        state.logprobs, state.top_logprobs, state.top_ids, state.entropy)))
-    N = logprobs.shape[1]
-    generated = (lengths - prompt_lengths).astype(np.int32)
-    index = np.minimum(prompt_lengths[:, None] + np.arange(N)[None, :], tokens.shape[1] - 1)
-    valid = np.arange(N)[None, :] < generated[:, None]
-    return GenerateOutput(
-        tokens=np.where(valid, np.take_along_axis(tokens, index, axis=1), PAD_TOKEN),
-        lengths=generated,
-        finish_reason=[FINISH_REASONS[c] for c in finish],
-        logprobs=logprobs,
-        top_logprobs=top_logprobs if top_n else None,
-        top_ids=top_ids if top_n else None,
-        entropy=entropy if with_entropy else None,
-    )
-
-
-def stop_string_cut(ids: list[int], stop_strings: Sequence[str], tokenizer: Any) -> int | None:
-    """The smallest k such that ``tokenizer.decode(ids[:k])`` contains a stop string, or None.
-
-    The whole output is decoded once; only a row that holds a stop string is searched, by
-    bisection over prefix lengths: a prefix's text is the longer text's start, up to a last
-    character still incomplete in the prefix, so once a prefix contains a stop string every
-    longer one does. O(log n) decodes rather than one per prefix."""
-    def contains(k: int) -> bool:
-        text = tokenizer.decode(ids[:k])
-        return any(s in text for s in stop_strings)
-
-    if not contains(len(ids)):
-        return None
-    low, high = 0, len(ids)  # contains(low) is False (the empty prefix), contains(high) True
-    while high - low > 1:
-        mid = (low + high) // 2
-        low, high = (low, mid) if contains(mid) else (mid, high)
-    return high
-
-
-def cut_at_stop_strings(out: GenerateOutput, stop_strings: Sequence[str],
-                        tokenizer: Any) -> GenerateOutput:
-    """End each row at the first token whose text completes a stop string (finish reason "stop")."""
-    tokens, lengths = out.tokens.copy(), out.lengths.copy()
-    names = ("logprobs", "top_logprobs", "top_ids", "entropy")
-    arrays = {name: getattr(out, name) for name in names}
-    arrays = {name: (a.copy() if a is not None else None) for name, a in arrays.items()}
-    reasons = list(out.finish_reason)
-    for row, n in enumerate(out.lengths):
-        cut = stop_string_cut(tokens[row, :n].tolist(), stop_strings, tokenizer)
-        if cut is None:
-            continue
-        lengths[row], reasons[row] = cut, "stop"
-        tokens[row, cut:] = PAD_TOKEN
-        for name, a in arrays.items():
-            if a is not None:
-                a[row, cut:] = PAD_TOKEN if name == "top_ids" else np.nan
-    return dataclasses.replace(out, tokens=tokens, lengths=lengths, finish_reason=reasons, **arrays)
-
-
-def finish_output(out: GenerateOutput, finish: np.ndarray, request: BatchRequest, tokenizer: Any,
-                  raise_on_error: bool) -> GenerateOutput:
-    """Raise for rows that failed (unless told not to), then cut rows at their stop strings."""
-    errors = [i for i, c in enumerate(finish) if c in (BAD_LOGITS, NO_ALLOWED_TOKEN)]
-    if errors and raise_on_error:
-        causes = {BAD_LOGITS: "the model's logits hold NaN or +inf",
-                  NO_ALLOWED_TOKEN: "no token has a finite probability (the sampling parameters "
-                                    "or the model's logits exclude every token)"}
-        detail = "; ".join(f"row {i} after {int(out.lengths[i])} tokens: {causes[int(finish[i])]}"
-                           for i in errors)
-        raise ValueError(f"generation failed, nothing was sampled from these rows: {detail} "
-                         f"(raise_on_error=False returns the other rows)")
-    if request.stop_strings:
-        out = cut_at_stop_strings(out, request.stop_strings, tokenizer)
-    return out
 
 
 # --- Input checks ---------------------------------------------------------------------------------
@@ -262,6 +153,62 @@ def stop_block(sequences: list[np.ndarray]) -> np.ndarray:
     return block
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DecodeOptions:
+    """The rarer arguments of ``generate`` and ``speculative_generate``, checked by
+    ``check_request`` (each ValueError names the field)."""
+
+    eos_ids: int | Sequence[int] = ()  # ids that end a row (finish reason "eos")
+    stop_sequences: Sequence[Sequence[int]] = ()  # token-id sequences that end a row ("stop")
+    stop_strings: Sequence[str] = ()  # strings that end a row ("stop"); need ``tokenizer``
+    tokenizer: Any = None  # with encode / decode
+    return_top_logprobs: int = 0  # n > 0: the n largest log-probabilities of each step
+    return_entropy: bool = False  # the entropy of each step's sampling distribution
+    python_loop: bool = False  # run the steps from Python (same step, same tokens)
+    raise_on_error: bool = True  # False: a failed row just finishes with reason "error"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BeamOptions:
+    """The rarer arguments of ``beam_search`` (``beam_search`` says what each does)."""
+
+    num_return: int | None = None  # hypotheses per prompt, in [1, width]; None: width
+    eos_ids: int | Sequence[int] = ()  # ids that finish a hypothesis
+    min_new_tokens: int = 0  # no hypothesis ends with an EOS id before this many tokens
+    python_loop: bool = False  # run the steps from Python (same step, same hypotheses)
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputSpec:
+    """What a loop records per output token: ``max_new_tokens`` columns of log-probabilities,
+    ``top_n`` top log-probabilities and ids per column, and the entropy when ``with_entropy``.
+    Hashable: a static argument of the programs, as it sets the buffers' shapes."""
+
+    max_new_tokens: int
+    top_n: int = 0
+    with_entropy: bool = False
+
+    def buffers(self, batch_size: int) -> dict[str, jax.Array]:
+        """The empty output buffers of ``batch_size`` rows: NaN (PAD_TOKEN for ids) until a
+        token is recorded."""
+        B, N, n = batch_size, self.max_new_tokens, self.top_n
+        return dict(logprobs=jnp.full((B, N), jnp.nan, jnp.float32),  # [B, N]
+                    top_logprobs=jnp.full((B, N, n), jnp.nan, jnp.float32),  # [B, N, n]
+                    top_ids=jnp.full((B, N, n), PAD_TOKEN, jnp.int32),  # [B, N, n]
+                    entropy=jnp.full((B, N if self.with_entropy else 0), jnp.nan, jnp.float32))
+
+
+@struct.dataclass(kw_only=True)
+class RowInputs:
+    """A batch's per-row request values on the device, what every loop state starts from."""
+
+    prompt_lengths: jax.Array  # [B] int32
+    keys: jax.Array  # [B, ...] uint32, each request's key data (request_keys)
+    params: RowParams  # [B] per field
+    eos_mask: jax.Array  # [V] bool
+    stop_ids: jax.Array  # [M, W] int32 (or per row [B, M, W]), right-aligned, -1 before
+
+
 @dataclasses.dataclass(frozen=True)
 class BatchRequest:
     """The validated arguments of one batch call (``generate``, ``speculative_generate``): a batch
@@ -270,26 +217,37 @@ class BatchRequest:
     rows: list[np.ndarray]  # one int32 prompt per row
     max_new_tokens: int
     seeds: int | list[int]  # one int for the batch, or one per row
-    params: SamplingParams  # validated; per_row(B, V) is left to the caller's last step
+    params: SamplingParams  # validated; per_row(B, V) is left to row_inputs
     eos_mask: np.ndarray  # [V] bool
     stop_block: np.ndarray  # [M, W] int32 (stop sequences, and stop strings' own tokenizations)
     stop_strings: list[str]
+    tokenizer: Any
     top_n: int
     with_entropy: bool
+    python_loop: bool
+    raise_on_error: bool
 
     def keys(self) -> np.ndarray:
         """``[B, ...]`` uint32 key data of each row's request key: computed on request (it runs
         a compiled function), after every check has passed."""
         return request_keys(self.seeds, len(self.rows))
 
+    def outputs(self, max_new_tokens: int) -> OutputSpec:
+        """What the loop records, in ``max_new_tokens`` columns (the budget after clamping)."""
+        return OutputSpec(max_new_tokens, self.top_n, self.with_entropy)
 
-def check_request(vocab_size: int, prompts: Any, params: Any, max_new_tokens: Any, seed: Any, *,
-                  eos_ids: Any, stop_sequences: Any, stop_strings: Any, tokenizer: Any,
-                  return_top_logprobs: Any, return_entropy: Any) -> BatchRequest:
+    def row_inputs(self, prompt_lengths: np.ndarray, vocab_size: int) -> RowInputs:
+        """The per-row values on the device, the last step after every check has passed."""
+        return RowInputs(prompt_lengths=prompt_lengths, keys=self.keys(),
+                         params=self.params.per_row(len(self.rows), vocab_size),
+                         eos_mask=self.eos_mask, stop_ids=self.stop_block)
+
+
+def check_request(vocab_size: int, prompts: Any, params: Any, max_new_tokens: Any, seed: Any,
+                  options: Any) -> BatchRequest:
     """Validate the arguments every sampling entry point takes; ValueError names the bad one.
-    Nothing is traced or compiled here (``BatchRequest.keys`` and ``params.per_row`` are the
-    caller's last steps), so an entry point can check more and still reject bad input before
-    anything is compiled."""
+    Nothing is traced or compiled here (``BatchRequest.row_inputs`` is the caller's last step),
+    so an entry point can check more and still reject bad input before anything is compiled."""
     V = vocab_size
     rows = check_prompts(prompts, V)
     B = len(rows)
@@ -297,23 +255,29 @@ def check_request(vocab_size: int, prompts: Any, params: Any, max_new_tokens: An
         raise ValueError(f"params must be a SamplingParams, got {params!r}")
     N = check_size("max_new_tokens", max_new_tokens, 1)
     seeds = check_seeds(seed, B)
-    eos_mask = check_eos(eos_ids, V)
-    if isinstance(stop_sequences, (str, bytes)) or not isinstance(stop_sequences, Sequence):
-        raise ValueError(f"stop_sequences must be a list of token-id lists, got {stop_sequences!r}")
-    stops = [token_ids(f"stop_sequences[{i}]", s, V) for i, s in enumerate(stop_sequences)]
-    strings = check_stop_strings(stop_strings, tokenizer)
-    top_n = check_size("return_top_logprobs", return_top_logprobs, 0)
+    if not isinstance(options, DecodeOptions):
+        raise ValueError(f"options must be a DecodeOptions, got {options!r}")
+    o = options
+    eos_mask = check_eos(o.eos_ids, V)
+    if isinstance(o.stop_sequences, (str, bytes)) or not isinstance(o.stop_sequences, Sequence):
+        raise ValueError(f"stop_sequences must be a list of token-id lists, got "
+                         f"{o.stop_sequences!r}")
+    stops = [token_ids(f"stop_sequences[{i}]", s, V) for i, s in enumerate(o.stop_sequences)]
+    strings = check_stop_strings(o.stop_strings, o.tokenizer)
+    top_n = check_size("return_top_logprobs", o.return_top_logprobs, 0)
     if top_n > V:
         raise ValueError(f"return_top_logprobs must be <= the vocabulary size {V}, got {top_n}")
-    check_bool("return_entropy", return_entropy)
+    for name in ("return_entropy", "python_loop", "raise_on_error"):
+        check_bool(name, getattr(o, name))
     # Stop strings also stop the loop early where their own tokenization shows up in the output.
     for s in strings:
-        ids = list(tokenizer.encode(s))
-        if ids and s in tokenizer.decode(ids):
+        ids = list(o.tokenizer.encode(s))
+        if ids and s in o.tokenizer.decode(ids):
             stops.append(token_ids(f"tokenizer.encode({s!r})", ids, V))
     return BatchRequest(rows=rows, max_new_tokens=N, seeds=seeds, params=params,
                         eos_mask=eos_mask, stop_block=stop_block(stops), stop_strings=strings,
-                        top_n=top_n, with_entropy=return_entropy)
+                        tokenizer=o.tokenizer, top_n=top_n, with_entropy=o.return_entropy,
+                        python_loop=o.python_loop, raise_on_error=o.raise_on_error)
 
 
 def resolve_max_len(max_len: Any, rows: list[np.ndarray], default: int,

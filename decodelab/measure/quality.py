@@ -37,6 +37,7 @@ from decodelab import sampling
 from decodelab.checks import position_limit
 from decodelab.decode.beam import beam_search
 from decodelab.decode.generation import generate
+from decodelab.decode.request import BeamOptions, DecodeOptions
 from decodelab.measure import perplexity as metrics
 from decodelab.sampling.params import SamplingParams
 from decodelab.sampling.processors import HISTORY_PARAMETERS
@@ -113,7 +114,8 @@ class Sampled(Strategy):
     def continuations(self, model, prompts, *, new_tokens, samples, seed, eos_id):
         P = len(prompts)
         rows = [p.tokens for _ in range(samples) for p in prompts]  # row j * P + i
-        out = generate(model, rows, self.sampling_params, new_tokens, seed=seed, eos_ids=[eos_id])
+        out = generate(model, rows, self.sampling_params, new_tokens, seed=seed,
+                       options=DecodeOptions(eos_ids=[eos_id]))
         lists = out.token_lists()
         return [[lists[j * P + i] for j in range(samples)] for i in range(P)]
 
@@ -129,8 +131,9 @@ class Beam(Strategy):
     def continuations(self, model, prompts, *, new_tokens, samples, seed, eos_id):
         del seed  # deterministic
         out = beam_search(model, [p.tokens for p in prompts], self.width, new_tokens,
-                          length_penalty=self.length_penalty, num_return=1, eos_ids=[eos_id],
-                          min_new_tokens=self.min_new_tokens)
+                          length_penalty=self.length_penalty,
+                          options=BeamOptions(num_return=1, eos_ids=[eos_id],
+                                              min_new_tokens=self.min_new_tokens))
         return [[best] * samples for best in out.best()]
 
 

@@ -54,6 +54,7 @@ import numpy as np
 from flax import nnx
 
 from decodelab.decode.generation import generate
+from decodelab.decode.request import OutputSpec, RowInputs
 from decodelab.measure.interleaved import seconds
 from decodelab.model.transformer import param_count
 from decodelab.sampling.params import SamplingParams, batch_keys
@@ -96,10 +97,10 @@ def start_state(target, drafter, draft_weights, prompts, params, gamma: int, max
     graphdef, weights = nnx.split(target)
     caches = speculative.prefill(weights, draft_weights, block, lengths - 1, graphdef=graphdef,
                                  drafter=drafter, max_len=max_len)
-    return speculative.initial_state(
-        *caches, block, lengths, batch_keys(0, B), params.per_row(B, V),
-        np.zeros((V,), bool), np.zeros((0, 1), np.int32), gamma=gamma,
-        max_new_tokens=max_new_tokens)
+    rows = RowInputs(prompt_lengths=lengths, keys=batch_keys(0, B), params=params.per_row(B, V),
+                     eos_mask=np.zeros((V,), bool), stop_ids=np.zeros((0, 1), np.int32))
+    return speculative.initial_state(*caches, block, rows, gamma=gamma,
+                                     outputs=OutputSpec(max_new_tokens))
 
 
 def _rewound(cache, before):
@@ -242,8 +243,9 @@ def measure_point(target, drafter, prompts: Sequence[Sequence[int]], run: Run, *
 
     def speculative_batch(i):
         chunk, seeds = batches[i]
-        return speculative.speculative_generate(target, drafter, chunk, params, gamma, N,
-                                                seed=seeds, max_len=run.max_len)
+        return speculative.speculative_generate(
+            target, drafter, chunk, params, gamma, N, seed=seeds,
+            options=speculative.SpeculativeOptions(max_len=run.max_len))
 
     status("warm-up")
     first = time.perf_counter()

@@ -3,7 +3,7 @@
 A processor maps ``[B, V]`` float32 logits to ``[B, V]`` logits, ``-inf`` marking a removed token;
 it reads its per-row setting from ``RowParams`` (``processors``) under its ``Parameter``'s name.
 ``remove``, ``probs``, ``entropy``, ``keep_top_mass`` and ``keep_above`` are the shared steps the
-truncations are written in.
+truncations are written in; ``logprob_entropy`` is also the entropy the decode loops record.
 """
 
 from __future__ import annotations
@@ -30,9 +30,14 @@ def probs(logits: jax.Array) -> jax.Array:
 
 
 def entropy(logits: jax.Array) -> jax.Array:  # [B, V] -> [B], in nats; removed tokens add 0
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    p = jnp.exp(logp)
-    return -jnp.sum(jnp.where(p > 0, p * logp, 0.0), axis=-1)
+    return logprob_entropy(jax.nn.log_softmax(logits, axis=-1))
+
+
+def logprob_entropy(logprobs: jax.Array) -> jax.Array:
+    """``[..., V]`` normalised log-probabilities -> ``[...]`` entropy in nats; removed tokens
+    (-inf) add 0."""
+    p = jnp.exp(logprobs)
+    return -jnp.sum(jnp.where(p > 0, p * logprobs, 0.0), axis=-1)
 
 
 def exclusive_cumsum(x: jax.Array) -> jax.Array:

@@ -40,7 +40,7 @@ from decodelab.sampling.base import argmax
 from decodelab.sampling.inputs import CANDIDATES, History, Plan
 from decodelab.sampling.processors import PARAMETERS, PROCESSORS, RowParams, planned
 
-__all__ = ["SamplingParams", "batch_keys", "draw", "greedy_choice", "greedy_scores",
+__all__ = ["SamplingParams", "bad_logits", "batch_keys", "draw", "greedy_choice", "greedy_scores",
            "process_logits", "processed_logprobs", "row_keys", "sample_tokens", "seed_keys",
            "usable"]
 
@@ -298,24 +298,29 @@ def draw(logprobs: jax.Array, params: RowParams, keys: jax.Array, *,
 # --- Greedy choices and usable rows (the decode loops and the drafters share them) ----------
 
 
+def bad_logits(logits: jax.Array) -> jax.Array:
+    """``[...]`` bool: the ``[..., V]`` logits hold NaN or +inf, so nothing can be sampled."""
+    return jnp.any(jnp.isnan(logits) | (logits == jnp.inf), axis=-1)
+
+
 def greedy_choice(logits: jax.Array, params: RowParams,
-                  history: History) -> tuple[jax.Array, jax.Array]:
-    """``[..., V]`` logits of a greedy plan -> ``([...] argmax, [...] usable)``: the argmax of the
-    scores before temperature (``greedy_scores``), with no softmax; usable where the
-    logits are finite and leave an allowed token (as in ``decode.generation``)."""
+                  history: History) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``[..., V]`` logits of a greedy plan -> ``([...] argmax, [...] bad logits, [...] no
+    allowed token)``: the argmax of the scores before temperature (``greedy_scores``), with no
+    softmax; a row is usable where neither flag is set."""
     shape, V = logits.shape[:-1], logits.shape[-1]
     flat = logits.reshape(-1, V)
     scores = greedy_scores(flat, params, history)  # [B', V]
     best = jnp.max(scores, axis=-1)  # NaN if the row holds NaN
     if len(planned(params.plan)) == 1:  # temperature alone: the scores are the logits
-        bad_logits = jnp.isnan(best) | (best == jnp.inf)
+        bad = jnp.isnan(best) | (best == jnp.inf)
     else:  # a ban may have hidden a NaN
-        bad_logits = jnp.any(jnp.isnan(flat) | (flat == jnp.inf), axis=-1)
-    usable = ~bad_logits & (best > -jnp.inf)
-    return argmax(scores).reshape(shape), usable.reshape(shape)
+        bad = bad_logits(flat)
+    return (argmax(scores).reshape(shape), bad.reshape(shape),
+            ~(best > -jnp.inf).reshape(shape))
 
 
 def usable(logits: jax.Array, log_normaliser: jax.Array) -> jax.Array:
     """``[...]`` bool: finite logits that leave at least one allowed token (``log_normaliser``:
     the logsumexp of the processed logits, -inf when none is allowed)."""
-    return ~jnp.any(jnp.isnan(logits) | (logits == jnp.inf), axis=-1) & (log_normaliser > -jnp.inf)
+    return ~bad_logits(logits) & (log_normaliser > -jnp.inf)

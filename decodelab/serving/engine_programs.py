@@ -15,7 +15,7 @@ from decodelab.cache import quantized as kvquant
 from decodelab.decode import generation as decode
 from decodelab.decode.generation import DecodeState
 from decodelab.decode.loop import CompiledLoop
-from decodelab.decode.request import LENGTH
+from decodelab.decode.request import LENGTH, OutputSpec
 from decodelab.sampling.params import SamplingParams
 from decodelab.serving import paged, slot_prefill
 
@@ -40,10 +40,7 @@ def empty_state(config, num_slots: int, max_len: int, max_stops: int, stop_width
         eos_mask=jnp.asarray(eos_mask),
         stop_ids=jnp.full((B, max_stops, stop_width), -1, jnp.int32),
         budgets=jnp.zeros((B,), jnp.int32),
-        logprobs=jnp.full((B, S), jnp.nan, jnp.float32),
-        top_logprobs=jnp.zeros((B, S, 0), jnp.float32),
-        top_ids=jnp.zeros((B, S, 0), jnp.int32),
-        entropy=jnp.zeros((B, 0), jnp.float32),
+        **OutputSpec(S).buffers(B),
     )
     return state.replace(**decode.carried_counts(state.history, plan, V))
 

@@ -91,9 +91,10 @@ class ModelDrafter(Drafter):
         gamma = state.gamma
 
         def sample(j, carry):  # d_j and log q_j(d_j) from the logits for position L + j
-            history = state.history(carry["buffer"], L + j)
+            history = state.history_at(carry["buffer"], L + j)
             if state.params.plan.greedy:
-                token, ok = sampling.greedy_choice(carry["logits"], state.params, history)
+                token, bad, none = sampling.greedy_choice(carry["logits"], state.params, history)
+                ok = ~bad & ~none
                 logq = jnp.zeros((B,), jnp.float32)
             else:
                 scores = sampling.process_logits(carry["logits"], state.params, history)
@@ -156,7 +157,7 @@ class ModelDrafter(Drafter):
             cache = cache.rewind(jnp.where(rejected, L + n - 1, cache.lengths))
             logits, cache = model(before, cache=cache, num_valid=rejected.astype(jnp.int32))
             return sampling.processed_logprobs(logits[:, 0], state.params,
-                                               state.history(proposal.buffer, L + n)), cache
+                                               state.history_at(proposal.buffer, L + n)), cache
 
         def nothing(cache):
             return jnp.full((L.shape[0], state.eos_mask.shape[0]), -jnp.inf), cache

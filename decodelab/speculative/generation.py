@@ -33,9 +33,10 @@ Conventions (every caller relies on them):
   acceptance test and the target's (residual or bonus) sample. A key influences the output only
   once its position is kept, so re-drafting a position after a rejection is still exact, and with
   per-request seeds a request's output never depends on its batch-mates.
-- Drafters (``ModelDrafter``, ``NgramDrafter``) live in ``drafters``, one round and the loop's
-  state in ``spec_round``; the loop runs through ``SPECULATIVE_LOOP`` (compiled, or its Python
-  twin with ``python_loop``).
+- Drafters (``ModelDrafter``, ``NgramDrafter``) live in ``drafters``, one round in ``rounds``
+  and the loop's state in ``state`` (``SpecState``: ``decode``'s ``RowState`` plus both caches
+  and the acceptance counts); the loop runs through ``SPECULATIVE_LOOP`` (compiled, or its
+  Python twin with ``python_loop``).
 - The loop is one ``lax.while_loop`` of rounds with static shapes; rows that have stopped are
   carried along with nothing written and their caches unchanged. Rows stop as in ``generate``
   (EOS, stop sequences and strings, ``max_new_tokens``, ``max_len``, bad logits).
@@ -55,22 +56,19 @@ from flax import nnx
 
 from decodelab.cache import quantized as kvquant
 from decodelab.cache.dense import KVCache
-from decodelab.checks import check_bool, check_model, check_size
+from decodelab.checks import check_model, check_size
 from decodelab.decode.loop import CompiledLoop
-from decodelab.decode.request import (PAD_TOKEN, RUNNING, GenerateOutput, check_request,
-                                      finish_output, host_output, prompt_block, speculative_sizes)
+from decodelab.decode.output import GenerateOutput, finish_output, host_output
+from decodelab.decode.request import (DecodeOptions, OutputSpec, RowInputs, check_request,
+                                      prompt_block, speculative_sizes)
 from decodelab.sampling.params import SamplingParams
-from decodelab.sampling.processors import RowParams
 from decodelab.speculative.drafters import Drafter, ModelDrafter, NgramDrafter, Proposal
 from decodelab.speculative.rounds import SpecState, speculative_round, verify
 
-__all__ = ["Drafter", "ModelDrafter", "NgramDrafter", "Proposal", "SpecState", "SpeculativeOutput",
-           "SpeculativeStats", "expected_tokens_per_call", "predicted_speedup",
-           "speculative_generate", "speculative_round", "verify"]
-
-
-def _running(state: SpecState) -> jax.Array:
-    return jnp.any(~state.done) & (state.step < state.max_new_tokens)
+__all__ = ["Drafter", "ModelDrafter", "NgramDrafter", "Proposal", "SpecState",
+           "SpeculativeOptions", "SpeculativeOutput", "SpeculativeStats",
+           "expected_tokens_per_call", "predicted_speedup", "speculative_generate",
+           "speculative_round", "verify"]
 
 
 _STATIC = ("graphdef", "drafter")
@@ -87,30 +85,16 @@ def prefill(target_weights, draft_weights, block, num_valid, *, graphdef, drafte
     return cache, drafter.prefill(draft_weights, block, num_valid, max_len)
 
 
-@functools.partial(jax.jit, static_argnames=("gamma", "max_new_tokens", "top_n", "with_entropy"))
+@functools.partial(jax.jit, static_argnames=("gamma", "outputs"))
 def initial_state(target_cache: KVCache, draft_cache: KVCache | None, block: np.ndarray,
-                  prompt_lengths: np.ndarray, keys: np.ndarray, params: RowParams,
-                  eos_mask: np.ndarray, stop_ids: np.ndarray, *, gamma: int,
-                  max_new_tokens: int, top_n: int = 0, with_entropy: bool = False) -> SpecState:
+                  rows: RowInputs, *, gamma: int, outputs: OutputSpec) -> SpecState:
     """The state before the first round, around the prefilled caches: a program of its own, so
     the prefill does not depend on ``gamma`` or the output options."""
-    (B, T), S, N = block.shape, target_cache.max_len, max_new_tokens
-    return SpecState(
-        step=jnp.zeros((), jnp.int32),
-        tokens=jnp.pad(jnp.asarray(block, jnp.int32), ((0, 0), (0, S - T))),
-        prompt_lengths=jnp.asarray(prompt_lengths, jnp.int32),
-        lengths=jnp.asarray(prompt_lengths, jnp.int32),
-        finish=jnp.full((B,), RUNNING, jnp.int32),
+    B, N = block.shape[0], outputs.max_new_tokens
+    return SpecState.start(
+        jnp.asarray(block, jnp.int32), rows, target_cache.max_len, outputs,
         target_cache=target_cache,
         draft_cache=draft_cache,
-        keys=jnp.asarray(keys, jnp.uint32),
-        params=params,
-        eos_mask=jnp.asarray(eos_mask, bool),
-        stop_ids=jnp.asarray(stop_ids, jnp.int32),
-        logprobs=jnp.full((B, N), jnp.nan, jnp.float32),
-        top_logprobs=jnp.full((B, N, top_n), jnp.nan, jnp.float32),
-        top_ids=jnp.full((B, N, top_n), PAD_TOKEN, jnp.int32),
-        entropy=jnp.full((B, N if with_entropy else 0), jnp.nan, jnp.float32),
         rounds=jnp.zeros((B,), jnp.int32),
         tested=jnp.zeros((B, gamma), jnp.int32),
         accepted=jnp.zeros((B, gamma), jnp.int32),
@@ -123,7 +107,7 @@ def _body(weights, state: SpecState, *, graphdef, drafter) -> SpecState:
     return speculative_round(nnx.merge(graphdef, target_weights), drafter, draft_weights, state)
 
 
-SPECULATIVE_LOOP = CompiledLoop("_speculative", _body, lambda weights, state: _running(state),
+SPECULATIVE_LOOP = CompiledLoop("_speculative", _body, lambda weights, state: state.running(),
                                 static_argnames=_STATIC)
 
 
@@ -223,6 +207,27 @@ def _check_tokenizers(tokenizer: Any, draft_tokenizer: Any) -> None:
                          f"same text), got {draft_tokenizer!r} for target tokenizer {tokenizer!r}")
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SpeculativeOptions(DecodeOptions):
+    """``generate``'s ``DecodeOptions``, plus what ``generate`` takes as keywords and a
+    speculative call (with its draft and gamma) keeps here: the cache size and kind, and the
+    draft's tokenizer. ``speculative_generate`` also takes a plain ``DecodeOptions``."""
+
+    max_len: int | None = None  # cache slots per row, for both models
+    kv_cache: str | None = None  # as in generate, for both caches
+    draft_tokenizer: Any = None  # must be the target's tokenizer when both are given
+
+
+def _speculative_options(options: Any) -> SpeculativeOptions:
+    if isinstance(options, SpeculativeOptions):
+        return options
+    if not isinstance(options, DecodeOptions):
+        raise ValueError(f"options must be a SpeculativeOptions or a DecodeOptions, got "
+                         f"{options!r}")
+    return SpeculativeOptions(**{f.name: getattr(options, f.name)
+                                 for f in dataclasses.fields(DecodeOptions)})
+
+
 def speculative_generate(
     target: nnx.Module,
     draft: nnx.Module | Drafter,
@@ -232,17 +237,7 @@ def speculative_generate(
     max_new_tokens: int,
     seed: int | Sequence[int] = 0,
     *,
-    eos_ids: int | Sequence[int] = (),
-    stop_sequences: Sequence[Sequence[int]] = (),
-    stop_strings: Sequence[str] = (),
-    tokenizer: Any = None,
-    draft_tokenizer: Any = None,
-    return_top_logprobs: int = 0,
-    return_entropy: bool = False,
-    max_len: int | None = None,
-    python_loop: bool = False,
-    raise_on_error: bool = True,
-    kv_cache: str | None = None,
+    options: DecodeOptions = SpeculativeOptions(),
 ) -> SpeculativeOutput:
     """Continue each prompt by up to ``max_new_tokens`` tokens distributed exactly as ``target``'s
     ``generate`` output, drafting ``gamma`` tokens per target call.
@@ -251,47 +246,49 @@ def speculative_generate(
       target: a ``Transformer`` (or any module with its call signature and a ``config``).
       draft: a draft model with the target's vocabulary (it samples with ``params`` too), or a
         model-free ``Drafter`` such as ``NgramDrafter()``.
-      prompts, params, max_new_tokens, seed, eos_ids, stop_sequences, stop_strings,
-      return_top_logprobs, return_entropy, python_loop, raise_on_error: as in ``generate``; the
-        logprobs, top logprobs and entropy are those of the target's sampling distribution.
+      prompts, params, max_new_tokens, seed: as in ``generate``.
       gamma: proposals per round (>= 1); capped at ``max_new_tokens`` (after its clamping), as
         proposals past the budget could never be kept. The tokens are those of the uncapped
         gamma; ``stats.gamma`` reports the gamma used.
-      kv_cache: as in ``generate``, for the target's cache and a draft model's; with "int4" a
-        round's rewind (up to ``gamma + 1`` slots) must be within ``Kivi.max_rewind``.
-      tokenizer, draft_tokenizer: the models' tokenizers; when both are given they must be the same
-        (``tokenizer`` also serves ``stop_strings``).
-      max_len: cache slots per row, for both models. Default: the prompt bucket plus
-        ``max_new_tokens`` plus ``gamma``, capped by the smaller position table. Every prompt
-        needs room for one round: ``len(prompt) + gamma <= max_len``. ``max_new_tokens`` is
-        clamped to ``max_len`` minus the shortest prompt, as in ``generate``.
+      options: a ``SpeculativeOptions`` (or a ``DecodeOptions``):
+        eos_ids, stop_sequences, stop_strings, return_top_logprobs, return_entropy,
+          python_loop, raise_on_error: as in ``generate``; the logprobs, top logprobs and
+          entropy are those of the target's sampling distribution.
+        tokenizer, draft_tokenizer: the models' tokenizers; when both are given they must be
+          the same (``tokenizer`` also serves ``stop_strings``).
+        max_len: cache slots per row, for both models. Default: the prompt bucket plus
+          ``max_new_tokens`` plus ``gamma``, capped by the smaller position table. Every prompt
+          needs room for one round: ``len(prompt) + gamma <= max_len``. ``max_new_tokens`` is
+          clamped to ``max_len`` minus the shortest prompt, as in ``generate``.
+        kv_cache: as in ``generate``, for the target's cache and a draft model's; with "int4" a
+          round's rewind (up to ``gamma + 1`` slots) must be within ``Kivi.max_rewind``.
 
     Raises ValueError before anything is allocated when the caches and buffers need more than the
     memory limit (``checks.check_memory``).
 
     Returns a ``SpeculativeOutput``: ``generate``'s fields plus ``stats`` (``SpeculativeStats``).
     """
-    _check_models(target, draft, tokenizer, draft_tokenizer, kv_cache)
+    o = _speculative_options(options)
+    _check_models(target, draft, o.tokenizer, o.draft_tokenizer, o.kv_cache)
     gamma = check_size("gamma", gamma, 1)
-    for name, flag in (("python_loop", python_loop), ("raise_on_error", raise_on_error)):
-        check_bool(name, flag)
-    request = check_request(
-        target.config.vocab_size, prompts, params, max_new_tokens, seed, eos_ids=eos_ids,
-        stop_sequences=stop_sequences, stop_strings=stop_strings, tokenizer=tokenizer,
-        return_top_logprobs=return_top_logprobs, return_entropy=return_entropy)
-    S, N, gamma = speculative_sizes(request, gamma, max_len, target,
+    V = target.config.vocab_size
+    request = check_request(V, prompts, params, max_new_tokens, seed, o)
+    S, N, gamma = speculative_sizes(request, gamma, o.max_len, target,
                                     None if isinstance(draft, Drafter) else draft)
-    _check_rewind_depth(gamma, kv_cache)
+    _check_rewind_depth(gamma, o.kv_cache)
 
     graphdef, target_weights = nnx.split(target)
-    drafter, draft_weights = _drafter(draft, kv_cache)
-    state = _start(request, graphdef, target_weights, drafter, draft_weights,
-                   params.per_row(len(request.rows), target.config.vocab_size), S, N, gamma,
-                   kv_cache)
-    state = SPECULATIVE_LOOP.run((target_weights, draft_weights), state, python_loop=python_loop,
-                                 graphdef=graphdef, drafter=drafter)
-    return finish_output(_output(state, request, gamma), np.asarray(state.finish), request,
-                         tokenizer, raise_on_error)
+    drafter, draft_weights = _drafter(draft, o.kv_cache)
+    # Both caches hold each prompt but its last token, which heads the first verify block.
+    block, lengths = prompt_block(request.rows, S)
+    caches = prefill(target_weights, draft_weights, block, lengths - 1, graphdef=graphdef,
+                     drafter=drafter, max_len=S, kv_cache=o.kv_cache)
+    state = initial_state(*caches, block, request.row_inputs(lengths, V), gamma=gamma,
+                          outputs=request.outputs(N))
+    state = SPECULATIVE_LOOP.run((target_weights, draft_weights), state,
+                                 python_loop=request.python_loop, graphdef=graphdef,
+                                 drafter=drafter)
+    return finish_output(_output(state, gamma), np.asarray(state.finish), request)
 
 
 def _check_models(target, draft, tokenizer, draft_tokenizer, kv_cache) -> None:
@@ -329,20 +326,9 @@ def _drafter(draft, kv_cache: str | None) -> tuple[Drafter, Any]:
     return ModelDrafter(draft_graphdef, kv_cache), draft_weights
 
 
-def _start(request, graphdef, target_weights, drafter: Drafter, draft_weights, row_params,
-           S: int, N: int, gamma: int, kv_cache: str | None) -> SpecState:
-    """Both caches prefilled with each prompt but its last token, and the state around them."""
-    block, lengths = prompt_block(request.rows, S)
-    caches = prefill(target_weights, draft_weights, block, lengths - 1, graphdef=graphdef,
-                     drafter=drafter, max_len=S, kv_cache=kv_cache)
-    return initial_state(*caches, block, lengths, request.keys(), row_params, request.eos_mask,
-                         request.stop_block, gamma=gamma, max_new_tokens=N, top_n=request.top_n,
-                         with_entropy=request.with_entropy)
-
-
-def _output(state: SpecState, request, gamma: int) -> SpeculativeOutput:
+def _output(state: SpecState, gamma: int) -> SpeculativeOutput:
     """The final state on the host: ``generate``'s output fields and the statistics."""
-    out = host_output(state, request.top_n, request.with_entropy)
+    out = host_output(state)
     rounds, tested, accepted, per_round = jax.device_get(
         (state.rounds, state.tested, state.accepted, state.per_round))
     stats = SpeculativeStats(gamma=gamma, rounds=rounds, generated=out.lengths.copy(),

@@ -1,4 +1,4 @@
-"""One round of speculative decoding, and the state the loop carries (``speculative`` module
+"""One round of speculative decoding over a ``state.SpecState`` (``speculative`` module
 docstring: the layout, the rule and the randomness). A round reads top to bottom: the drafter
 proposes, the target verifies every proposal in one pass (``verify``), judges them, the row keeps
 what its budget, an EOS or a stop sequence let it, and one pass records the kept tokens and
@@ -106,8 +106,9 @@ def _judge_greedy(state: SpecState, proposal: Proposal, logits: jax.Array) -> Ve
     one. No softmax: every distribution is one token with log-probability 0."""
     B, T, V = logits.shape
     params, history = _per_position(state, proposal.buffer, T)
-    choice, usable = sampling.greedy_choice(logits.reshape(B * T, V), params, history)
-    choice, usable = choice.reshape(B, T), usable.reshape(B, T)
+    choice, bad_logits, no_token = (x.reshape(B, T) for x in sampling.greedy_choice(
+        logits.reshape(B * T, V), params, history))
+    usable = ~bad_logits & ~no_token
     proposed = jnp.arange(T - 1)[None, :] < proposal.count[:, None]  # [B, gamma]
     n = _count_accepted(proposed & usable[:, :-1] & (proposal.tokens == choice[:, :-1]))
     y = _at(choice, n)
@@ -115,8 +116,7 @@ def _judge_greedy(state: SpecState, proposal: Proposal, logits: jax.Array) -> Ve
     if _wants_rows(state):
         kept = jnp.where(jnp.arange(T)[None, :] < n[:, None], choice, y[:, None])  # [B, T]
         rows = jnp.where(jnp.arange(V)[None, None, :] == kept[..., None], 0.0, -jnp.inf)
-    return Verdict(n=n, next_token=y, usable=usable,
-                   bad_logits=jnp.any(jnp.isnan(logits) | (logits == jnp.inf), axis=-1),
+    return Verdict(n=n, next_token=y, usable=usable, bad_logits=bad_logits,
                    logp=jnp.zeros((B, T), jnp.float32), rows=rows)
 
 
@@ -131,7 +131,7 @@ def _judge_sampled(drafter: Drafter, draft_weights: Any, draft_cache: KVCache | 
     params, history = _per_position(state, proposal.buffer, T)
     scores = sampling.process_logits(logits.reshape(B * T, V), params, history).reshape(B, T, V)
     normaliser = jax.nn.logsumexp(scores, axis=-1)  # [B, T]
-    bad_logits = jnp.any(jnp.isnan(logits) | (logits == jnp.inf), axis=-1)  # [B, T]
+    bad_logits = sampling.bad_logits(logits)  # [B, T]
     usable = ~bad_logits & (normaliser > -jnp.inf)
     # Each position's proposal (the bonus position's is a stand-in), gathered from all T rows.
     block = jnp.pad(proposal.tokens, ((0, 0), (0, 1)))  # [B, T]
@@ -163,47 +163,29 @@ def _judge_sampled(drafter: Drafter, draft_weights: Any, draft_cache: KVCache | 
                    rows=rows), draft_cache
 
 
-def _stop_ends(state: SpecState, tokens: jax.Array, T: int) -> jax.Array:
-    """``[B, T]`` bool: the output of row b up to position ``L + i`` (``i < T``) ends with a stop
-    sequence; one gather of every window, not one per position."""
-    M, W = state.stop_ids.shape[-2:]
-    B, S = tokens.shape
-    if M == 0:
-        return jnp.zeros((B, T), bool)
-    stop_ids = jnp.broadcast_to(state.stop_ids, (B, M, W))  # shared or per row
-    ends = state.lengths[:, None] + 1 + jnp.arange(T, dtype=jnp.int32)[None, :]  # [B, T] lengths
-    index = ends[..., None] - W + jnp.arange(W, dtype=jnp.int32)[None, None, :]  # [B, T, W]
-    window = jnp.take_along_axis(tokens, jnp.clip(index, 0, S - 1).reshape(B, T * W),
-                                 axis=1).reshape(B, T, 1, W)
-    padding = stop_ids < 0  # [B, M, W]
-    equal = (window == stop_ids[:, None]) | padding[:, None]  # [B, T, M, W]
-    width = jnp.sum(~padding, axis=-1)[:, None, :]  # [B, 1, M]; 0: an unused row of a block
-    generated = (ends - state.prompt_lengths[:, None])[..., None]  # [B, T, 1]
-    return jnp.any(jnp.all(equal, axis=-1) & (width > 0) & (width <= generated), axis=-1)
-
-
 def _keep(state: SpecState, proposal: Proposal, verdict: Verdict) -> Kept:
     """What each row keeps: ``d_0 .. d_{n-1}, y``, fewer at the budget or the cache's end, up to
     an EOS or the end of a stop sequence; nothing past a target distribution that cannot be
     sampled (the row stops with an error code)."""
     B, S = state.tokens.shape
-    N, T = state.max_new_tokens, state.gamma + 1
+    T = state.gamma + 1
     L, P, n, y = state.lengths, state.prompt_lengths, verdict.n, verdict.next_token
     running = ~state.done
-    room = jnp.minimum(N - (L - P), S - L)  # [B]
+    room = jnp.minimum(state.budgets - (L - P), S - L)  # [B]
     failed = ~_at(verdict.usable, n) & (n < room)
     count = jnp.minimum(jnp.where(failed, n, n + 1), room)
     k = jnp.arange(T, dtype=jnp.int32)[None, :]  # [1, T]
     new = jnp.where(k < n[:, None], jnp.pad(proposal.tokens, ((0, 0), (0, 1))), y[:, None])
     tokens = proposal.buffer.at[jnp.arange(B), jnp.where(failed, S, L + n)].set(y, mode="drop")
-    ends = (state.eos_mask[new] | _stop_ends(state, tokens, T)) & (k < count[:, None])
+    stops = state.ends_with_stop(tokens, L[:, None] + 1 + k)  # [B, T]: up to L + i, i < T
+    ends = (state.eos_mask[new] | stops) & (k < count[:, None])
     has_end, first_end = jnp.any(ends, axis=1), jnp.argmax(ends, axis=1)
     count = jnp.where(running, jnp.where(has_end, first_end + 1, count), 0)
     failed = failed & ~has_end
     lengths = L + count
     code = jnp.select(
         [failed & _at(verdict.bad_logits, n), failed, has_end & state.eos_mask[_at(new, first_end)],
-         has_end, (lengths - P >= N) | (lengths >= S)],
+         has_end, (lengths - P >= state.budgets) | (lengths >= S)],
         [BAD_LOGITS, NO_ALLOWED_TOKEN, EOS, STOP, LENGTH],
         RUNNING,
     )
@@ -222,15 +204,7 @@ def _commit(state: SpecState, drafter: Drafter, proposal: Proposal, verdict: Ver
     k = jnp.arange(gamma + 1, dtype=jnp.int32)[None, :]  # [1, gamma + 1]
     out = jnp.where(k < kept.count[:, None], (L - state.prompt_lengths)[:, None] + k, N)
     at = (jnp.broadcast_to(jnp.arange(B)[:, None], out.shape), out)  # [B, gamma + 1] each
-    record = dict(logprobs=state.logprobs.at[at].set(verdict.logp, mode="drop"))
-    if state.top_logprobs.shape[-1]:
-        top, ids = jax.lax.top_k(verdict.rows, state.top_logprobs.shape[-1])  # [B, gamma + 1, n]
-        record.update(top_logprobs=state.top_logprobs.at[at].set(top, mode="drop"),
-                      top_ids=state.top_ids.at[at].set(ids.astype(jnp.int32), mode="drop"))
-    if state.entropy.shape[-1]:
-        p = jnp.exp(verdict.rows)
-        entropy = -jnp.sum(jnp.where(p > 0, p * verdict.rows, 0.0), axis=-1)
-        record.update(entropy=state.entropy.at[at].set(entropy, mode="drop"))
+    record = state.recorded(at, verdict.logp, lambda: verdict.rows)
 
     j = k[:, :gamma]
     tested = ((j < proposal.count[:, None]) & (j <= n[:, None]) & verdict.usable[:, :gamma]

@@ -13,8 +13,7 @@ from flax import struct
 
 from decodelab import sampling
 from decodelab.cache.dense import KVCache
-from decodelab.decode.request import RUNNING
-from decodelab.sampling.processors import RowParams
+from decodelab.decode.state import RowState
 
 # Random streams: the key of a draw is fold_in(row key at the position, stream).
 DRAFT_STREAM, ACCEPT_STREAM, TARGET_STREAM = 0, 1, 2
@@ -39,41 +38,18 @@ class Proposal:
 
 
 @struct.dataclass(kw_only=True)
-class SpecState:
-    """Everything the speculative loop carries. Its output fields are ``decode.DecodeState``'s."""
+class SpecState(RowState):
+    """Everything the speculative loop carries: ``decode.RowState``'s fields (its step counts
+    rounds, its output fields are ``generate``'s, under the target's distribution), both caches
+    and the acceptance counts."""
 
-    step: jax.Array  # [] int32, rounds so far
-    tokens: jax.Array  # [B, S] int32, prompt then output (slots past `lengths` are scratch)
-    prompt_lengths: jax.Array  # [B] int32
-    lengths: jax.Array  # [B] int32, prompt + output tokens so far
-    finish: jax.Array  # [B] int32, RUNNING or a decode finish code
     target_cache: KVCache  # lengths = self.lengths - 1 for running rows
     draft_cache: KVCache | None  # lengths >= self.lengths - 2; None for a model-free drafter
-    keys: jax.Array  # [B, ...] uint32, each request's key data
-    params: RowParams  # [B] per field
-    eos_mask: jax.Array  # [V] bool
-    stop_ids: jax.Array  # [M, W] int32, right-aligned, -1 before
-    logprobs: jax.Array  # [B, N] float32, of each output token under the target's distribution
-    top_logprobs: jax.Array  # [B, N, n] float32
-    top_ids: jax.Array  # [B, N, n] int32
-    entropy: jax.Array  # [B, N] or [B, 0] float32
     rounds: jax.Array  # [B] int32, target calls (verify passes) each row took part in
     tested: jax.Array  # [B, gamma] int32, proposals at each draft position that were tested
     accepted: jax.Array  # [B, gamma] int32, and accepted
     per_round: jax.Array  # [B, N] int32, accepted proposals in each of the row's rounds, -1 after
 
     @property
-    def done(self) -> jax.Array:  # [B] bool
-        return self.finish != RUNNING
-
-    @property
-    def max_new_tokens(self) -> int:
-        return self.logprobs.shape[1]
-
-    @property
     def gamma(self) -> int:
         return self.tested.shape[1]
-
-    def history(self, tokens: jax.Array, lengths: jax.Array) -> sampling.History:
-        return sampling.History(tokens=tokens, prompt_lengths=self.prompt_lengths, lengths=lengths,
-                                eos_mask=self.eos_mask)
