@@ -190,12 +190,12 @@ def test_bad_insert_and_step_arguments(tiny):
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(prompt=[]), "prompt must be a non-empty list"),
-    (dict(prompt="abc"), "prompt must be a non-empty list"),
+    (dict(prompt=[]), "prompt is empty; it needs at least one token"),
+    (dict(prompt="abc"), "prompt must be a list of token ids"),
     (dict(max_new_tokens=0), "max_new_tokens must be an int >= 1, got 0"),
     (dict(seed=-1), "seed must be an int in"),
     (dict(arrival=-0.5), "arrival must be a finite number"),
-    (dict(stop_sequences=[[]]), "stop_sequences must hold non-empty"),
+    (dict(stop_sequences=[[]]), r"stop_sequences\[0\] is empty"),
 ])
 def test_bad_request_fields(kwargs, match):
     fields = dict(id=0, prompt=[1, 2], max_new_tokens=4) | kwargs

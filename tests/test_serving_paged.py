@@ -3,7 +3,6 @@ through pages gives the tokens and log-probs of the padded engine and of ``gener
 (greedy and sampled, ragged, chunked), also when it is preempted and recomputed; the allocator and
 the engine's block tables keep exact accounting under random events; bad input is refused."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -12,7 +11,8 @@ from flax import nnx
 import decodelab as dl
 from decodelab.cache.dense import KVCache
 from decodelab.serving import Request, SlotEngine
-from decodelab.serving.paged import PagedKVCache, PagePool, pages_for
+from decodelab.serving.paged import PagedKVCache, pages_for
+from decodelab.serving.pool import PagedMemory, PagePool
 from decodelab.serving.schedulers import Continuous, VirtualClock, replay
 
 S = 64  # the tiny model's position table
@@ -157,6 +157,31 @@ def test_allocator_fuzz_keeps_exact_accounting():
         assert pool.free + sum(map(len, held.values())) == pool.num_pages
         for o, pages in held.items():
             assert pool.pages(o) == pages
+
+
+def test_the_paging_policy_preempts_the_newest_and_admits_first_come_first_served():
+    """On the host alone: admission counts the waiting requests that fit once the running ones'
+    demand is met, stopping at the first that does not; when the demand does not fit, the most
+    recently admitted slots give their pages back (reported oldest first) and the others grow,
+    lowest pages first, into their table rows."""
+    memory = PagedMemory(kv_tokens=64, page_size=8, num_slots=4, max_len=32)  # 8 pages of 8
+    for slot in (2, 0, 1, 3):  # admission order
+        memory.admit(slot)
+    demand = {2: 16, 0: 16, 1: 8, 3: 0}  # 2 + 2 + 1 pages: 3 of 8 left
+    assert memory.room(demand, [16, 8, 8]) == 2 and memory.room(demand, [32]) == 0
+    assert memory.refuses(64) is None and "more than the whole pool" in memory.refuses(65)
+    assert memory.provide({slot: 24 for slot in (2, 0, 1, 3)}) == [1, 3]  # 12 pages wanted
+    assert memory.pool.pages(2) == [0, 1, 2] and memory.pool.pages(0) == [3, 4, 5]
+    table = memory.changed_table()
+    assert table[2].tolist() == [0, 1, 2, 8] and table[0].tolist() == [3, 4, 5, 8]
+    assert (table[[1, 3]] == 8).all() and memory.changed_table() is None  # handed out once
+    assert memory.decode_rows().tolist() == [0, 2]  # 2 occupied of 4 slots: 2 rows decode
+    memory.release(2)
+    assert memory.pool.free == 5 and (memory.changed_table()[2] == 8).all()
+    memory.admit(1)
+    memory.admit(3)
+    assert memory.decode_rows() is None  # 3 occupied round up to all 4 slots
+    memory.pool.check()
 
 
 def test_engine_fuzz_tables_hold_only_each_requests_own_pages(tiny):

@@ -1,12 +1,16 @@
 """Serving: a slot engine (padded slots or paged KV memory), static / dynamic / continuous
 schedulers, request traces and metrics."""
 
-# The engine
-from decodelab.serving.engine import Completion, Request, SlotEngine, StepResult
+# The engine and its requests
+from decodelab.serving.engine import SlotEngine
+from decodelab.serving.requests import Completion, Request, StepResult
+
+# Paged memory: the cache view and the host's pool
+from decodelab.serving.paged import PagedKVCache
+from decodelab.serving.pool import PagePool
 
 # Metrics
 from decodelab.serving.metrics import RequestRecord, per_request, summarize
-from decodelab.serving.paged import PagedKVCache, PagePool
 
 # Schedulers and replay
 from decodelab.serving.schedulers import (SCHEDULERS, Clock, Continuous, Dynamic, Replay, Scheduler,

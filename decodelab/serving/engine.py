@@ -19,8 +19,8 @@ Conventions (every caller relies on them):
   slots in one compiled ``lax.while_loop`` (a ``loop.CompiledLoop``); it stops early once no slot
   is running. On paged memory it decodes only the occupied slots, taken out as a state of a
   power-of-two number of rows that shares the page pool (``advance_rows``), so a step's cost
-  follows the requests running, not ``num_slots``. Rows that have finished, and free slots, are carried without advancing, so
-  ``step(n)`` gives the same tokens as ``n`` calls of ``step(1)``.
+  follows the requests running, not ``num_slots``. Rows that have finished, and free slots, are
+  carried without advancing, so ``step(n)`` gives the same tokens as ``n`` calls of ``step(1)``.
 - The step contains the processors the engine serves and no other (``sampling.Plan``): the
   ``sampling.union`` of the plans of the requests it admits, each processor applied to the slots
   that enable it. An engine built with ``serves`` fixes that set (and refuses a request outside
@@ -37,8 +37,9 @@ Conventions (every caller relies on them):
   eos_ids=..., stop_sequences=..., max_len=engine.max_len)`` on that request alone.
 - Paged memory (``kv_tokens``): the cache is a ``paged.PagedKVCache`` pool of ``kv_tokens /
   page_size`` pages of ``page_size`` slots, and a request holds only the pages its tokens fill,
-  allocated page by page (the host's ``paged.PagePool``) before each call for the slots that call
-  can write (its prefill chunk and its ``n`` decode rounds). Then
+  allocated page by page before each call for the slots that call can write (its prefill chunk
+  and its ``n`` decode rounds). The paging policy is the host's ``pool.PagedMemory``: the engine
+  tells it what each slot will hold and asks it what fits and whom to preempt. Then
   ``num_slots`` bounds the running requests (the rows of the state) and the pool bounds their
   memory: ``room`` admits a request while its prompt's pages, and the next call's growth of the
   running requests, fit in the free pages. When a call's growth does not fit, the most recently
@@ -70,14 +71,14 @@ from decodelab.cache import quantized as kvquant
 from decodelab.checks import (check_memory, check_model, check_size, is_int, kv_cache_bytes, nbytes,
                               position_limit)
 from decodelab.decode.generation import DecodeState
-from decodelab.decode.request import (FINISH_REASONS, LENGTH, RUNNING, bucket_length, check_eos,
-                                      decode_buffers)
-from decodelab.model.attention import BLOCK_SLOTS
+from decodelab.decode.request import LENGTH, bucket_length, check_eos, decode_buffers, token_ids
 from decodelab.sampling.params import SamplingParams
-from decodelab.serving import paged, slot_prefill
-from decodelab.serving.engine_programs import (ADVANCE, advance_rows, empty_state, harvest,
-                                               plans_of, replan)
+from decodelab.serving import slot_prefill
+from decodelab.serving.engine_programs import (ADVANCE, advance_rows, collect, empty_state,
+                                               harvest, plans_of, replan)
+from decodelab.serving.pool import PagedMemory, PagePool
 from decodelab.serving.requests import Completion, Request, StepResult
+from decodelab.serving.slots import Slot, tokens_after_call
 
 
 class SlotEngine:
@@ -137,33 +138,20 @@ class SlotEngine:
             raise ValueError(f"prefill_chunk must be None (whole prompts) or an int in [1, "
                              f"max_len={self.max_len}], got {prefill_chunk!r}")
         self.prefill_chunk = None if prefill_chunk is None else int(prefill_chunk)
-        self._pool = None
+        self._memory = None
         if kv_tokens is not None:
             if kv_cache is not None:
                 raise ValueError(f"kv_cache must be None (float) with paged memory (kv_tokens="
                                  f"{kv_tokens!r}), got {kv_cache!r}")
-            if not is_int(kv_tokens) or kv_tokens < 1:
-                raise ValueError(f"kv_tokens must be None (a max_len cache per slot) or an int "
-                                 f">= 1 (tokens of KV memory in the pool), got {kv_tokens!r}")
-            page_size = paged.check_page_size(page_size, BLOCK_SLOTS)
-            if kv_tokens % page_size:
-                raise ValueError(f"page_size must divide kv_tokens={kv_tokens} (the pool is whole "
-                                 f"pages), got {page_size}")
-            if self.max_len % page_size:
-                raise ValueError(f"max_len must be a multiple of page_size={page_size} with "
-                                 f"paged memory, got {self.max_len}")
-            self._pool = paged.PagePool(int(kv_tokens) // page_size, page_size)
-            self._table = np.full((self.num_slots, self.max_len // page_size),
-                                  self._pool.num_pages, np.int32)
+            self._memory = PagedMemory(kv_tokens, page_size, self.num_slots, self.max_len)
         self.vocab_size = model.config.vocab_size
         self._eos_mask = check_eos(eos_ids, self.vocab_size)
         self._fixed_plan = serves is not None
         self._plan = sampling.union(plans_of("serves", serves, self.vocab_size))
         # The shared state holds max_len output columns per slot; a prefill is up to every slot.
         buffers = decode_buffers(model.config, self.num_slots, self.max_len, self.max_len, 0)
-        if self._pool is not None:  # the pool instead of num_slots x max_len slots
-            buffers["KV cache"] = kv_cache_bytes(model.config, 1, self._pool.num_pages *
-                                                 self._pool.page_size)
+        if self._memory is not None:  # the pool instead of num_slots x max_len slots
+            buffers["KV cache"] = kv_cache_bytes(model.config, 1, self._memory.tokens)
         buffers["prefill logits"] = nbytes(
             (self.num_slots, self.prefill_chunk or self.max_len, self.vocab_size), np.float32)
         check_memory("SlotEngine", buffers, {"num_slots": self.num_slots,
@@ -171,23 +159,13 @@ class SlotEngine:
         self._graphdef, self._weights = nnx.split(model)
         self._state = empty_state(model.config, self.num_slots, self.max_len,
                                    self.max_stop_sequences, self.max_stop_width, self._eos_mask,
-                                   self._plan, kv_cache, None if self._pool is None else
-                                   (self._pool.num_pages, self._pool.page_size))
-        self._slots: list[Request | None] = [None] * self.num_slots
-        # Host-side view of each slot: prompt tokens in its cache, output tokens and log-probs
-        # received so far (the device state is read once per engine call, in ``step``).
-        self._prefilled = [0] * self.num_slots
-        self._row_params: list[sampling.RowParams | None] = [None] * self.num_slots
-        self._tokens: list[list[int]] = [[] for _ in range(self.num_slots)]
-        self._logprobs: list[list[float]] = [[] for _ in range(self.num_slots)]
-        # What a slot prefills: its request's prompt, then the tokens it had generated before a
-        # preemption; preempted requests' outputs so far, by id, until they are inserted again.
-        self._sequence: list[tuple[int, ...]] = [() for _ in range(self.num_slots)]
-        self._resume: dict[int | str, tuple[Request, list[int], list[float]]] = {}
+                                   self._plan, kv_cache, None if self._memory is None else
+                                   (self._memory.num_pages, self._memory.page_size))
+        self._slots: list[Slot | None] = [None] * self.num_slots
+        # Preempted requests' slots (their output so far), by id, until inserted again.
+        self._resume: dict[int | str, Slot] = {}
         self._preempted: list[Request] = []  # since the last StepResult
-        self._admitted: list[int] = []  # occupied slots, oldest admission first
         self._lookahead = 1  # decode rounds of the last call: what ``room`` reserves for the next
-        self._table_dirty = False
 
     @property
     def plan(self) -> sampling.Plan:
@@ -199,23 +177,22 @@ class SlotEngine:
 
     @property
     def free_slots(self) -> list[int]:
-        return [i for i, r in enumerate(self._slots) if r is None]
+        return [i for i, s in enumerate(self._slots) if s is None]
 
     @property
     def active(self) -> dict[int, Request]:
         """Slot -> the request decoding in it."""
-        return {i: r for i, r in enumerate(self._slots) if r is not None}
+        return {i: s.request for i, s in enumerate(self._slots) if s is not None}
 
     @property
     def prefilling(self) -> list[int]:
         """Slots whose request's prompt is not yet wholly in the cache (waiting for ``prefill``)."""
-        return [i for i, r in enumerate(self._slots)
-                if r is not None and self._prefilled[i] < len(self._sequence[i])]
+        return [i for i, s in enumerate(self._slots) if s is not None and s.prefilling]
 
     @property
-    def pool(self) -> paged.PagePool | None:
+    def pool(self) -> PagePool | None:
         """The page pool's host-side accounting (paged memory), else None."""
-        return self._pool
+        return None if self._memory is None else self._memory.pool
 
     @property
     def state(self) -> DecodeState:
@@ -224,28 +201,28 @@ class SlotEngine:
 
     def check(self, request: Request) -> str | None:
         """Why this engine can never serve ``request``, or None if it can."""
-        bad = [t for t in request.prompt if not 0 <= t < self.vocab_size]
-        if bad:
-            return f"prompt holds token id {bad[0]}; ids must be in [0, {self.vocab_size})"
+        try:
+            token_ids("prompt", request.prompt, self.vocab_size)
+        except ValueError as error:
+            return str(error)
         need = len(request.prompt) + request.max_new_tokens
         if need > self.max_len:
             return (f"prompt ({len(request.prompt)} tokens) + max_new_tokens "
                     f"({request.max_new_tokens}) = {need} exceeds the slot capacity "
                     f"max_len={self.max_len}")
-        if self._pool is not None and paged.pages_for(need, self._pool.page_size) > (
-                self._pool.num_pages):
-            return (f"prompt + max_new_tokens = {need} tokens need "
-                    f"{paged.pages_for(need, self._pool.page_size)} pages of "
-                    f"{self._pool.page_size}, more than the whole pool (kv_tokens="
-                    f"{self._pool.num_pages * self._pool.page_size})")
+        if self._memory is not None and (reason := self._memory.refuses(need)):
+            return f"prompt + max_new_tokens = {reason}"
         if len(request.stop_sequences) > self.max_stop_sequences:
             return (f"{len(request.stop_sequences)} stop sequences, the engine has room for "
                     f"max_stop_sequences={self.max_stop_sequences}")
-        for s in request.stop_sequences:
-            bad = [t for t in s if not 0 <= t < self.vocab_size]
-            if len(s) > self.max_stop_width or bad:
+        for m, s in enumerate(request.stop_sequences):
+            if len(s) > self.max_stop_width:
                 return (f"stop sequence {list(s)} must have <= max_stop_width="
-                        f"{self.max_stop_width} ids in [0, {self.vocab_size})")
+                        f"{self.max_stop_width} ids")
+            try:
+                token_ids(f"stop_sequences[{m}]", s, self.vocab_size)
+            except ValueError as error:
+                return str(error)
         try:
             plan = request.params.per_row(1, self.vocab_size).plan
         except ValueError as error:
@@ -263,69 +240,51 @@ class SlotEngine:
         decode rounds fit in the pages left once the running requests' next call is provided
         for (first come, first served: the count stops at the first that does not fit)."""
         count = min(len(waiting), len(self.free_slots))
-        if self._pool is None:
+        if self._memory is None:
             return count
-        free = self._pool.free - sum(self._pool.lacks(slot, self._growth(slot))
-                                     for slot in self._admitted)
-        for i, request in enumerate(itertools.islice(waiting, count)):
-            resumed = self._resume.get(request.id)
-            sequence = len(request.prompt) + (len(resumed[1]) if resumed and resumed[0] is
-                                              request else 0)
-            free -= paged.pages_for(self._grown(request, sequence, 0), self._pool.page_size)
-            if free < 0:
-                return i
-        return count
+        first = []
+        for request in itertools.islice(waiting, count):
+            resumed = self._resumed(request)
+            sequence = len(request.prompt) + (len(resumed.tokens) if resumed else 0)
+            first.append(tokens_after_call(request, sequence, 0, self.prefill_chunk,
+                                           self._lookahead))
+        return self._memory.room(self._demand(), first)
 
-    def _grown(self, request: Request, sequence: int, prefilled: int) -> int:
-        """Cache slots a request holds after the next call: its next prefill chunk and, once
-        that completes its prefill, the call's decode rounds (at most its whole length)."""
-        chunk = min(sequence - prefilled, self.prefill_chunk or sequence)
-        filled = prefilled + chunk
-        rounds = self._lookahead if filled >= sequence else 0
-        return min(filled + rounds, len(request.prompt) + request.max_new_tokens)
+    def _resumed(self, request: Request) -> Slot | None:
+        """The slot ``request`` was preempted from (its output so far), else None."""
+        resumed = self._resume.get(request.id)
+        return resumed if resumed is not None and resumed.request is request else None
 
-    def _growth(self, slot: int) -> int:
-        request = self._slots[slot]
-        if self._prefilled[slot] < len(self._sequence[slot]):
-            return self._grown(request, len(self._sequence[slot]), self._prefilled[slot])
-        held = len(request.prompt) + len(self._tokens[slot])
-        return min(held + self._lookahead, len(request.prompt) + request.max_new_tokens)
+    def _demand(self) -> dict[int, int]:
+        """Cache slots each occupied slot holds after the next call (paged memory's demand)."""
+        return {i: s.after_call(self.prefill_chunk, self._lookahead)
+                for i, s in enumerate(self._slots) if s is not None}
 
     def _provide_pages(self) -> None:
-        """Give every occupied slot the pages its next call writes, preempting the most recently
-        admitted requests while they do not fit; uploads the block table if it changed.
-        The preempted requests (oldest admission first) go to the next ``StepResult``."""
-        pool, preempted = self._pool, []
-        while sum(pool.lacks(slot, self._growth(slot)) for slot in self._admitted) > pool.free:
-            slot = self._admitted[-1]  # the newest: vLLM's recompute preemption order
-            request = self._slots[slot]
-            self._resume[request.id] = (request, self._tokens[slot], self._logprobs[slot])
-            preempted.insert(0, request)
-            self._free_slot(slot)
+        """Give every occupied slot the pages its next call writes; the requests the pool
+        preempts for it (the most recently admitted) go to the next ``StepResult``."""
+        for slot in self._memory.provide(self._demand()):
+            held = self._slots[slot]
+            self._resume[held.request.id] = held
+            self._preempted.append(held.request)
+            self._slots[slot] = None
             # Not running on the device either: the decode loop must not advance the row.
             self._state = self._state.replace(finish=self._state.finish.at[slot].set(LENGTH))
-        for slot in self._admitted:
-            if pool.grow(slot, self._growth(slot)):
-                self._table[slot] = pool.table_row(slot, self._table.shape[1])
-                self._table_dirty = True
         self._upload_table()
-        self._preempted += preempted
 
     def _upload_table(self) -> None:
         """Put the host's block table in the device state if it changed (a small transfer to
         the device; nothing waits for it)."""
-        if self._table_dirty:
-            cache = self._state.cache.replace(table=jnp.asarray(self._table))
+        table = self._memory.changed_table()
+        if table is not None:
+            cache = self._state.cache.replace(table=jnp.asarray(table))
             self._state = self._state.replace(cache=cache)
-            self._table_dirty = False
 
     def _free_slot(self, slot: int) -> None:
-        """Empty ``slot`` (its request retired or preempted) and return its pages."""
+        """Empty ``slot`` (its request retired) and return its pages."""
         self._slots[slot] = None
-        self._admitted.remove(slot)
-        if self._pool is not None and self._pool.release(slot):
-            self._table[slot] = self._pool.num_pages
-            self._table_dirty = True
+        if self._memory is not None:
+            self._memory.release(slot)
 
     def insert(self, request: Request, slot: int | None = None) -> int:
         """Place ``request`` in ``slot`` (default: the lowest free one); returns the slot. Its
@@ -354,13 +313,10 @@ class SlotEngine:
             self._plan = sampling.union([self._plan, params.plan])
             self._state = replan(self._state, plan=self._plan)
         slot = int(slot)
-        self._slots[slot], self._row_params[slot] = request, params
-        tokens, logprobs = [], []
-        if request.id in self._resume and self._resume[request.id][0] is request:
-            _, tokens, logprobs = self._resume.pop(request.id)
-        self._prefilled[slot], self._tokens[slot], self._logprobs[slot] = 0, tokens, logprobs
-        self._sequence[slot] = request.prompt + tuple(tokens)
-        self._admitted.append(slot)
+        resumed = self._resumed(request) and self._resume.pop(request.id)
+        self._slots[slot] = Slot.admit(request, params, resumed)
+        if self._memory is not None:
+            self._memory.admit(slot)
         return slot
 
     def prefill(self) -> int:
@@ -368,43 +324,19 @@ class SlotEngine:
         without ``prefill_chunk``) into its slot's rows of the shared state; returns how many
         prompts still wait. Nothing is read back: the call is only dispatched. With paged
         memory it first provides the pages (``step``'s), which may preempt requests."""
-        if self._pool is not None:
+        if self._memory is not None:
             self._provide_pages()
-        slots = self.prefilling
-        if not slots:
+        waiting = [(i, self._slots[i]) for i in self.prefilling]
+        if not waiting:
             return 0
-        R = bucket_length(len(slots), minimum=1)
-        sequences = [self._sequence[i] for i in slots]
-        remaining = [len(q) - self._prefilled[i] for q, i in zip(sequences, slots)]
-        counts = [min(n, self.prefill_chunk or n) for n in remaining]
-        T = min(bucket_length(max(counts)), self.prefill_chunk or self.max_len, self.max_len)
-        offsets = [self._prefilled[i] for i in slots]
-        # A chunk from slot 0 attends to itself only; a later one to the slot's whole row.
-        reach = T if not any(offsets) else self.max_len
-        block = np.zeros((R, T), np.int32)
-        stops = np.full((R, self.max_stop_sequences, self.max_stop_width), -1, np.int32)
-        pad = R - len(slots)
-        requests = [self._slots[i] for i in slots] + [self._slots[slots[0]]] * pad
-        for r, (sequence, offset, count) in enumerate(zip(sequences, offsets, counts)):
-            block[r, :count] = sequence[offset:offset + count]
-        for r, request in enumerate(requests):
-            for m, s in enumerate(request.stop_sequences):
-                stops[r, m, self.max_stop_width - len(s):] = s
-        chunk = slot_prefill.PrefillChunk(
-            block=block,
-            rows=np.asarray(slots + list(range(self.num_slots, self.num_slots + pad)), np.int32),
-            offsets=np.asarray(offsets + [0] * pad, np.int32),
-            counts=np.asarray(counts + [0] * pad, np.int32),
-            prompt_lengths=np.asarray([len(r.prompt) for r in requests], np.int32),
-            ends=np.asarray([len(q) for q in sequences] + [1] * pad, np.int32),
-            keys=sampling.seed_keys(np.asarray([r.seed for r in requests], np.uint32)),
-            params=tuple(self._row_params[i].with_plan(self._plan)
-                         for i in slots + [slots[0]] * pad), stop_ids=stops,
-            budgets=np.asarray([r.max_new_tokens for r in requests], np.int32))
+        chunk, reach = slot_prefill.next_chunk(
+            waiting, self._plan, num_slots=self.num_slots, max_len=self.max_len,
+            prefill_chunk=self.prefill_chunk,
+            stop_shape=(self.max_stop_sequences, self.max_stop_width))
         self._state = slot_prefill.prefill_rows(self._weights, self._state, chunk,
                                                 graphdef=self._graphdef, reach=reach)
-        for i, count in zip(slots, counts):
-            self._prefilled[i] += count
+        for (_, held), count in zip(waiting, chunk.counts):
+            held.prefilled += int(count)
         return len(self.prefilling)
 
     def step(self, n: int = 1) -> StepResult:
@@ -412,11 +344,11 @@ class SlotEngine:
         slot by up to ``n`` tokens (one compiled loop), read the new tokens back in one transfer,
         then retire the requests that finished."""
         n = check_size("n", n, 1)
-        if not any(r is not None for r in self._slots):
+        if not any(s is not None for s in self._slots):
             return StepResult({}, {}, [], 0, self._take_preempted())
         self._lookahead = n
         self.prefill()
-        rows = self._decode_rows()
+        rows = None if self._memory is None else self._memory.decode_rows()
         if rows is None:
             rounds, self._state = ADVANCE.run((self._weights, jnp.asarray(n, jnp.int32)),
                                                (jnp.zeros((), jnp.int32), self._state),
@@ -425,45 +357,16 @@ class SlotEngine:
             rounds, self._state = advance_rows(self._weights, self._state, rows,
                                                 jnp.asarray(n, jnp.int32),
                                                 graphdef=self._graphdef)
-        starts = np.asarray([len(r.prompt) + len(self._tokens[i]) if r is not None else 0
-                             for i, r in enumerate(self._slots)], np.int32)
+        starts = np.asarray([s.written if s is not None else 0 for s in self._slots], np.int32)
         width = bucket_length(n, minimum=8)  # a few window widths: n itself is traced
         packed = jax.device_get(harvest(self._state, starts, rounds, n=width))  # one transfer
-        finish, lengths, rounds = packed[:, 0], packed[:, 1], int(packed[0, 2])
-        new_tokens, generated, completions = {}, {}, []
-        prefilling = set(self.prefilling)
-        for slot, request in self.active.items():
-            if slot in prefilling:  # still prefilling: not running
-                new_tokens[request.id], generated[request.id] = [], len(self._tokens[slot])
-                continue
-            new = int(lengths[slot]) - int(starts[slot])
-            self._tokens[slot] += packed[slot, 3:3 + new].tolist()
-            self._logprobs[slot] += packed[slot, 3 + width:3 + width + new].view(
-                np.float32).tolist()
-            new_tokens[request.id] = packed[slot, 3:3 + new].tolist()
-            generated[request.id] = len(self._tokens[slot])
-            if finish[slot] != RUNNING:
-                completions.append(Completion(
-                    request_id=request.id, slot=slot, tokens=self._tokens[slot],
-                    logprobs=np.asarray(self._logprobs[slot], np.float32),
-                    finish_reason=FINISH_REASONS[int(finish[slot])]))
-                self._free_slot(slot)
-        if self._pool is not None:  # retired slots' rows hold no page from now on
+        generated, new_tokens, finished = collect(packed, self._slots, starts, width)
+        for slot in finished:
+            self._free_slot(slot)
+        if self._memory is not None:  # retired slots' rows hold no page from now on
             self._upload_table()
-        return StepResult(generated, new_tokens, completions, rounds, self._take_preempted())
-
-    def _decode_rows(self) -> np.ndarray | None:
-        """On paged memory, the slots a call decodes: the occupied ones, padded with free slots
-        to a power of two (``R``: a few compiled sizes); None to decode every slot (a padded
-        cache, whose rows would be copied, or ``R`` = ``num_slots``)."""
-        if self._pool is None:
-            return None
-        occupied = sorted(self._admitted)
-        R = bucket_length(max(len(occupied), 1), minimum=1)
-        if R >= self.num_slots:
-            return None
-        free = [i for i in range(self.num_slots) if self._slots[i] is None]
-        return np.asarray(sorted(occupied + free[:R - len(occupied)]), np.int32)
+        return StepResult(generated, new_tokens, list(finished.values()), int(packed[0, 2]),
+                          self._take_preempted())
 
     def _take_preempted(self) -> list[Request]:
         preempted, self._preempted = self._preempted, []

@@ -1,4 +1,5 @@
-"""The serving engine's compiled programs and state helpers (``engine`` module docstring)."""
+"""The serving engine's compiled programs and state helpers, and the host's reading of what they
+hand back (``engine`` module docstring)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ from decodelab.cache import quantized as kvquant
 from decodelab.decode import generation as decode
 from decodelab.decode.generation import DecodeState
 from decodelab.decode.loop import CompiledLoop
-from decodelab.decode.request import LENGTH, OutputSpec
+from decodelab.decode.request import LENGTH, RUNNING, OutputSpec
 from decodelab.sampling.params import SamplingParams
 from decodelab.serving import paged, slot_prefill
+from decodelab.serving.requests import Completion
+from decodelab.serving.slots import Slot
 
 
 def empty_state(config, num_slots: int, max_len: int, max_stops: int, stop_width: int,
@@ -69,6 +72,28 @@ def harvest(state: DecodeState, starts: jax.Array, rounds: jax.Array, *, n: int)
                                             jnp.int32)
     head = jnp.stack([state.finish, state.lengths, jnp.broadcast_to(rounds, (B,))], axis=1)
     return jnp.concatenate([head.astype(jnp.int32), tokens, logprobs], axis=1)
+
+
+def collect(packed: np.ndarray, slots: Sequence[Slot | None], starts: np.ndarray, n: int
+            ) -> tuple[dict[int | str, int], dict[int | str, list[int]], dict[int, Completion]]:
+    """Hand each running slot its new tokens and log-probs from ``packed`` (``harvest``'s array
+    for windows of ``n`` from ``starts``); returns, by request id, the output tokens so far and
+    this call's tokens (none for a slot still prefilling), and the completion of each request
+    that finished, by slot."""
+    finish, lengths = packed[:, 0], packed[:, 1]
+    generated, tokens, finished = {}, {}, {}
+    for slot, held in enumerate(slots):
+        if held is None:
+            continue
+        new = []
+        if not held.prefilling:  # running: the tokens this call appended
+            count, window = int(lengths[slot]) - int(starts[slot]), packed[slot, 3:]
+            new = window[:count].tolist()
+            held.receive(new, window[n:n + count].view(np.float32).tolist())
+            if finish[slot] != RUNNING:
+                finished[slot] = held.completion(slot, int(finish[slot]))
+        tokens[held.request.id], generated[held.request.id] = new, len(held.tokens)
+    return generated, tokens, finished
 
 
 def _advance_body(operands, carry: tuple[jax.Array, DecodeState], *, graphdef

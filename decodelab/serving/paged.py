@@ -1,5 +1,5 @@
-"""Paged KV memory: a pool of fixed-size pages shared by every row, a block table per row, and the
-host-side allocator that hands pages out (as in vLLM's PagedAttention).
+"""Paged KV memory: a pool of fixed-size pages shared by every row and a block table per row (as in
+vLLM's PagedAttention); the host-side allocator that hands pages out is ``pool.PagePool``.
 
 Conventions (every caller relies on them):
 
@@ -8,29 +8,24 @@ Conventions (every caller relies on them):
   ``table: [B, M]`` maps row ``b``'s logical page ``i`` (its positions ``i * page_size ..
   (i + 1) * page_size - 1``) to a page of the pool; an entry ``>= P`` (``P`` itself) means "no
   page": a write there is dropped and a read there gives zeros that the position mask never lets
-  a query see (a row never touches a page that is not in its table). A row's capacity is ``max_len = M * page_size``.
+  a query see (a row never touches a page that is not in its table). A row's capacity is
+  ``max_len = M * page_size``.
 - The cache has ``KVCache``'s public interface (``write``, ``read``, ``advance``, ``positions``,
   ``check_room``, ``rewind``, ``lengths``, ``batch_size``, ``max_len``), so the model, the decode
   step and ``blocked_attention`` run on it unchanged: ``read(layer, start, size)`` gathers the
   row's pages covering ``[start, start + size)`` (``size`` and ``start`` page-aligned, which
   ``blocked_attention``'s blocks are when ``page_size`` divides ``BLOCK_SLOTS``).
-- Pages are owned by the host: ``PagePool`` keeps the free list and each owner's pages in order,
-  with exact accounting (``check`` verifies that every page is free or owned by exactly one
-  owner). The serving engine owns the device table and uploads the host's table before each
-  call that reads or writes the cache, so a page freed on the host is never written through a
-  stale entry.
+- Pages are owned by the host (``pool.PagePool``, ``pool.PagedMemory``): the serving engine owns
+  the device table and uploads the host's table before each call that reads or writes the
+  cache, so a page freed on the host is never written through a stale entry.
 - A row's rows-view for a prefill (``rows_view``) is the same pool with some rows' tables: writes
   land in the shared pool (donated, updated in place), nothing is copied.
 """
 
 from __future__ import annotations
 
-import collections
-from collections.abc import Hashable
-
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import struct
 
 from decodelab.cache.dense import KVCache, cache_dtype
@@ -162,83 +157,3 @@ class PagedKVCache:
         return self.replace(k=view.k, v=view.v,
                             lengths=self.lengths.at[rows].set(view.lengths, mode="drop"))
 
-
-class PagePool:
-    """The host's record of which pages are free and which owner holds which pages, in order.
-
-    ``allocate(owner, n)`` gives ``owner`` ``n`` more pages (all or none), ``release(owner)``
-    returns all of its pages; pages are handed out lowest first from the free list, so a run is
-    deterministic. ``check()`` raises if any page is lost, double-owned or both free and owned.
-    """
-
-    def __init__(self, num_pages: int, page_size: int):
-        if not is_int(num_pages) or num_pages < 1:
-            raise ValueError(f"num_pages must be a positive int, got {num_pages!r}")
-        if not is_int(page_size) or page_size < 1:
-            raise ValueError(f"page_size must be a positive int, got {page_size!r}")
-        self.num_pages, self.page_size = int(num_pages), int(page_size)
-        self._free = collections.deque(range(self.num_pages))
-        self._owned: dict[Hashable, list[int]] = {}
-
-    @property
-    def free(self) -> int:
-        """Pages on the free list."""
-        return len(self._free)
-
-    @property
-    def used(self) -> int:
-        return self.num_pages - len(self._free)
-
-    def pages(self, owner: Hashable) -> list[int]:
-        """``owner``'s pages in logical order (a copy)."""
-        return list(self._owned.get(owner, ()))
-
-    @property
-    def owners(self) -> list[Hashable]:
-        return list(self._owned)
-
-    def allocate(self, owner: Hashable, n: int) -> list[int]:
-        """Give ``owner`` ``n`` more pages and return them; raises ValueError (and gives none)
-        when fewer than ``n`` are free."""
-        if not is_int(n) or n < 0:
-            raise ValueError(f"n must be an int >= 0, got {n!r}")
-        if n > len(self._free):
-            raise ValueError(f"cannot allocate {n} pages to {owner!r}: only {len(self._free)} "
-                             f"of {self.num_pages} are free")
-        new = [self._free.popleft() for _ in range(n)]
-        self._owned.setdefault(owner, []).extend(new)
-        return new
-
-    def grow(self, owner: Hashable, tokens: int) -> list[int]:
-        """Allocate what ``owner`` lacks to hold ``tokens`` slots (all or none)."""
-        need = pages_for(tokens, self.page_size) - len(self._owned.get(owner, ()))
-        return self.allocate(owner, max(need, 0))
-
-    def lacks(self, owner: Hashable, tokens: int) -> int:
-        """Pages ``owner`` would need beyond its own to hold ``tokens`` slots."""
-        return max(pages_for(tokens, self.page_size) - len(self._owned.get(owner, ())), 0)
-
-    def release(self, owner: Hashable) -> int:
-        """Return every page of ``owner`` to the free list; returns how many."""
-        pages = self._owned.pop(owner, [])
-        self._free.extend(sorted(pages))
-        return len(pages)
-
-    def check(self) -> None:
-        """Raise AssertionError unless every page is either free or owned by exactly one owner."""
-        seen = collections.Counter(self._free)
-        for pages in self._owned.values():
-            seen.update(pages)
-        bad = {p: c for p, c in seen.items() if c != 1}
-        missing = set(range(self.num_pages)) - set(seen)
-        extra = set(seen) - set(range(self.num_pages))
-        if bad or missing or extra:
-            raise AssertionError(f"page pool accounting broken: counts {bad}, lost {missing}, "
-                                 f"unknown {extra}")
-
-    def table_row(self, owner: Hashable, max_pages: int) -> np.ndarray:
-        """``[max_pages]`` int32: ``owner``'s pages, then ``num_pages`` (no page)."""
-        row = np.full((max_pages,), self.num_pages, np.int32)
-        pages = self._owned.get(owner, [])
-        row[:len(pages)] = pages
-        return row

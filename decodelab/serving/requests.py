@@ -7,15 +7,16 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from decodelab.checks import check_size, is_int
-from decodelab.decode.request import check_seed
+from decodelab.checks import INT32_MAX, check_size
+from decodelab.decode.request import check_seed, token_ids
 from decodelab.sampling.params import SamplingParams
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Request:
     """One serving request: what ``generate`` would get for a single prompt, with an id and an
-    arrival time (``request.BatchRequest`` is a validated batch call)."""
+    arrival time. (``decode.request.BatchRequest`` is a validated batch call; the fields the two
+    share are checked by the same functions, the vocabulary by ``SlotEngine.check``.)"""
 
     id: int | str
     prompt: tuple[int, ...]  # token ids
@@ -28,12 +29,10 @@ class Request:
     def __post_init__(self) -> None:
         if not isinstance(self.id, (int, str)) or isinstance(self.id, bool):
             raise ValueError(f"id must be an int or a str, got {self.id!r}")
-        prompt = tuple(self.prompt) if isinstance(self.prompt, (Sequence, np.ndarray)) else None
-        if not prompt or isinstance(self.prompt, (str, bytes)) or not all(
-                is_int(t) for t in prompt):
-            raise ValueError(f"prompt must be a non-empty list of int token ids, got "
-                             f"{self.prompt!r}")
-        object.__setattr__(self, "prompt", tuple(int(t) for t in prompt))
+        # The vocabulary is the engine's (``SlotEngine.check``); here ids need only fit the
+        # int32 arrays they go into.
+        prompt = token_ids("prompt", self.prompt, INT32_MAX + 1)
+        object.__setattr__(self, "prompt", tuple(prompt.tolist()))
         check_size("max_new_tokens", self.max_new_tokens, 1)
         if not isinstance(self.params, SamplingParams):
             raise ValueError(f"params must be a SamplingParams, got {self.params!r}")
@@ -42,14 +41,9 @@ class Request:
                 self.stop_sequences, Sequence):
             raise ValueError(f"stop_sequences must be a list of token-id lists, got "
                              f"{self.stop_sequences!r}")
-        stops = []
-        for s in self.stop_sequences:
-            if isinstance(s, (str, bytes)) or not isinstance(s, Sequence) or not s or not all(
-                    is_int(t) for t in s):
-                raise ValueError(f"stop_sequences must hold non-empty lists of int token ids, "
-                                 f"got {s!r}")
-            stops.append(tuple(int(t) for t in s))
-        object.__setattr__(self, "stop_sequences", tuple(stops))
+        stops = tuple(tuple(token_ids(f"stop_sequences[{i}]", s, INT32_MAX + 1).tolist())
+                      for i, s in enumerate(self.stop_sequences))
+        object.__setattr__(self, "stop_sequences", stops)
         if isinstance(self.arrival, bool) or not isinstance(self.arrival, (int, float)) or not (
                 np.isfinite(self.arrival) and self.arrival >= 0):
             raise ValueError(f"arrival must be a finite number of seconds >= 0, got "

@@ -38,8 +38,9 @@ from typing import ClassVar
 
 from tqdm.auto import tqdm
 
-from decodelab.serving.engine import Request, SlotEngine
+from decodelab.serving.engine import SlotEngine
 from decodelab.serving.metrics import RequestRecord, summarize
+from decodelab.serving.requests import Request
 
 
 def _check_slots(name: str, value) -> None:
@@ -286,7 +287,8 @@ def replay(engine: SlotEngine, trace: Sequence[Request], scheduler: Scheduler, *
                 for completion in result.finished:
                     record = records[completion.request_id]
                     record.status, record.finish = "completed", ended
-                    record.tokens, record.finish_reason = completion.tokens, completion.finish_reason
+                    record.tokens = completion.tokens
+                    record.finish_reason = completion.finish_reason
                     bar.update(1)
                 bar.set_postfix(active=len(engine.active), waiting=len(waiting), refresh=False)
                 continue

@@ -2,22 +2,25 @@
 through the model, writing keys and values straight into those slots' rows of the engine's cache
 (a float cache through a ``cache.RowView``: no fresh cache and no copy of a row; a quantized cache
 copies the rows it prefills), and rewrites every per-row field of the slots (``engine`` module
-docstring)."""
+docstring). ``next_chunk`` builds that chunk on the host from the slots waiting."""
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx, struct
 
 from decodelab import sampling
 from decodelab.cache.dense import KVCache, RowView
 from decodelab.decode import generation as decode
 from decodelab.decode.generation import DecodeState
-from decodelab.decode.request import LENGTH, RUNNING
+from decodelab.decode.request import LENGTH, RUNNING, bucket_length
 from decodelab.serving.paged import PagedKVCache
+from decodelab.serving.slots import Slot
 
 # Fields of DecodeState with a leading slot axis (the cache's k and v have it second).
 ROW_FIELDS = ("tokens", "prompt_lengths", "lengths", "finish", "logits", "keys", "params",
@@ -45,6 +48,46 @@ class PrefillChunk:
     params: tuple[sampling.RowParams, ...]  # R one-row values, under the engine's plan
     stop_ids: jax.Array  # [R, M, W] int32
     budgets: jax.Array  # [R] int32
+
+
+def next_chunk(waiting: Sequence[tuple[int, Slot]], plan: sampling.Plan, *, num_slots: int,
+               max_len: int, prefill_chunk: int | None, stop_shape: tuple[int, int]
+               ) -> tuple[PrefillChunk, int]:
+    """The next chunk of the ``waiting`` slots (``(slot, Slot)`` pairs, slots increasing): at
+    most ``prefill_chunk`` tokens of each one's sequence (None: the rest), in a block of ``R``
+    rows (the count rounded up to a power of two; padding rows repeat the first request's fields
+    and write nothing) and ``T`` columns (the longest count rounded up, at most
+    ``prefill_chunk`` and ``max_len``), with each request's fields under ``plan``; and the
+    chunk's ``reach`` (``prefill_rows``). ``stop_shape``: ``(M, W)``, the engine's room for
+    stop sequences."""
+    R = bucket_length(len(waiting), minimum=1)
+    limit = prefill_chunk
+    counts = [min(len(s.sequence) - s.prefilled, limit or len(s.sequence)) for _, s in waiting]
+    T = min(bucket_length(max(counts)), limit or max_len, max_len)
+    offsets = [s.prefilled for _, s in waiting]
+    # A chunk from slot 0 attends to itself only; a later one to the slot's whole row.
+    reach = T if not any(offsets) else max_len
+    pad = R - len(waiting)
+    block = np.zeros((R, T), np.int32)
+    for r, ((_, s), offset, count) in enumerate(zip(waiting, offsets, counts)):
+        block[r, :count] = s.sequence[offset:offset + count]
+    slots = [s for _, s in waiting] + [waiting[0][1]] * pad
+    requests = [s.request for s in slots]
+    M, W = stop_shape
+    stops = np.full((R, M, W), -1, np.int32)
+    for r, request in enumerate(requests):
+        for m, s in enumerate(request.stop_sequences):
+            stops[r, m, W - len(s):] = s
+    rows = [i for i, _ in waiting] + list(range(num_slots, num_slots + pad))
+    return PrefillChunk(
+        block=block, rows=np.asarray(rows, np.int32),
+        offsets=np.asarray(offsets + [0] * pad, np.int32),
+        counts=np.asarray(counts + [0] * pad, np.int32),
+        prompt_lengths=np.asarray([len(r.prompt) for r in requests], np.int32),
+        ends=np.asarray([len(s.sequence) for _, s in waiting] + [1] * pad, np.int32),
+        keys=sampling.seed_keys(np.asarray([r.seed for r in requests], np.uint32)),
+        params=tuple(s.params.with_plan(plan) for s in slots), stop_ids=stops,
+        budgets=np.asarray([r.max_new_tokens for r in requests], np.int32)), reach
 
 
 def rows_of(cache, rows: jax.Array, offsets: jax.Array, reach: int):

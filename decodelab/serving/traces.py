@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from decodelab.sampling.params import SamplingParams
-from decodelab.serving.engine import Request
+from decodelab.serving.requests import Request
 
 
 def _check_positive(name: str, value: Any, *, integer: bool = False) -> None:

@@ -1,0 +1,78 @@
+"""What the host holds of one occupied slot of a ``SlotEngine`` (``engine`` module docstring).
+
+A slot's request prefills its ``sequence`` (its prompt, then the tokens it had generated before a
+preemption) and then decodes; the host keeps the output tokens and log-probs received so far (the
+device state is read once per engine call) and, while it prefills, how much of the sequence is
+in the cache. A preempted slot's record is kept until its request is inserted again, which
+resumes from its tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from decodelab import sampling
+from decodelab.decode.request import FINISH_REASONS
+from decodelab.serving.requests import Completion, Request
+
+
+def tokens_after_call(request: Request, sequence: int, prefilled: int, chunk: int | None,
+                      rounds: int) -> int:
+    """Cache slots ``request`` holds after the next call, with ``prefilled`` of the ``sequence``
+    tokens it prefills already in: its next prefill chunk (at most ``chunk`` tokens; None: the
+    rest) and, once that completes its prefill, the call's decode ``rounds`` (at most its whole
+    length, prompt + ``max_new_tokens``)."""
+    filled = prefilled + min(sequence - prefilled, chunk or sequence)
+    grown = rounds if filled >= sequence else 0
+    return min(filled + grown, len(request.prompt) + request.max_new_tokens)
+
+
+@dataclasses.dataclass(eq=False)
+class Slot:
+    """One occupied slot: its request and the host's view of its progress."""
+
+    request: Request
+    params: sampling.RowParams  # the request's one-row parameters (its own plan)
+    sequence: tuple[int, ...]  # what the slot prefills: the prompt, then tokens of a preemption
+    tokens: list[int]  # output tokens received so far
+    logprobs: list[float]  # their log-probs
+    prefilled: int = 0  # tokens of ``sequence`` in the slot's cache
+
+    @classmethod
+    def admit(cls, request: Request, params: sampling.RowParams,
+              resumed: Slot | None = None) -> Slot:
+        """``request`` entering a slot, resuming the output of its ``resumed`` (preempted) slot:
+        it prefills its prompt and those tokens."""
+        tokens, logprobs = (resumed.tokens, resumed.logprobs) if resumed else ([], [])
+        return cls(request, params, request.prompt + tuple(tokens), tokens, logprobs)
+
+    @property
+    def prefilling(self) -> bool:
+        """The sequence is not yet wholly in the cache (waiting for ``prefill``)."""
+        return self.prefilled < len(self.sequence)
+
+    @property
+    def written(self) -> int:
+        """Prompt and output tokens in the slot's row once its prefill is done (the position of
+        its next output token)."""
+        return len(self.request.prompt) + len(self.tokens)
+
+    def after_call(self, chunk: int | None, rounds: int) -> int:
+        """Cache slots the slot holds after the next call (``tokens_after_call``)."""
+        if self.prefilling:
+            return tokens_after_call(self.request, len(self.sequence), self.prefilled, chunk,
+                                     rounds)
+        return min(self.written + rounds, len(self.request.prompt) + self.request.max_new_tokens)
+
+    def receive(self, tokens: list[int], logprobs: list[float]) -> None:
+        """Append the output tokens (and log-probs) one engine call produced."""
+        self.tokens += tokens
+        self.logprobs += logprobs
+
+    def completion(self, slot: int, finish: int) -> Completion:
+        """The output of the slot's finished request (``finish``: its finish code)."""
+        return Completion(request_id=self.request.id, slot=slot, tokens=self.tokens,
+                          logprobs=np.asarray(self.logprobs, np.float32),
+                          finish_reason=FINISH_REASONS[finish])
