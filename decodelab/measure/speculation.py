@@ -55,7 +55,7 @@ from flax import nnx
 
 from decodelab.decode.generation import generate
 from decodelab.decode.request import OutputSpec, RowInputs
-from decodelab.measure.interleaved import seconds
+from decodelab.measure.timing import timed
 from decodelab.model.transformer import param_count
 from decodelab.sampling.params import SamplingParams, batch_keys
 from decodelab.speculative import generation as speculative
@@ -171,7 +171,7 @@ def cost_seconds(target, draft, prompts, params, run: Run, repeats: int,
     times = {name: [] for name in runs}
     for _ in range(repeats):
         for name, fn in runs.items():
-            times[name].append(seconds(fn))
+            times[name].append(timed(fn))
     out = {part: [t / count for t in times[part]] for part in ROUND_PARTS}
     for model in ("target", "draft"):
         if f"{model}_many" in times:
@@ -207,7 +207,7 @@ def paired_seconds(target_batch: Callable[[int], object],
             order = (0, 1) if (repetition + i) % 2 == 0 else (1, 0)
             for arm in order:
                 fn = (target_batch, speculative_batch)[arm]
-                pair[arm].append(seconds(functools.partial(fn, i)))
+                pair[arm].append(timed(functools.partial(fn, i)))
         target_times.append(pair[0])
         speculative_times.append(pair[1])
     return target_times, speculative_times
