@@ -2,8 +2,7 @@
 
 # Configuration
 # Model and cache
-from decodelab.cache.dense import KVCache
-from decodelab.cache.quantized import Kivi, KiviKVCache, QuantizedKVCache, init_cache
+from decodelab.cache import Kivi, KiviKVCache, KVCache, QuantizedKVCache, init_cache
 
 # Sampling and decoding
 from decodelab.checks import set_memory_limit

@@ -3,6 +3,8 @@ channel over groups of slots, values per token, the newest slots in float), read
 a scale behind KVCache's interface; logits that do not depend on how tokens were split into
 blocks; the kv_cache option of generate, speculative decoding and the serving engine."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,15 +12,15 @@ import pytest
 from flax import nnx
 
 import decodelab as dl
-from decodelab.cache import quantized as kvquant
+from decodelab import cache as kvcache
 from decodelab.model import attention
 from decodelab.serving import Request, SlotEngine
 from tests.conftest import TINY
 
 GREEDY = dl.SamplingParams.greedy()
 PROMPTS = [[5, 9, 13], [7, 1, 2, 3, 4, 8]]
-SMALL = kvquant.Kivi(group_size=8, residual=3, max_rewind=6)  # W = 3 + 7 + 6 = 16 float slots
-TINY_GROUPS = kvquant.Kivi(group_size=4, max_rewind=8)  # groups fill within a short generation
+SMALL = kvcache.Kivi(group_size=8, residual=3, max_rewind=6)  # W = 3 + 7 + 6 = 16 float slots
+TINY_GROUPS = kvcache.Kivi(group_size=4, max_rewind=8)  # groups fill within a short generation
 
 
 @pytest.fixture(scope="module")
@@ -35,9 +37,10 @@ def model(cfg):
 def run(model):
     graphdef, state = nnx.split(model)
 
-    @jax.jit
-    def call(tokens, cache, num_valid=None):
-        return nnx.merge(graphdef, state)(tokens, cache=cache, num_valid=num_valid)
+    @functools.partial(jax.jit, static_argnames="blocking")
+    def call(tokens, cache, num_valid=None, blocking=attention.BLOCKING):
+        return nnx.merge(graphdef, state)(tokens, cache=cache, num_valid=num_valid,
+                                          blocking=blocking)
 
     return call
 
@@ -45,7 +48,7 @@ def run(model):
 def test_int8_elements_are_within_half_their_tokens_scale(cfg):
     k = 3.0 * jax.random.normal(jax.random.key(0), (2, 5, 2, 16))  # [B, T, K, H]
     v = jax.random.normal(jax.random.key(1), (2, 5, 2, 16))
-    cache = _store(kvquant.QuantizedKVCache.init(cfg, 2, 8, "int8"), k, v)
+    cache = _store(kvcache.QuantizedKVCache.init(cfg, 2, 8, "int8"), k, v)
     read_k, read_v = cache.read(0, 0, 5)  # [B, K, T, H]
     for written, read in ((k, read_k), (v, read_v)):
         written = np.asarray(written).swapaxes(1, 2)  # [B, K, T, H]
@@ -69,8 +72,8 @@ def _written(T):
 
 def test_int4_keys_are_within_half_their_channel_groups_scale_and_values_their_tokens(cfg):
     k, v = _written(40)
-    cache = _store(kvquant.KiviKVCache.init(cfg, 2, 48, SMALL), k, v)
-    read_k, read_v = cache.read_quantized(0, 0, 40)  # five complete groups of 8 slots
+    cache = _store(kvcache.KiviKVCache.init(cfg, 2, 48, SMALL), k, v)
+    read_k, read_v = cache.read_stored(0, 0, 40)  # five complete groups of 8 slots
     keys = np.asarray(k).swapaxes(1, 2).reshape(2, 2, 5, 8, 16)  # [B, K, groups, G, H]
     key_scale = (keys.max(axis=3, keepdims=True) - keys.min(axis=3, keepdims=True)) / 15
     key_error = np.abs(np.asarray(read_k).reshape(keys.shape) - keys)
@@ -85,10 +88,10 @@ def test_int4_newest_slots_read_exactly_in_float_and_older_ones_quantized(cfg):
     # length 40, R 3, G 8: the newest query reads slots below 8 * floor((40 - 3) / 8) = 32
     # dequantized and slots 32 .. 39 as written.
     k, v = _written(40)
-    cache = _store(kvquant.KiviKVCache.init(cfg, 2, 48, SMALL), k[:, :29], v[:, :29])
+    cache = _store(kvcache.KiviKVCache.init(cfg, 2, 48, SMALL), k[:, :29], v[:, :29])
     cache = _store(cache, k[:, 29:], v[:, 29:])
     read = cache.read(0, 0, 40)
-    stored = cache.read_quantized(0, 0, 40)
+    stored = cache.read_stored(0, 0, 40)
     for written, read, stored in zip((k, v), read, stored):
         written, read = np.asarray(written).swapaxes(1, 2), np.asarray(read)  # [B, K, T, H]
         np.testing.assert_array_equal(read[:, :, 32:], written[:, :, 32:])
@@ -102,22 +105,22 @@ def test_int4_cache_bytes_really_shrink(cfg):
     # key scales and zeros: 2 x 2*2*2*4*16 x 4 = 4096; value scales and zeros: 2*2*2*128*2 x 4 =
     # 8192; ring: 2 x 2*2*2*47*16 x 4 = 48128. Float32: 2 x 2*2*2*128*16 x 4 = 131072.
     cache = dl.init_cache(cfg, 2, 128, "int4")
-    assert isinstance(cache, kvquant.KiviKVCache)
+    assert isinstance(cache, kvcache.KiviKVCache)
     assert cache.nbytes() == 16384 + 4096 + 8192 + 48128
     floats = dl.init_cache(cfg, 2, 128, None)
     assert floats.k.nbytes + floats.v.nbytes == 131072
     # Per token: L K (4 H + 64 H / G + 4 H + 64) / 8 bits = 4 * (64 + 32 + 64 + 64) / 8 = 112
     # bytes against 2 L K H 4 = 512; int8: 2 L K (8 H + 32) / 8 = 160.
-    assert [kvquant.bytes_per_token(cfg, kind) for kind in (None, "int8", "int4")] == [
+    assert [kvcache.bytes_per_token(cfg, kind) for kind in (None, "int8", "int4")] == [
         512, 160, 112]
 
 
-def _piecewise(run, cfg, tokens, kind, cuts):
+def _piecewise(run, cfg, tokens, kind, cuts, blocking=attention.BLOCKING):
     """Logits of ``tokens [B, T]`` fed to a fresh cache in the blocks that ``cuts`` delimit."""
     cache = dl.init_cache(cfg, tokens.shape[0], 48, kind)
     pieces = []
     for start, end in zip(cuts[:-1], cuts[1:]):
-        logits, cache = run(tokens[:, start:end], cache)
+        logits, cache = run(tokens[:, start:end], cache, blocking=blocking)
         pieces.append(logits)
     return jnp.concatenate(pieces, axis=1), cache
 
@@ -131,16 +134,15 @@ def test_int8_prefill_then_steps_matches_one_prefill(cfg, model, run):
     assert float(jnp.abs(whole - float_logits).max()) > 0  # the rounding reaches the logits
 
 
-def test_int4_prefill_then_blocks_and_steps_match_one_prefill(cfg, model, run, monkeypatch):
+def test_int4_prefill_then_blocks_and_steps_match_one_prefill(cfg, model, run):
     """What a query reads depends only on the tokens up to it. (Equality holds while a block's
     projections round as the whole prefill's do: a different matmul shape can move an element
     across a rounding boundary, one quantization level; with int8 a 5-token block here does.)"""
-    monkeypatch.setattr(attention, "BLOCK_SLOTS", 16)  # decode reads three blocks in a loop
-    run = jax.jit(run.__wrapped__)  # traced again with this block size
+    blocks_of_16 = attention.Blocking(slots=16)  # decode reads three blocks in a loop
     tokens = jax.random.randint(jax.random.key(2), (2, 40), 0, TINY["vocab_size"], jnp.int32)
-    whole, _ = _piecewise(run, cfg, tokens, SMALL, [0, 40])
+    whole, _ = _piecewise(run, cfg, tokens, SMALL, [0, 40], blocks_of_16)
     # 21 by the full-matrix path, a 5-token block across the group boundary at 24, then steps.
-    pieces, _ = _piecewise(run, cfg, tokens, SMALL, [0, 21, 26, *range(27, 41)])
+    pieces, _ = _piecewise(run, cfg, tokens, SMALL, [0, 21, 26, *range(27, 41)], blocks_of_16)
     np.testing.assert_allclose(pieces, whole, atol=1e-5, rtol=1e-5)
     float_logits = nnx.jit(lambda m, t: m(t))(model, tokens)
     assert float(jnp.abs(whole - float_logits).max()) > 1e-2  # the rounding reaches the logits
@@ -148,7 +150,7 @@ def test_int4_prefill_then_blocks_and_steps_match_one_prefill(cfg, model, run, m
 
 def test_int4_with_everything_in_the_residual_equals_the_float_cache(cfg, model, run):
     tokens = jax.random.randint(jax.random.key(3), (2, 40), 0, TINY["vocab_size"], jnp.int32)
-    everything = kvquant.Kivi(group_size=8, residual=48)
+    everything = kvcache.Kivi(group_size=8, residual=48)
     logits, _ = _piecewise(run, cfg, tokens, everything, [0, 21, 26, *range(27, 41)])
     float_logits = nnx.jit(lambda m, t: m(t))(model, tokens)
     np.testing.assert_allclose(logits, float_logits, atol=1e-5, rtol=1e-5)
@@ -220,11 +222,11 @@ def test_unknown_kv_cache_kind_is_rejected_naming_the_argument(model, call):
 ])
 def test_bad_kivi_sizes_are_rejected(fields, message):
     with pytest.raises(ValueError, match=message):
-        kvquant.Kivi(**fields)
+        kvcache.Kivi(**fields)
 
 
 def test_speculative_gamma_past_the_int4_rewind_depth_is_rejected(model):
     with pytest.raises(ValueError, match=r"gamma must be at most 3 with kv_cache=Kivi\(.*\), got "
                                          r"4"):
         dl.speculative_generate(model, model, PROMPTS, GREEDY, gamma=4, max_new_tokens=8,
-                                options=dl.SpeculativeOptions(kv_cache=kvquant.Kivi(max_rewind=4)))
+                                options=dl.SpeculativeOptions(kv_cache=kvcache.Kivi(max_rewind=4)))

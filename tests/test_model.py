@@ -77,7 +77,7 @@ def assert_rows_match(logits, full, start, counts):
 class Compiled:
     """A model plus its forward pass, jitted with the parameters as an argument (DESIGN.md §3)."""
 
-    def __init__(self, cfg: dl.ModelConfig):
+    def __init__(self, cfg: dl.ModelConfig, blocking: attention.Blocking = attention.BLOCKING):
         self.cfg = cfg
         self.model = dl.Transformer(cfg, rngs=nnx.Rngs(0))
         graphdef, self.state = nnx.split(self.model)
@@ -86,7 +86,8 @@ class Compiled:
             return nnx.merge(graphdef, state)(tokens)
 
         def extend(state, tokens, cache, num_valid):
-            return nnx.merge(graphdef, state)(tokens, cache=cache, num_valid=num_valid)
+            return nnx.merge(graphdef, state)(tokens, cache=cache, num_valid=num_valid,
+                                              blocking=blocking)
 
         self._forward = jax.jit(forward)
         self._extend = jax.jit(extend)
@@ -144,14 +145,13 @@ ATTENTION_PATHS = [
                                          "mha")],
     *[(case, "full-matrix") for case in ("t5", "alibi", "rope")],
 ]
-PATH_SETTINGS = {"blocks-of-5": dict(BLOCK_SLOTS=5), "full-matrix": dict(SHORT_BLOCK=0)}
+PATH_BLOCKING = {"blocks-of-5": attention.Blocking(slots=5),
+                 "full-matrix": attention.Blocking(short=0)}
 
 
 @pytest.mark.parametrize(("case", "path"), ATTENTION_PATHS)
-def test_each_attention_path_matches_full_forward(tiny_config, monkeypatch, case, path):
-    for name, value in PATH_SETTINGS[path].items():
-        monkeypatch.setattr(attention, name, value)
-    m = Compiled(tiny_config.replace(**CASES[case]))
+def test_each_attention_path_matches_full_forward(tiny_config, case, path):
+    m = Compiled(tiny_config.replace(**CASES[case]), PATH_BLOCKING[path])
     full = m.forward(SEQ)
     logits, cache = m.prefill()
     assert_rows_match(logits, full, np.zeros(B, np.int32), PROMPT_LENS)
@@ -159,6 +159,23 @@ def test_each_attention_path_matches_full_forward(tiny_config, monkeypatch, case
         start = np.asarray(cache.lengths)
         logits, cache = m.extend(padded_block(start, ONES, 1), cache, ONES)
         assert_rows_match(logits, full, start, ONES)
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    (dict(slots=0), r"^slots must be an int >= 1, got 0"),
+    (dict(slots=16.0), r"^slots must be an int >= 1, got 16.0"),
+    (dict(short=-1), r"^short must be an int >= 0, got -1"),
+])
+def test_bad_attention_blocks_are_rejected(fields, message):
+    with pytest.raises(ValueError, match=message):
+        attention.Blocking(**fields)
+
+
+def test_a_model_call_takes_only_a_blocking_as_its_blocks(build):
+    m = build("rope")
+    cache = dl.KVCache.init(m.cfg, batch_size=B, max_len=MAX_LEN)
+    with pytest.raises(ValueError, match=r"^blocking must be an attention.Blocking, got 16"):
+        m.model(jnp.zeros((B, 1), jnp.int32), cache=cache, blocking=16)
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -143,13 +143,13 @@ def block_reads(monkeypatch):
         return read(self, layer, start, size)
 
     monkeypatch.setattr(dl.KVCache, "read", counted)
-    monkeypatch.setattr(attention, "BLOCK_SLOTS", 16)
 
     def run(model, lengths, num_valid, max_len):
         starts.clear()
         cache = dl.KVCache.init(model.config, len(lengths), max_len).advance(jnp.asarray(lengths))
         tokens = jnp.zeros((len(lengths), 1), jnp.int32)
-        model(tokens, cache=cache, num_valid=jnp.asarray(num_valid))
+        model(tokens, cache=cache, num_valid=jnp.asarray(num_valid),
+              blocking=attention.Blocking(slots=16))
         jax.effects_barrier()
         return list(starts)
 

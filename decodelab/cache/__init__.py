@@ -1,8 +1,22 @@
-"""KV caches: the dense cache (one length per row) and the quantized ones (int8, int4 / KIVI)."""
+"""KV caches behind one ``Cache`` protocol (``base``): the dense cache (``dense``, one length per
+row), the quantized ones (``quantized``: int8; ``kivi``: int4 in KIVI's layout), the beam view
+(``beam``) and the paged view (``paged``); the kinds a caller names with ``kv_cache=``
+(``kinds``)."""
 
+# The protocol
+from decodelab.cache.base import Cache, CacheWrapper, FloatTail
+
+# The caches
 from decodelab.cache.dense import KVCache, RowView, cache_dtype
-from decodelab.cache.quantized import (KINDS, Kivi, KiviKVCache, QuantizedKVCache, init_cache,
-                                       max_rewind)
+from decodelab.cache.quantized import QuantizedKVCache
+from decodelab.cache.kivi import Kivi, KiviKVCache
+from decodelab.cache.beam import BeamCache
+from decodelab.cache.paged import PagedKVCache, pages_for
 
-__all__ = ["KINDS", "KVCache", "Kivi", "KiviKVCache", "QuantizedKVCache", "RowView", "cache_dtype",
-           "init_cache", "max_rewind"]
+# Choosing one
+from decodelab.cache.kinds import KINDS, bytes_per_token, check_kind, init_cache, max_rewind
+
+__all__ = ["BeamCache", "Cache", "CacheWrapper", "FloatTail", "KINDS", "KVCache", "Kivi",
+           "KiviKVCache", "PagedKVCache", "QuantizedKVCache", "RowView",
+           "bytes_per_token", "cache_dtype", "check_kind", "init_cache", "max_rewind",
+           "pages_for"]

@@ -16,14 +16,10 @@ Conventions (every caller relies on them):
   concrete; inside a trace, out-of-range slots are dropped (never wrapped onto earlier slots), and
   the decode loop stops a row before its cache is full.
 - ``read(layer, start, size)`` returns slots ``[start, start + size)`` of every row as float
-  ``[B, K, size, H]``; attention reads the cache only through it, a block at a time. So a cache
-  that stores something else (quantized values, beams sharing a prompt: ``beam.BeamCache``) works
-  wherever this one does if it has this class's public methods and properties other than ``k`` and
-  ``v``: ``write``, ``read``, ``advance``, ``positions``, ``check_room``, ``take_rows``,
-  ``rewind``, ``lengths``, ``batch_size``, ``max_len`` (and ``gather`` to hold beams). A cache
-  that keeps its newest slots in float beside quantized ones (``kvquant.KiviKVCache``) also has
-  ``float_tail`` and ``read_quantized``, which attention uses instead of ``read``
-  (``model/attention.py``).
+  ``[B, K, size, H]``; attention reads the cache only through it (``read_stored``, the same here),
+  a block at a time. So a cache that stores something else (quantized values, beams sharing a
+  prompt, pages) works wherever this one does when it implements the same ``base.Cache``
+  protocol.
 - ``RowView`` is some rows of a cache seen as a cache of their own, for one forward pass: the
   serving engine prefills the rows of new requests through it, writing straight into the shared
   cache's buffers.
@@ -36,11 +32,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from decodelab.cache.base import Cache, nbytes_of, rewound_lengths
 from decodelab.config import ModelConfig
-
-
-def _is_concrete(x) -> bool:
-    return not isinstance(x, jax.core.Tracer)
 
 
 def _write_rows(cache: jax.Array, layer: int, block: jax.Array, at: jax.Array,
@@ -77,27 +70,6 @@ def _write_rows(cache: jax.Array, layer: int, block: jax.Array, at: jax.Array,
                            unique_indices=True, mode=mode)
 
 
-def _check_int_array(name: str, value, shape: tuple[int, ...]) -> jax.Array:
-    """``value`` as an int32 array broadcast to ``shape``; ValueError naming ``name`` for anything
-    that is not integers of a compatible shape (floats are not truncated, strings not parsed)."""
-    try:
-        array = value if isinstance(value, jax.Array) else np.asarray(value)
-    except (TypeError, ValueError):
-        array = None
-    if array is None or array.dtype == bool or not jnp.issubdtype(array.dtype, jnp.integer):
-        raise ValueError(f"{name} must be an int or one int per row ({shape[0]} rows), got "
-                         f"{value!r}")
-    if array.ndim > 1 or (array.ndim == 1 and array.shape != shape):
-        raise ValueError(f"{name} must be an int or one int per row, shape {shape}; got shape "
-                         f"{array.shape} ({value!r})")
-    if _is_concrete(array):
-        info = np.iinfo(np.int32)
-        host = np.asarray(array)
-        if host.size and (host.min() < info.min or host.max() > info.max):
-            raise ValueError(f"{name} must fit in int32, got {value!r}")
-    return jnp.broadcast_to(jnp.asarray(array, jnp.int32), shape)
-
-
 def cache_dtype(cfg: ModelConfig, dtype=None) -> jnp.dtype:
     """The dtype a cache of ``cfg`` stores keys and values in: ``dtype``, or the config's when it
     is None; a ValueError unless it is a float dtype."""
@@ -112,7 +84,7 @@ def cache_dtype(cfg: ModelConfig, dtype=None) -> jnp.dtype:
 
 
 @struct.dataclass(kw_only=True)
-class KVCache:
+class KVCache(Cache):
     """Per-layer keys and values for a batch of rows, plus each row's length."""
 
     k: jax.Array  # [L, B, K, S, H]
@@ -143,26 +115,6 @@ class KVCache:
     @property
     def max_len(self) -> int:
         return self.k.shape[3]
-
-    def positions(self, block_len: int) -> jax.Array:
-        """Positions ``[B, T]`` a block of ``block_len`` tokens written now would occupy."""
-        return self.lengths[:, None] + jnp.arange(block_len, dtype=jnp.int32)[None, :]
-
-    def check_room(self, num_valid: jax.Array) -> None:
-        """Raise if appending ``num_valid[b]`` tokens to row b would pass ``max_len``.
-
-        Only possible when lengths and counts are concrete (outside ``jit``); traced callers bound
-        lengths themselves.
-        """
-        if not (_is_concrete(self.lengths) and _is_concrete(num_valid)):
-            return
-        end = np.asarray(self.lengths) + np.asarray(num_valid)
-        if (end > self.max_len).any():
-            row = int(np.argmax(end > self.max_len))
-            raise ValueError(
-                f"cache is full: row {row} has length {int(self.lengths[row])} and the block adds "
-                f"{int(np.asarray(num_valid)[row])} tokens, but max_len is {self.max_len}"
-            )
 
     def write(self, layer: int, k: jax.Array, v: jax.Array) -> KVCache:
         """Store ``k, v: [B, T, K, H]`` for ``layer`` at each row's current length.
@@ -218,19 +170,15 @@ class KVCache:
         This is how speculative decoding drops rejected draft tokens and how a serving slot is
         freed: nothing is erased, the next write overwrites.
         """
-        lengths = _check_int_array("lengths", lengths, self.lengths.shape)
-        if _is_concrete(lengths) and _is_concrete(self.lengths):
-            new, old = np.asarray(lengths), np.asarray(self.lengths)
-            if (new < 0).any() or (new > old).any():
-                raise ValueError(
-                    f"rewind lengths must be in [0, current length] per row, got {new.tolist()} "
-                    f"for current lengths {old.tolist()}"
-                )
-        return self.replace(lengths=lengths)
+        return self.replace(lengths=rewound_lengths(lengths, self.lengths))
+
+    def nbytes(self) -> int:
+        """Bytes of the stored keys and values."""
+        return nbytes_of(self.k, self.v)
 
 
 @struct.dataclass(kw_only=True)
-class RowView:
+class RowView(Cache):
     """Rows of a ``KVCache`` seen as a cache of their own: row ``i`` of the view is row
     ``rows[i]`` of the underlying keys and values, at the view's own length ``lengths[i]``.
 
@@ -271,12 +219,6 @@ class RowView:
     def max_len(self) -> int:
         return self.reach
 
-    def positions(self, block_len: int) -> jax.Array:
-        return self.lengths[:, None] + jnp.arange(block_len, dtype=jnp.int32)[None, :]
-
-    def check_room(self, num_valid: jax.Array) -> None:
-        KVCache.check_room(self, num_valid)
-
     def write(self, layer: int, k: jax.Array, v: jax.Array) -> RowView:
         """``KVCache.write`` into the view's rows of the underlying cache."""
         if k.shape[1] > self.reach:
@@ -305,8 +247,25 @@ class RowView:
 
         return take(self.k), take(self.v)
 
+    def gather(self, layer: int, rows: jax.Array, slots: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """``KVCache.gather`` of the view's rows (a padding row reads the cache's last row)."""
+        cache_rows = jnp.minimum(self.rows[rows], self.k.shape[1] - 1)  # [R, size]
+        k = self.k[layer, cache_rows, :, slots, :]  # [R, size, K, H]
+        v = self.v[layer, cache_rows, :, slots, :]
+        return jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
+
     def advance(self, num_valid: jax.Array) -> RowView:
         return self.replace(lengths=self.lengths + num_valid.astype(jnp.int32))
 
+    def take_rows(self, rows: jax.Array) -> RowView:
+        """Refused: the view's rows write straight into the cache it views, so a row cannot
+        become a copy of another; take the rows of that cache (``KVCache.take_rows``)."""
+        raise ValueError("a RowView cannot take rows: its rows write into the viewed cache's "
+                         "own rows; call take_rows on that cache")
+
     def rewind(self, lengths) -> RowView:
-        return self.replace(lengths=_check_int_array("lengths", lengths, self.lengths.shape))
+        return self.replace(lengths=rewound_lengths(lengths, self.lengths))
+
+    def nbytes(self) -> int:
+        """Bytes of the viewed cache's keys and values, which the view holds."""
+        return nbytes_of(self.k, self.v)

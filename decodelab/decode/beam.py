@@ -8,7 +8,7 @@ Conventions (every caller relies on them):
   each beam then writes only the tokens it generates into its own physical row. Every step gives
   each surviving beam its parent's history by reordering a ``[B * W, S]`` table of which row
   holds each slot (``BeamCache.take_rows``), never by copying keys and values.
-- ``kv_cache``: None (float) or "int8" (``kvquant.QuantizedKVCache``: a scale per token, so a slot
+- ``kv_cache``: None (float) or "int8" (``cache.QuantizedKVCache``: a scale per token, so a slot
   reads the same from whichever row holds it). KIVI's int4 cache is refused: its key groups and
   float ring belong to a physical row's own history, which beams do not have.
 - A hypothesis's log-probability is the sum of the model's log-probabilities (``log_softmax`` of
@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
-from decodelab.cache import quantized as kvquant
+from decodelab.cache import BeamCache, bytes_per_token, check_kind, init_cache
 from decodelab.checks import (check_bool, check_memory, check_model, check_size, is_int, nbytes,
                               position_limit)
 from decodelab.decode.loop import CompiledLoop
@@ -54,82 +54,6 @@ from decodelab.decode.request import (EOS, FINISH_REASONS, LENGTH, NO_HYPOTHESIS
                                       BeamOptions, bucket_length, check_eos, check_prompts,
                                       clamp_new_tokens, prompt_block, resolve_max_len)
 from decodelab.decode.state import LoopState
-
-
-@struct.dataclass(kw_only=True)
-class BeamCache:
-    """A cache whose rows are reordered without copying keys and values (same interface as
-    ``KVCache``: ``write``, ``read``, ``advance``, ``take_rows``, ``rewind`` and the sizes).
-
-    ``store`` holds, per physical row, the tokens that row wrote (and the rows' lengths);
-    ``source[b, j]`` is the physical row whose slot j holds row b's token at position j. A write
-    puts row b's block into physical row b at its length and points those slots at b;
-    ``take_rows`` reorders ``source`` and the lengths only. A row's write overwrites slots of its
-    physical row from its length on, so rows that share history must not write below a slot
-    another row still reads: beams of one prompt always have the same length, and the lengths
-    only grow.
-    """
-
-    store: Any  # a KVCache (or a QuantizedKVCache) of the physical rows; lengths per logical row
-    source: jax.Array  # [B, S] int32, physical row of each slot of each row
-
-    @classmethod
-    def from_prompts(cls, prompts: Any, width: int) -> BeamCache:
-        """``width`` beams per row of ``prompts`` (rows ``b * width + w``; any cache with
-        ``gather``); every beam's row starts as a copy of its prompt's row and reads itself."""
-        B, S = prompts.batch_size, prompts.max_len
-        store = prompts.take_rows(jnp.repeat(jnp.arange(B, dtype=jnp.int32), width))
-        source = jnp.broadcast_to(jnp.arange(B * width, dtype=jnp.int32)[:, None], (B * width, S))
-        return cls(store=store, source=source)
-
-    @property
-    def lengths(self) -> jax.Array:  # [B] int32
-        return self.store.lengths
-
-    @property
-    def batch_size(self) -> int:
-        return self.store.batch_size
-
-    @property
-    def max_len(self) -> int:
-        return self.store.max_len
-
-    def positions(self, block_len: int) -> jax.Array:
-        return self.store.positions(block_len)
-
-    def check_room(self, num_valid: jax.Array) -> None:
-        self.store.check_room(num_valid)
-
-    def write(self, layer: int, k: jax.Array, v: jax.Array) -> BeamCache:
-        """``KVCache.write`` into each row's own physical row, whose new slots it now owns."""
-        B, T = k.shape[:2]
-        rows = jnp.broadcast_to(jnp.arange(B, dtype=jnp.int32)[:, None], (B, T))
-        source = self.source.at[rows, self.positions(T)].set(rows, mode="drop")
-        return self.replace(store=self.store.write(layer, k, v), source=source)
-
-    def read(self, layer: int, start: jax.Array | int, size: int) -> tuple[jax.Array, jax.Array]:
-        """``KVCache.read``: slots ``[start, start + size)`` (start clamped into range), each
-        gathered from the physical row that holds it."""
-        first = jnp.clip(start, 0, self.max_len - size)
-        rows = jax.lax.dynamic_slice_in_dim(self.source, first, size, axis=1)  # [B, size]
-        slots = (first + jnp.arange(size, dtype=jnp.int32))[None, :]  # [1, size]
-        return self.store.gather(layer, rows, slots)  # [B, K, size, H] each
-
-    def advance(self, num_valid: jax.Array) -> BeamCache:
-        return self.replace(store=self.store.advance(num_valid))
-
-    def take_rows(self, rows: jax.Array) -> BeamCache:
-        """Row ``i`` reads as row ``rows[i]`` did (``rows: [B]``, the same number of rows); only
-        the ``[B, S]`` slot table and the lengths move (rows are only taken among beams of one
-        prompt, which have the same length, so ``rewind`` never raises a length)."""
-        rows = jnp.asarray(rows, jnp.int32)
-        return self.replace(store=self.store.rewind(self.store.lengths[rows]),
-                            source=self.source[rows])
-
-    def rewind(self, lengths) -> BeamCache:
-        """``KVCache.rewind``; rewinding a row below a slot another row reads from its physical
-        row breaks the sharing rule above."""
-        return self.replace(store=self.store.rewind(lengths))
 
 
 @struct.dataclass(kw_only=True)
@@ -272,7 +196,7 @@ def _beam_prefill(weights, block, prompt_lengths, budgets, eos_mask, alpha, min_
     model = nnx.merge(graphdef, weights)
     B, T = block.shape
     W, N = width, max_new_tokens
-    cache = kvquant.init_cache(model.config, B, max_len, kv_cache)
+    cache = init_cache(model.config, B, max_len, kv_cache)
     logits, cache = model(block, cache=cache, num_valid=prompt_lengths)  # [B, T, V]
     last = jnp.take_along_axis(logits, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0]  # [B, V]
     beams = jnp.repeat(jnp.arange(B, dtype=jnp.int32), W)  # [B * W]
@@ -364,7 +288,7 @@ def _check_alpha(length_penalty: Any) -> float:
 
 def _buffers(cfg: Any, B: int, W: int, S: int, N: int, kv_cache: str | None) -> dict[str, int]:
     """Bytes of the largest buffers of a ``BeamState`` (``checks.check_memory``)."""
-    return {"KV cache": B * W * S * kvquant.bytes_per_token(cfg, kv_cache),
+    return {"KV cache": B * W * S * bytes_per_token(cfg, kv_cache),
             "running and finished tokens": 2 * nbytes((B, W, N), np.int32),
             "extensions": nbytes((B, W, cfg.vocab_size), np.float32)}
 
@@ -420,11 +344,7 @@ def beam_search(
     eos_mask = check_eos(options.eos_ids, V)
     min_new = check_size("min_new_tokens", options.min_new_tokens, 0)
     check_bool("python_loop", options.python_loop)
-    kvquant.check_kind("kv_cache", kv_cache)
-    if isinstance(kvquant.resolve(kv_cache), kvquant.Kivi):
-        raise ValueError(f"kv_cache must be None or 'int8' for beam search, got {kv_cache!r}: "
-                         f"KIVI's key groups and float ring follow one row's own history, and "
-                         f"beams share history across rows")
+    check_kind("kv_cache", kv_cache, shared_by="beam search")
     longest = max(len(r) for r in rows)
     S = resolve_max_len(max_len, rows, bucket_length(longest) + N, position_limit(model))
     N = clamp_new_tokens(N, rows, S)

@@ -41,7 +41,7 @@ import numpy as np
 from flax import nnx, struct
 
 from decodelab import sampling
-from decodelab.cache import quantized as kvquant
+from decodelab.cache import check_kind, init_cache
 from decodelab.cache.dense import KVCache
 from decodelab.checks import check_memory, check_model, position_limit
 from decodelab.decode.loop import CompiledLoop
@@ -162,7 +162,7 @@ def prefill(weights, block, rows: RowInputs, *, graphdef, max_len: int, outputs:
     """Run the padded prompt block ``[B, T]`` through the model: the state before the first step
     (also the serving engine's prefill of one request)."""
     model = nnx.merge(graphdef, weights)
-    cache = kvquant.init_cache(model.config, block.shape[0], max_len, kv_cache)
+    cache = init_cache(model.config, block.shape[0], max_len, kv_cache)
     logits, cache = model(block, cache=cache, num_valid=rows.prompt_lengths)  # [B, T, V]
     last = jnp.take_along_axis(logits, (rows.prompt_lengths - 1)[:, None, None],
                                axis=1)[:, 0]  # [B, V]
@@ -226,7 +226,7 @@ def generate(
     memory limit (``checks.check_memory``).
     """
     check_model("model", model)
-    kvquant.check_kind("kv_cache", kv_cache)
+    check_kind("kv_cache", kv_cache)
     V = model.config.vocab_size
     request = check_request(V, prompts, params, max_new_tokens, seed, options)
     rows, N = request.rows, request.max_new_tokens

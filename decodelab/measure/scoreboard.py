@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from decodelab.cache import quantized as kvquant
+from decodelab.cache import bytes_per_token, check_kind, init_cache
 from decodelab.compress.quantization import parameter_bytes
 
 
@@ -75,7 +75,7 @@ def _model_logprobs(graphdef, state, windows, *, kv_cache):
         logits = model(windows)
     else:
         B, T = windows.shape
-        cache = kvquant.init_cache(model.config, B, T, kv_cache)
+        cache = init_cache(model.config, B, T, kv_cache)
         logits, _ = model(windows, cache=cache)
     return jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)  # [B, T, V]
 
@@ -108,7 +108,7 @@ def _bytes(model) -> int | None:
 
 def _kv_bytes(model, kv_cache: str | None) -> int | None:
     config = getattr(model, "config", None)
-    return None if config is None else kvquant.bytes_per_token(config, kv_cache)
+    return None if config is None else bytes_per_token(config, kv_cache)
 
 
 def compare(reference, candidate, tokens, *, batch_size: int = 8,
@@ -124,7 +124,7 @@ def compare(reference, candidate, tokens, *, batch_size: int = 8,
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     for name, kind in (("reference_kv_cache", reference_kv_cache),
                        ("candidate_kv_cache", candidate_kv_cache)):
-        kvquant.check_kind(name, kind)
+        check_kind(name, kind)
     windows = windows.astype(np.int32)
     stats = []
     for start in range(0, len(windows), batch_size):

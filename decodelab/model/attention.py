@@ -10,21 +10,26 @@ Two paths compute the same attention (float32 results agree to rounding):
 
 - ``causal_attention``: the whole ``[T, S]`` score matrix at once; training, full forward passes
   and long blocks written to a cache (prefill).
-- ``blocked_attention``: decode steps and short blocks (at most ``SHORT_BLOCK`` tokens, e.g. a
-  speculative verify block) read the cache ``BLOCK_SLOTS`` slots at a time with an online softmax,
-  in a ``while_loop`` that stops after the last block any counted query can see, so a step costs
-  what the longest live row holds, not the cache's ``max_len`` (a cache of at most one block is
-  read in one piece, without the loop). A position bias (T5, ALiBi) is
-  computed per block from positions, never as a ``[B, N, T, S]`` matrix.
+- ``blocked_attention``: decode steps and short blocks (at most ``Blocking.short`` tokens, e.g. a
+  speculative verify block) read the cache ``Blocking.slots`` slots at a time with an online
+  softmax, in a ``while_loop`` that stops after the last block any counted query can see, so a
+  step costs what the longest live row holds, not the cache's ``max_len`` (a cache of at most one
+  block is read in one piece, without the loop). A position bias (T5, ALiBi) is computed per
+  block from positions, never as a ``[B, N, T, S]`` matrix.
 
-A cache that keeps its newest slots in float beside quantized ones (``kvquant.KiviKVCache``) has
-``float_tail(layer, q_pos)`` and ``read_quantized``: each query reads the slots below its
-``tail.below`` quantized and the tail's float slots from there up to its own position, in both
-paths (one more online-softmax step in the blocked one).
+How a call splits its attention is a ``Blocking``, an argument of the model call (default
+``BLOCKING``), so a program traced with other blocks is another program, never a patched global.
+
+Both paths read the cache through the ``cache.Cache`` protocol: ``read_stored`` for the stored
+slots and ``float_tail(layer, q_pos)`` for the float slots a cache keeps beside quantized ones
+(KIVI's; None for every other cache). With a tail, each query reads the stored slots below its
+``tail.below`` and the tail's float slots from there up to its own position, in both paths (one
+more online-softmax step in the blocked one).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 
@@ -32,13 +37,29 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from decodelab.cache.dense import KVCache
+from decodelab.cache import Cache
+from decodelab.checks import is_int
 from decodelab.config import ModelConfig
 from decodelab.model.layers import normal, residual_init
 from decodelab.model.positions import PositionEncoding
 
-BLOCK_SLOTS = 128  # cache slots per block of blocked_attention (fewer when max_len is smaller)
-SHORT_BLOCK = 16  # blocks of at most this many tokens use blocked_attention over a cache
+
+@dataclasses.dataclass(frozen=True)
+class Blocking:
+    """How attention over a cache is split (module docstring); static, so each value is its own
+    compiled program."""
+
+    slots: int = 128  # cache slots per block of blocked_attention (fewer when max_len is smaller)
+    short: int = 16  # blocks of at most this many tokens use blocked_attention (0: none do)
+
+    def __post_init__(self):
+        for name, low in (("slots", 1), ("short", 0)):
+            value = getattr(self, name)
+            if not is_int(value) or value < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+
+
+BLOCKING = Blocking()  # what generate, beam search, speculative decoding and serving run with
 
 NEG = float(jnp.finfo(jnp.float32).min)  # a masked score
 
@@ -76,7 +97,7 @@ def attention_blocks(live: jax.Array, max_len: int, block_slots: int) -> jax.Arr
 
 def blocked_attention(
     q: jax.Array,  # [B, T, N, H]
-    cache: KVCache,  # already holding this block's keys and values
+    cache: Cache,  # already holding this block's keys and values
     layer: int,
     n_kv_heads: int,
     q_pos: jax.Array,  # [B, T]
@@ -92,8 +113,7 @@ def blocked_attention(
     G = N // K
     size = min(block_slots, S)
     q = q.reshape(B, T, K, G, H)
-    tail = cache.float_tail(layer, q_pos) if hasattr(cache, "float_tail") else None
-    read = cache.read if tail is None else cache.read_quantized
+    tail = cache.float_tail(layer, q_pos)
 
     def online(carry, k, v, k_pos, visible):
         """One online-softmax step over keys ``k, v: [B, K, S', H]`` at ``k_pos: [B, S']``,
@@ -115,7 +135,7 @@ def blocked_attention(
     def trip(carry):
         i, *state = carry
         start = i * size
-        k, v = read(layer, start, size)  # [B, K, S', H], S' = size
+        k, v = cache.read_stored(layer, start, size)  # [B, K, S', H], S' = size
         first = jnp.minimum(start, S - size)  # read clamps a last partial block back into range
         k_pos = jnp.broadcast_to(first + jnp.arange(size, dtype=jnp.int32), (B, size))
         visible = jnp.broadcast_to((k_pos >= start)[:, None, :], (B, T, size))  # before: done
@@ -168,12 +188,14 @@ class Attention(nnx.Module):
         q_pos: jax.Array,  # [B, T]
         k_pos: jax.Array | None,  # [B, S]: q_pos without a cache, the slot index with one
         bias: jax.Array | None,  # [B, N, T, S]
-        cache: KVCache | None,
+        cache: Cache | None,
         layer: int,
         live: jax.Array | None = None,  # [] int32 with a cache: the blocked path's slot bound
-    ) -> tuple[jax.Array, KVCache | None]:
+        blocking: Blocking = BLOCKING,
+    ) -> tuple[jax.Array, Cache | None]:
         """Without ``live`` the whole score matrix over ``k_pos`` (the block itself without a
-        cache, all ``S`` slots with one); with it, ``blocked_attention`` over the cache."""
+        cache, all ``S`` slots with one); with it, ``blocked_attention`` over the cache in blocks
+        of ``blocking.slots``."""
         q = positions.rotate(self.q(x), q_pos)
         k = positions.rotate(self.k(x), q_pos)  # [B, T, K, H]
         v = self.v(x)
@@ -182,9 +204,15 @@ class Attention(nnx.Module):
                                    bias)
             return self.o(out), cache
         cache = cache.write(layer, k, v)
-        if live is None and hasattr(cache, "float_tail"):
-            tail = cache.float_tail(layer, q_pos)
-            k, v = cache.read_quantized(layer, 0, cache.max_len)  # [B, K, S, H]
+        if live is not None:
+            out = blocked_attention(q, cache, layer, self.n_kv_heads, q_pos, live, positions.bias,
+                                    blocking.slots)
+            return self.o(out), cache
+        tail = cache.float_tail(layer, q_pos)
+        k, v = cache.read_stored(layer, 0, cache.max_len)  # [B, K, S, H]
+        if tail is None:
+            out = causal_attention(q, k, v, q_pos, k_pos, bias)
+        else:
             visible = jnp.concatenate([k_pos[:, None, :] < tail.below[:, :, None],
                                        tail.positions[:, None, :] >= tail.below[:, :, None]],
                                       axis=2)  # [B, T, S + E]
@@ -194,10 +222,4 @@ class Attention(nnx.Module):
                                    jnp.concatenate([v, tail.v], axis=2), q_pos,
                                    jnp.concatenate([k_pos, tail.positions], axis=1), bias,
                                    visible)
-        elif live is None:
-            k, v = cache.read(layer, 0, cache.max_len)  # [B, K, S, H]
-            out = causal_attention(q, k, v, q_pos, k_pos, bias)
-        else:
-            out = blocked_attention(q, cache, layer, self.n_kv_heads, q_pos, live, positions.bias,
-                                    BLOCK_SLOTS)
         return self.o(out), cache

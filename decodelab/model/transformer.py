@@ -5,6 +5,7 @@
 ``lengths[b] .. lengths[b] + T - 1``) and returns ``(logits, cache)``; ``num_valid[b]`` (default
 ``T``) says how many leading tokens of row b are real, the rest being padding that is written but
 not counted, so the next block overwrites it (padding sits at the row's last real position).
+``blocking`` (an ``attention.Blocking``, static) says how attention over the cache is split.
 Logits are float32 whatever the compute dtype. A position whose activations overflow (a non-finite value, or one whose square overflows, which a
 norm would silently turn into zeros) gets NaN logits, so decoding reports it as an error.
 """
@@ -19,10 +20,9 @@ import numpy as np
 from flax import nnx
 
 from decodelab import sharding
-from decodelab.cache.dense import KVCache
+from decodelab.cache import Cache
 from decodelab.config import ModelConfig
-from decodelab.model import attention
-from decodelab.model.attention import Attention
+from decodelab.model.attention import BLOCKING, Attention, Blocking
 from decodelab.model.layers import MLPS, NORMS
 from decodelab.model.positions import POSITION_ENCODINGS, PositionEncoding
 
@@ -36,9 +36,10 @@ class Block(nnx.Module):
         self.mlp_norm = NORMS[cfg.norm](cfg, rngs)
         self.mlp = MLPS[cfg.mlp](cfg, rngs=rngs)
 
-    def __call__(self, x, positions: PositionEncoding, q_pos, k_pos, bias, cache, layer, live=None):
+    def __call__(self, x, positions: PositionEncoding, q_pos, k_pos, bias, cache, layer, live=None,
+                 blocking: Blocking = BLOCKING):
         attn_out, cache = self.attn(self.attn_norm(x), positions, q_pos, k_pos, bias, cache, layer,
-                                    live)
+                                    live, blocking)
         h = x + attn_out
         return h + self.mlp(self.mlp_norm(h)), cache
 
@@ -114,10 +115,13 @@ class Transformer(nnx.Module):
         self,
         tokens: jax.Array,  # [B, T] int
         *,
-        cache: KVCache | None = None,
+        cache: Cache | None = None,
         num_valid: jax.Array | None = None,  # [B] int, only with a cache
+        blocking: Blocking = BLOCKING,  # how attention over the cache is split (static)
     ):
         cfg = self.config
+        if not isinstance(blocking, Blocking):
+            raise ValueError(f"blocking must be an attention.Blocking, got {blocking!r}")
         tokens = _as_tokens(tokens, cfg.vocab_size)
         B, T = tokens.shape
         live = None
@@ -137,7 +141,7 @@ class Transformer(nnx.Module):
             last = cache.lengths + jnp.maximum(num_valid, 1) - 1  # [B]
             q_pos = jnp.minimum(cache.positions(T), last[:, None])
             reach = cache.max_len
-            if T <= attention.SHORT_BLOCK:
+            if T <= blocking.short:
                 # Slots the blocked path visits: rows with no real token do not count (their
                 # logits are padding, ignored), so a stopped row does not hold a step back.
                 live = jnp.max(jnp.where(num_valid > 0, last + 1, 1))
@@ -159,7 +163,7 @@ class Transformer(nnx.Module):
         finite = jnp.ones((B, T), bool)
         for layer, block in enumerate(self.blocks):
             finite &= _norm_is_finite(x)
-            x, cache = block(x, self.positions, q_pos, k_pos, bias, cache, layer, live)
+            x, cache = block(x, self.positions, q_pos, k_pos, bias, cache, layer, live, blocking)
         finite &= _norm_is_finite(x)
         x = self.final_norm(x)
         if cfg.tie_embeddings:

@@ -67,7 +67,7 @@ import numpy as np
 from flax import nnx
 
 from decodelab import sampling
-from decodelab.cache import quantized as kvquant
+from decodelab.cache import check_kind
 from decodelab.checks import (check_memory, check_model, check_size, is_int, kv_cache_bytes, nbytes,
                               position_limit)
 from decodelab.decode.generation import DecodeState
@@ -120,7 +120,7 @@ class SlotEngine:
                  page_size: int = 16):
         check_model("model", model)
         self.num_slots = check_size("num_slots", num_slots, 1)
-        kvquant.check_kind("kv_cache", kv_cache)
+        check_kind("kv_cache", kv_cache)
         self.kv_cache = kv_cache
         limit = position_limit(model)
         if max_len is None:

@@ -12,7 +12,7 @@ import numpy as np
 from flax import nnx
 
 from decodelab import sampling
-from decodelab.cache import quantized as kvquant
+from decodelab.cache import init_cache
 from decodelab.decode import generation as decode
 from decodelab.decode.generation import DecodeState
 from decodelab.decode.loop import CompiledLoop
@@ -35,7 +35,7 @@ def empty_state(config, num_slots: int, max_len: int, max_stops: int, stop_width
         prompt_lengths=jnp.zeros((B,), jnp.int32),
         lengths=jnp.zeros((B,), jnp.int32),
         finish=jnp.full((B,), LENGTH, jnp.int32),  # not running: a free slot never advances
-        cache=(kvquant.init_cache(config, B, S, kv_cache) if pages is None else
+        cache=(init_cache(config, B, S, kv_cache) if pages is None else
                paged.PagedKVCache.init(config, B, pages[0], pages[1], S // pages[1])),
         logits=jnp.zeros((B, V), jnp.float32),
         keys=sampling.seed_keys(np.zeros((B,), np.uint32)),

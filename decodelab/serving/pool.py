@@ -25,7 +25,7 @@ import numpy as np
 
 from decodelab.checks import is_int
 from decodelab.decode.request import bucket_length
-from decodelab.model.attention import BLOCK_SLOTS
+from decodelab.model.attention import BLOCKING
 from decodelab.serving.paged import check_page_size, pages_for
 
 
@@ -120,7 +120,7 @@ class PagedMemory:
         if not is_int(kv_tokens) or kv_tokens < 1:
             raise ValueError(f"kv_tokens must be None (a max_len cache per slot) or an int "
                              f">= 1 (tokens of KV memory in the pool), got {kv_tokens!r}")
-        page_size = check_page_size(page_size, BLOCK_SLOTS)
+        page_size = check_page_size(page_size, BLOCKING.slots)
         if kv_tokens % page_size:
             raise ValueError(f"page_size must divide kv_tokens={kv_tokens} (the pool is whole "
                              f"pages), got {page_size}")

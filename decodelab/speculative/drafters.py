@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from decodelab import sampling
-from decodelab.cache import quantized as kvquant
+from decodelab.cache import init_cache
 from decodelab.cache.dense import KVCache
 from decodelab.checks import check_size
 from decodelab.speculative.state import DRAFT_STREAM, Proposal, SpecState, stream_keys
@@ -78,7 +78,7 @@ class ModelDrafter(Drafter):
 
     def prefill(self, weights, block, num_valid, max_len):
         model = nnx.merge(self.graphdef, weights)
-        cache = kvquant.init_cache(model.config, block.shape[0], max_len, self.kv_cache)
+        cache = init_cache(model.config, block.shape[0], max_len, self.kv_cache)
         _, cache = model(block, cache=cache, num_valid=num_valid)
         return cache
 

@@ -54,7 +54,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from decodelab.cache import quantized as kvquant
+from decodelab.cache import check_kind, init_cache, max_rewind
 from decodelab.cache.dense import KVCache
 from decodelab.checks import check_model, check_size
 from decodelab.decode.loop import CompiledLoop
@@ -80,7 +80,7 @@ def prefill(target_weights, draft_weights, block, num_valid, *, graphdef, drafte
     """Both caches after the prompt block ``[B, T]``, of which ``num_valid[b]`` tokens are fed:
     each prompt but its last token."""
     target = nnx.merge(graphdef, target_weights)
-    cache = kvquant.init_cache(target.config, block.shape[0], max_len, kv_cache)
+    cache = init_cache(target.config, block.shape[0], max_len, kv_cache)
     _, cache = target(block, cache=cache, num_valid=num_valid)
     return cache, drafter.prefill(draft_weights, block, num_valid, max_len)
 
@@ -295,7 +295,7 @@ def _check_models(target, draft, tokenizer, draft_tokenizer, kv_cache) -> None:
     """The target, the draft (a model with the target's vocabulary and tokenizer, or a
     model-free drafter without a tokenizer) and the cache kind."""
     check_model("target", target)
-    kvquant.check_kind("kv_cache", kv_cache)
+    check_kind("kv_cache", kv_cache)
     if isinstance(draft, Drafter):
         if draft_tokenizer is not None:
             raise ValueError(f"draft_tokenizer must be None for a model-free drafter "
@@ -310,7 +310,7 @@ def _check_models(target, draft, tokenizer, draft_tokenizer, kv_cache) -> None:
 
 
 def _check_rewind_depth(gamma: int, kv_cache: str | None) -> None:
-    depth = kvquant.max_rewind(kv_cache)
+    depth = max_rewind(kv_cache)
     if depth is not None and gamma + 1 > depth:
         raise ValueError(f"gamma must be at most {depth - 1} with kv_cache={kv_cache!r} (a round "
                          f"rewinds up to gamma + 1 slots; Kivi.max_rewind is {depth}), got "
