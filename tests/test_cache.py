@@ -1,7 +1,7 @@
 """The Cache protocol: every cache (dense, int8, int4 / KIVI, the beam view, the paged view, a
 rows view) implements it; a row's slots read the same through ``read`` and ``gather``; only KIVI
 has a float tail; a wrapper's lengths and sizes are its inner cache's; room and rewinds are checked
-alike; what a cache cannot do it refuses with the reason."""
+alike; what a cache cannot do it refuses with the reason; lengths bucket in one place."""
 
 import jax.numpy as jnp
 import numpy as np
@@ -9,6 +9,7 @@ import pytest
 
 import decodelab as dl
 from decodelab import cache as kvcache
+from decodelab.decode import request
 
 CFG = dl.ModelConfig(vocab_size=8, d_model=4, n_layers=2, n_heads=1, position="nope")  # K 1, H 4
 B, S = 2, 8
@@ -139,3 +140,8 @@ def test_beam_search_refuses_a_cache_whose_rows_cannot_share_history():
         with pytest.raises(ValueError, match=r"^kv_cache must be None or 'int8' for beam search"):
             kvcache.check_kind("kv_cache", kind, shared_by="beam search")
 
+
+def test_lengths_bucket_to_powers_of_two_in_one_place():
+    assert [kvcache.bucket_length(n) for n in (1, 16, 17, 33)] == [16, 16, 32, 64]
+    assert [kvcache.bucket_length(n, minimum=1) for n in (1, 2, 3, 5)] == [1, 2, 4, 8]
+    assert request.bucket_length is kvcache.bucket_length

@@ -1,7 +1,7 @@
 """KV caches behind one ``Cache`` protocol (``base``): the dense cache (``dense``, one length per
 row), the quantized ones (``quantized``: int8; ``kivi``: int4 in KIVI's layout), the beam view
-(``beam``) and the paged view (``paged``); the kinds a caller names with ``kv_cache=``
-(``kinds``)."""
+(``beam``) and the paged view (``paged``); the kinds a caller names with ``kv_cache=`` (``kinds``)
+and bucket lengths (``buckets``)."""
 
 # The protocol
 from decodelab.cache.base import Cache, CacheWrapper, FloatTail
@@ -16,7 +16,10 @@ from decodelab.cache.paged import PagedKVCache, pages_for
 # Choosing one
 from decodelab.cache.kinds import KINDS, bytes_per_token, check_kind, init_cache, max_rewind
 
+# Bucket lengths
+from decodelab.cache.buckets import bucket_length
+
 __all__ = ["BeamCache", "Cache", "CacheWrapper", "FloatTail", "KINDS", "KVCache", "Kivi",
-           "KiviKVCache", "PagedKVCache", "QuantizedKVCache", "RowView",
+           "KiviKVCache", "PagedKVCache", "QuantizedKVCache", "RowView", "bucket_length",
            "bytes_per_token", "cache_dtype", "check_kind", "init_cache", "max_rewind",
            "pages_for"]

@@ -39,6 +39,7 @@ import numpy as np
 from flax import struct
 
 from decodelab import sampling
+from decodelab.cache import bucket_length
 from decodelab.checks import (INT32_MAX, check_bool, check_memory, check_size, is_int,
                               kv_cache_bytes, nbytes, position_limit)
 from decodelab.sampling.params import SamplingParams
@@ -49,12 +50,6 @@ RUNNING, EOS, STOP, LENGTH, BAD_LOGITS, NO_ALLOWED_TOKEN, NO_HYPOTHESIS = range(
 FINISH_REASONS = ("running", "eos", "stop", "length", "error", "error", "none")
 
 PAD_TOKEN = -1  # output token ids past a row's length
-
-
-def bucket_length(n: int, minimum: int = 16) -> int:
-    """The power of two >= max(n, minimum): prompt blocks are padded to it so new prompt lengths
-    reuse a compiled program."""
-    return max(minimum, 1 << (int(n) - 1).bit_length())
 
 
 # --- Input checks ---------------------------------------------------------------------------------

@@ -42,6 +42,7 @@ import numpy as np
 from flax import nnx
 from tqdm.auto import tqdm
 
+from decodelab.cache import bucket_length
 from decodelab.checks import check_int
 from decodelab.model.losses import window_nll
 
@@ -267,7 +268,7 @@ def continuation_logprobs(
         raise ValueError(f"token ids must be in [0, {vocab_size or 'V'}), got "
                          f"[{min(ids)}, {max(ids)}]")
     longest = max(len(p) + len(c) for p, c in zip(prompts, continuations)) - 1
-    T = max(16, 1 << (longest - 1).bit_length())
+    T = bucket_length(longest)
     limit = getattr(getattr(model, "positions", None), "max_positions", None)
     if limit is not None:
         if longest > limit:

@@ -34,6 +34,7 @@ import numpy as np
 from flax import nnx
 
 from decodelab import sampling
+from decodelab.cache import bucket_length
 from decodelab.checks import position_limit
 from decodelab.decode.beam import beam_search
 from decodelab.decode.generation import generate
@@ -184,9 +185,9 @@ def token_stats(model: nnx.Module, prompts: Sequence[Sequence[int]],
                                   for name, p in HISTORY_PARAMETERS.items()):
         params = None
     # Power-of-two padding, as for prompts, so continuations of new lengths reuse the program.
-    width = 1 << (max(1, max(len(c) for c in continuations)) - 1).bit_length()
+    width = bucket_length(max(1, max(len(c) for c in continuations)), minimum=1)
     longest = max(len(p) + len(c) for p, c in zip(prompts, continuations))
-    T = max(16, 1 << (longest - 1).bit_length())
+    T = bucket_length(longest)
     limit = position_limit(model)
     T = min(T, limit) if limit else T
     row_params = (params or SamplingParams()).per_row(batch_size, model.config.vocab_size)
