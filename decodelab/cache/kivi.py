@@ -26,9 +26,9 @@ half its scale of the value written (round to nearest).
 - Between ``write`` and ``advance`` the block's float keys and values are held whole
   (``pending``, ``[L, B, T, K, H]``): attention reads them through ``float_tail``, and the
   quantized slots below each query's ``below`` through ``read_stored``.
-- Bytes per token (``kinds.bytes_per_token``): ``4 + 64 / G`` bits per key channel and ``4`` bits per
-  value channel plus a float32 scale and zero per group of ``value_group`` channels; the ring adds
-  ``W`` float slots per row, a constant.
+- Bytes per token (``kinds.bytes_per_token``): ``4 + 64 / G`` bits per key channel and ``4``
+  bits per value channel plus a float32 scale and zero per group of ``value_group`` channels; the
+  ring adds ``W`` float slots per row, a constant.
 
 Keys are quantized per channel because keys have outlier channels, on which a per-token scale
 spends its 16 levels (KIVI's reason).

@@ -61,6 +61,15 @@ class Blocking:
 
 BLOCKING = Blocking()  # what generate, beam search, speculative decoding and serving run with
 
+
+@dataclasses.dataclass(frozen=True)
+class Blocked:
+    """One call's blocked path over the cache: no counted query sees a slot at or past ``live``,
+    and ``blocked_attention`` reads the cache ``slots`` slots at a time."""
+
+    live: jax.Array  # [] int32
+    slots: int
+
 NEG = float(jnp.finfo(jnp.float32).min)  # a masked score
 
 
@@ -190,12 +199,10 @@ class Attention(nnx.Module):
         bias: jax.Array | None,  # [B, N, T, S]
         cache: Cache | None,
         layer: int,
-        live: jax.Array | None = None,  # [] int32 with a cache: the blocked path's slot bound
-        blocking: Blocking = BLOCKING,
+        blocked: Blocked | None = None,  # with a cache: take the blocked path
     ) -> tuple[jax.Array, Cache | None]:
-        """Without ``live`` the whole score matrix over ``k_pos`` (the block itself without a
-        cache, all ``S`` slots with one); with it, ``blocked_attention`` over the cache in blocks
-        of ``blocking.slots``."""
+        """Without ``blocked`` the whole score matrix over ``k_pos`` (the block itself without a
+        cache, all ``S`` slots with one); with it, ``blocked_attention`` over the cache."""
         q = positions.rotate(self.q(x), q_pos)
         k = positions.rotate(self.k(x), q_pos)  # [B, T, K, H]
         v = self.v(x)
@@ -204,9 +211,9 @@ class Attention(nnx.Module):
                                    bias)
             return self.o(out), cache
         cache = cache.write(layer, k, v)
-        if live is not None:
-            out = blocked_attention(q, cache, layer, self.n_kv_heads, q_pos, live, positions.bias,
-                                    blocking.slots)
+        if blocked is not None:
+            out = blocked_attention(q, cache, layer, self.n_kv_heads, q_pos, blocked.live,
+                                    positions.bias, blocked.slots)
             return self.o(out), cache
         tail = cache.float_tail(layer, q_pos)
         k, v = cache.read_stored(layer, 0, cache.max_len)  # [B, K, S, H]

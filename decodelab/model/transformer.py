@@ -22,7 +22,7 @@ from flax import nnx
 from decodelab import sharding
 from decodelab.cache import Cache
 from decodelab.config import ModelConfig
-from decodelab.model.attention import BLOCKING, Attention, Blocking
+from decodelab.model.attention import BLOCKING, Attention, Blocked, Blocking
 from decodelab.model.layers import MLPS, NORMS
 from decodelab.model.positions import POSITION_ENCODINGS, PositionEncoding
 
@@ -36,10 +36,10 @@ class Block(nnx.Module):
         self.mlp_norm = NORMS[cfg.norm](cfg, rngs)
         self.mlp = MLPS[cfg.mlp](cfg, rngs=rngs)
 
-    def __call__(self, x, positions: PositionEncoding, q_pos, k_pos, bias, cache, layer, live=None,
-                 blocking: Blocking = BLOCKING):
+    def __call__(self, x, positions: PositionEncoding, q_pos, k_pos, bias, cache, layer,
+                 blocked=None):
         attn_out, cache = self.attn(self.attn_norm(x), positions, q_pos, k_pos, bias, cache, layer,
-                                    live, blocking)
+                                    blocked)
         h = x + attn_out
         return h + self.mlp(self.mlp_norm(h)), cache
 
@@ -124,7 +124,7 @@ class Transformer(nnx.Module):
             raise ValueError(f"blocking must be an attention.Blocking, got {blocking!r}")
         tokens = _as_tokens(tokens, cfg.vocab_size)
         B, T = tokens.shape
-        live = None
+        blocked = None
         if cache is None:
             if num_valid is not None:
                 raise ValueError("num_valid is only meaningful with a cache, got cache=None")
@@ -144,7 +144,8 @@ class Transformer(nnx.Module):
             if T <= blocking.short:
                 # Slots the blocked path visits: rows with no real token do not count (their
                 # logits are padding, ignored), so a stopped row does not hold a step back.
-                live = jnp.max(jnp.where(num_valid > 0, last + 1, 1))
+                blocked = Blocked(live=jnp.max(jnp.where(num_valid > 0, last + 1, 1)),
+                                  slots=blocking.slots)
                 k_pos = None
             else:
                 k_pos = jnp.broadcast_to(jnp.arange(reach, dtype=jnp.int32), (B, reach))
@@ -159,11 +160,11 @@ class Transformer(nnx.Module):
         x = self.embed(tokens)  # [B, T, D]
         x = self.positions.embed(x, q_pos)
         # [B, N, T, S] or None, shared by all layers; the blocked path makes its own per block.
-        bias = None if live is not None else self.positions.bias(q_pos, k_pos)
+        bias = None if blocked is not None else self.positions.bias(q_pos, k_pos)
         finite = jnp.ones((B, T), bool)
         for layer, block in enumerate(self.blocks):
             finite &= _norm_is_finite(x)
-            x, cache = block(x, self.positions, q_pos, k_pos, bias, cache, layer, live, blocking)
+            x, cache = block(x, self.positions, q_pos, k_pos, bias, cache, layer, blocked)
         finite &= _norm_is_finite(x)
         x = self.final_norm(x)
         if cfg.tie_embeddings:
