@@ -205,9 +205,9 @@ def generate(
         seed), or one int s: row r draws from ``fold_in(key(s), r)``.
       max_len: cache slots per row (prompt + output). Default: the prompt bucket plus
         ``max_new_tokens``, at most the model's position table if it has one.
-      kv_cache: None (a float cache), "int8" (``kvquant.QuantizedKVCache``: a scale per token
-        and kv head) or "int4" (``kvquant.KiviKVCache``, KIVI's layout: keys per channel over
-        groups of 32 slots, values per token, the newest group in float); a ``kvquant.Kivi``
+      kv_cache: None (a float cache), "int8" (``cache.QuantizedKVCache``: a scale per token
+        and kv head) or "int4" (``cache.KiviKVCache``, KIVI's layout: keys per channel over
+        groups of 32 slots, values per token, the newest group in float); a ``cache.Kivi``
         sets int4's group size, float residual and rewind depth.
       options: a ``DecodeOptions``, the rarer arguments:
         eos_ids: ids that end a row (finish reason "eos"); ``min_new_tokens`` suppresses them.

@@ -91,7 +91,7 @@ class SlotEngine:
         Default: the model's position table (``max_seq_len``).
       eos_ids: ids that end any request (finish reason "eos"): the model's, shared by all slots.
       max_stop_sequences, max_stop_width: room for each request's own stop sequences.
-      kv_cache: as in ``generate``: None (a float cache), "int8", "int4" or a ``kvquant.Kivi``.
+      kv_cache: as in ``generate``: None (a float cache), "int8", "int4" or a ``cache.Kivi``.
       serves: the sampling parameters the engine serves (one ``SamplingParams`` per kind of
         request): its step contains the processors any of them enables and no other, and it
         refuses a request that enables another. Default: decide from the requests admitted,

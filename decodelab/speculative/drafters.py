@@ -74,7 +74,7 @@ class ModelDrafter(Drafter):
     that rejects pays one more draft step instead of holding ``[B, gamma, V]`` float32."""
 
     graphdef: Any
-    kv_cache: str | None = None  # the draft cache's kind (kvquant)
+    kv_cache: str | None = None  # the draft cache's kind (cache.init_cache)
 
     def prefill(self, weights, block, num_valid, max_len):
         model = nnx.merge(self.graphdef, weights)
