@@ -43,7 +43,7 @@ from flax import nnx
 from tqdm.auto import tqdm
 
 from decodelab.checks import check_int
-from decodelab.model.losses import window_nll
+from decodelab.model.losses import token_nll, window_nll
 
 MODES = ("chunks", "sliding")
 
@@ -234,8 +234,7 @@ def eos_rate(samples: Sequence[Sequence[int]], eos_ids: int | Sequence[int]) -> 
 def _target_logprobs(graphdef, state, inputs, targets):
     """``[B, T]``: log-probability of ``targets[b, t]`` given ``inputs[b, :t + 1]``."""
     model = graphdef if state is None else nnx.merge(graphdef, state)
-    logp = jax.nn.log_softmax(model(inputs), axis=-1)  # [B, T, V]
-    return jnp.take_along_axis(logp, targets[:, :, None], axis=-1)[:, :, 0]
+    return -token_nll(model(inputs), targets)
 
 
 def continuation_logprobs(

@@ -38,6 +38,7 @@ from decodelab.checks import position_limit
 from decodelab.decode.beam import beam_search
 from decodelab.decode.generation import generate
 from decodelab.measure import perplexity as metrics
+from decodelab.model.losses import token_nll
 from decodelab.sampling.params import SamplingParams
 from decodelab.sampling.processors import HISTORY_PARAMETERS
 from decodelab.text import data
@@ -156,8 +157,7 @@ def _token_stats(weights, inputs, starts, targets, params, *, graphdef, width):
     B, T, V = logits.shape
     at = jnp.clip(starts[:, None] + jnp.arange(width)[None, :], 0, T - 1)  # [B, N]
     logits = jnp.take_along_axis(logits, at[:, :, None], axis=1)  # [B, N, V]
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    chosen = jnp.take_along_axis(logp, targets[:, :, None], axis=-1)[:, :, 0]  # [B, N]
+    chosen = -token_nll(logits, targets)  # [B, N]
     top1 = jnp.argmax(logits, axis=-1) == targets
     flat = jax.tree.map(lambda x: jnp.repeat(x, width, axis=0), params)  # [B * N] per field
     history = sampling.History(tokens=jnp.zeros((B * width, 1), jnp.int32),

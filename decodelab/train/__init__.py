@@ -1,7 +1,7 @@
-"""Training: the loop (``trainer``), distillation and Orbax checkpoints."""
+"""Training: the loop (``trainer``), distillation (``distill``: the module, whose function is
+``distill.distill``) and Orbax checkpoints."""
 
 from decodelab.train.checkpoint import load_checkpoint, save_checkpoint
-from decodelab.train.distill import distill
 from decodelab.train.trainer import TrainConfig, TrainingDiverged, TrainResult, train
 
-__all__ = ["TrainConfig", "TrainResult", "TrainingDiverged", "distill", "load_checkpoint", "save_checkpoint", "train"]
+__all__ = ["TrainConfig", "TrainResult", "TrainingDiverged", "load_checkpoint", "save_checkpoint", "train"]

@@ -124,10 +124,6 @@ def make_optimizer(tc: TrainConfig) -> optax.GradientTransformation:
     )
 
 
-def _sequence_nll(graphdef, params, windows):  # windows [B, T+1] -> [B, T]
-    return window_nll(nnx.merge(graphdef, params), windows)
-
-
 class Objective(abc.ABC):
     """What training minimises: a scalar loss of the model on a batch of windows ``[B, T+1]``."""
 
@@ -194,7 +190,7 @@ def _note_nonfinite(first_bad, loss, grad_norm, step):
 
 @functools.partial(jax.jit, static_argnums=0)
 def _masked_nll_sum(graphdef, params, windows, weights):  # weights [B]: 1 real row, 0 padding
-    nll = _sequence_nll(graphdef, params, windows)
+    nll = window_nll(nnx.merge(graphdef, params), windows)  # [B, T]
     return (nll.sum(axis=1) * weights).sum()
 
 
