@@ -44,9 +44,10 @@ from decodelab.experiment import artefacts as pipeline
 from decodelab.experiment import presets
 from decodelab.measure import stats
 from decodelab.text import data
+from decodelab.text.data import token_windows
 from decodelab.train.trainer import TrainConfig, train
 from experiments.scoreboard import (cached, cell, reference_key, speed_cell, speed_judged,
-                                    swap_candidate, time_decoding, times, token_windows)
+                                    swap_candidate, time_decoding, times)
 
 _FLAGS = experiment.define_flags("configs/pruning.py")
 

@@ -46,9 +46,10 @@ from decodelab import report as results
 from decodelab.experiment import artefacts as pipeline
 from decodelab.experiment import presets
 from decodelab.measure import stats
+from decodelab.text.data import token_windows
 from experiments import llama_peer
 from experiments.scoreboard import (cached, cell, judged, reference_key, speed_cell, speed_judged,
-                                    swap_candidate, time_decoding, timed_pair, times, token_windows)
+                                    swap_candidate, time_decoding, timed_pair, times)
 
 _FLAGS = experiment.define_flags("configs/quantization.py")
 

@@ -22,7 +22,6 @@ from decodelab import report as results
 from decodelab.measure import stats
 
 # Models built by a study's points, kept across points of one process (``cached``).
-from decodelab.text import data
 
 CACHE: dict = {}
 
@@ -54,13 +53,6 @@ def swap_candidate(key, make):
             del CACHE[old]
         jax.clear_caches()
     return cached(key, make)
-
-
-def token_windows(tokenizer, split: str, num: int, length: int) -> np.ndarray:
-    """``[num, length]``: evenly spaced windows of the split's token stream."""
-    stream = data.token_stream(tokenizer, split)
-    starts = np.linspace(0, len(stream) - length - 1, num).astype(int)
-    return np.stack([stream[s:s + length] for s in starts]).astype(np.int32)
 
 
 def seconds(fn) -> float:

@@ -103,13 +103,6 @@ def _cached(key, make):
     return _CACHE[key]
 
 
-def held_out_prompts(tokenizer, num: int, length: int) -> list[list[int]]:
-    """``num`` windows of ``length`` tokens, evenly spaced over the test plays' token stream."""
-    stream = data.token_stream(tokenizer, "test")
-    starts = np.linspace(0, len(stream) - length - 1, num).astype(int)
-    return [stream[s:s + length].tolist() for s in starts]
-
-
 def load_models(config, ctx):
     """``(target, drafter, tokenizer)`` for the point's drafter (trained or loaded once); the
     target is trained, or a pretrained model's (``pipeline.model_for``)."""
@@ -258,7 +251,8 @@ def evaluate(config, ctx) -> dict:
     # their recompilation where shapes repeat.
     jax.clear_caches()
     target, drafter, tokenizer = load_models(config, ctx)
-    prompts = held_out_prompts(tokenizer, config.num_prompts, config.prompt_tokens)
+    prompts = data.token_windows(tokenizer, "test", config.num_prompts,
+                                 config.prompt_tokens).tolist()
     B, N, gamma = config.batch_size, config.new_tokens, config.gamma
     if config.num_prompts % B:
         raise ValueError(f"num_prompts must be a multiple of batch_size={B}, "
