@@ -42,7 +42,7 @@ import numpy as np
 from flax import nnx
 from tqdm.auto import tqdm
 
-from decodelab.checks import check_int
+from decodelab.checks import check_int, check_one_of, is_int
 from decodelab.model.losses import token_nll, window_nll
 
 MODES = ("chunks", "sliding")
@@ -84,16 +84,14 @@ def perplexity(
     Raises ValueError naming a bad argument; a model with a learned position table refuses a
     ``context_len`` beyond it.
     """
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    check_one_of("mode", mode, MODES)
     check_int("context_len", context_len, 1)
     if mode == "chunks":
         if stride is not None:
             raise ValueError(f"stride must be None for mode='chunks' (windows advance by "
                              f"context_len), got {stride!r}")
         stride = context_len
-    elif (not isinstance(stride, (int, np.integer)) or isinstance(stride, bool)
-          or not 1 <= stride <= context_len):
+    elif not is_int(stride) or not 1 <= stride <= context_len:
         raise ValueError(f"stride must be an int in [1, context_len={context_len}] for "
                          f"mode='sliding', got {stride!r}")
     check_int("batch_size", batch_size, 1)

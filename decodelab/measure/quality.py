@@ -34,7 +34,7 @@ import numpy as np
 from flax import nnx
 
 from decodelab import sampling
-from decodelab.checks import position_limit
+from decodelab.checks import check_int, position_limit
 from decodelab.decode.beam import beam_search
 from decodelab.decode.generation import generate
 from decodelab.measure import perplexity as metrics
@@ -65,8 +65,7 @@ def held_out_prompts(tokenizer: Any, *, per_document: int, prompt_tokens: int, n
         raise ValueError(f"instruction must be None or a non-empty str, got {instruction!r}")
     for name, value in (("per_document", per_document), ("prompt_tokens", prompt_tokens),
                         ("new_tokens", new_tokens)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        check_int(name, value, 1)
     prompts = []
     for name, text in sorted(data.split_documents(split).items()):
         for k in range(per_document):

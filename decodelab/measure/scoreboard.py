@@ -40,6 +40,7 @@ import numpy as np
 from flax import nnx
 
 from decodelab.cache import quantized as kvquant
+from decodelab.checks import check_int
 from decodelab.compress.quantization import parameter_bytes
 from decodelab.model.losses import token_nll
 
@@ -122,8 +123,7 @@ def compare(reference, candidate, tokens, *, batch_size: int = 8,
     if windows.ndim != 2 or windows.shape[1] < 2 or not np.issubdtype(windows.dtype, np.integer):
         raise ValueError(f"tokens must be integer windows [W, T] with T >= 2, got shape "
                          f"{windows.shape} and dtype {windows.dtype}")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    check_int("batch_size", batch_size, 1)
     for name, kind in (("reference_kv_cache", reference_kv_cache),
                        ("candidate_kv_cache", candidate_kv_cache)):
         kvquant.check_kind(name, kind)
