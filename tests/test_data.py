@@ -8,18 +8,9 @@ import socket
 
 import numpy as np
 import pytest
+from standins import Chars
 
 from decodelab.text import data
-
-
-class CharTokenizer:
-    """Stand-in tokenizer, one id per character, so expected streams can be written out exactly."""
-
-    bos_id = 2
-    eos_id = 3
-
-    def encode(self, text):
-        return [4 + ord(c) for c in text]
 
 
 def _sha256sums():
@@ -82,7 +73,7 @@ def test_loading_never_touches_the_network(corpus_copy, monkeypatch):
         monkeypatch.setattr(socket, name, no_network)
     # A fresh copy of the corpus directory: read from disk now, not from an earlier call's cache.
     assert len(data.load_corpus()) == 42
-    assert len(data.token_stream(CharTokenizer(), "test")) == data.split_num_chars("test") + 6
+    assert len(data.token_stream(Chars(), "test")) == data.split_num_chars("test") + 6
 
 
 def test_load_corpus_returns_a_fresh_dict():
@@ -131,7 +122,7 @@ def test_write_split_files_writes_each_document_verbatim(tmp_path):
 
 
 def test_token_stream_is_bos_ids_eos_per_document_in_sorted_order():
-    tokenizer = CharTokenizer()
+    tokenizer = Chars()
     stream = data.token_stream(tokenizer, "validation")
     expected = []
     for text in data.split_documents("validation").values():
@@ -162,7 +153,7 @@ def test_eval_windows_rejects_bad_input(stream, seq_len, message):
 
 
 def test_token_windows_are_evenly_spaced_slices_of_the_split_stream():
-    tokenizer = CharTokenizer()
+    tokenizer = Chars()
     stream = data.token_stream(tokenizer, "test")
     windows = data.token_windows(tokenizer, "test", 5, 8)
     assert windows.shape == (5, 8) and windows.dtype == np.int32
@@ -180,7 +171,7 @@ def test_token_windows_are_evenly_spaced_slices_of_the_split_stream():
 ])
 def test_token_windows_reject_bad_sizes(num, length, message):
     with pytest.raises(ValueError, match=message):
-        data.token_windows(CharTokenizer(), "test", num, length)
+        data.token_windows(Chars(), "test", num, length)
 
 
 # 23 windows of 4 + 1 tokens (and 3 tokens left over); window w starts with token 5 * w.
