@@ -31,15 +31,17 @@ REDUCTIONS = ("reduce_max", "reduce_min", "reduce_sum", "reduce_prod", "reduce_a
 
 @dataclasses.dataclass(frozen=True)
 class Equation:
-    """One equation of a jaxpr: its primitive, its parameters, its operands' and results' types,
-    and the cond branches it sits in, outermost first: ``(cond, branch index)``, ``cond`` the cond
-    equation's number in the order ``equations`` met it."""
+    """One equation of a jaxpr: its primitive, its parameters, its operands and results, the cond
+    branches it sits in, outermost first: ``(cond, branch index)``, ``cond`` the cond equation's
+    number in the order ``equations`` met it; and whether it ``calls`` sub-jaxprs (jit, while,
+    cond, ...), whose own equations ``equations`` lists after it: what it makes, they make."""
 
     primitive: str
     params: dict[str, Any]
     inputs: tuple[Any, ...]  # the operand variables (or literals)
     outputs: tuple[Any, ...]
     branches: tuple[tuple[int, int], ...]
+    calls: bool
 
     @property
     def input_types(self) -> list[jax.core.ShapedArray]:
@@ -63,16 +65,17 @@ def _sub_jaxprs(value: Any) -> Iterator[core.Jaxpr]:
 def _walk(jaxpr: core.Jaxpr, branches: tuple, conds: list) -> Iterator[Equation]:
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
-        yield Equation(name, dict(eqn.params), tuple(eqn.invars), tuple(eqn.outvars), branches)
+        subs = [sub for value in eqn.params.values() for sub in _sub_jaxprs(value)]
+        yield Equation(name, dict(eqn.params), tuple(eqn.invars), tuple(eqn.outvars), branches,
+                       bool(subs))
         if name == "cond":
             number = len(conds)
             conds.append(eqn)
             for index, branch in enumerate(eqn.params["branches"]):
                 yield from _walk(branch.jaxpr, branches + ((number, index),), conds)
             continue
-        for value in eqn.params.values():
-            for sub in _sub_jaxprs(value):
-                yield from _walk(sub, branches, conds)
+        for sub in subs:
+            yield from _walk(sub, branches, conds)
 
 
 def equations(fn: Callable[..., Any], *args: Any, **static: Any) -> list[Equation]:
