@@ -1,11 +1,12 @@
 """Pruning: ``prune(model, method, sparsity, pattern, ...)`` -> a copy whose attention and MLP
 projections hold zeros where weights were removed.
 
-Each projection is viewed as the matrix ``W [In, Out]`` that ``decodelab.compress.quantization`` uses (In: the
-contracted axes flattened). A weight's score is its magnitude ``|W_io|`` (``"magnitude"``) or
-Wanda's ``|W_io| * ||X_i||_2`` (``"wanda"``, Sun et al. 2023), where ``||X_i||_2`` is the L2 norm
-of input channel i over every calibration token reaching that projection: a weight that meets
-large activations matters more than its size says. The lowest-scoring weights are zeroed:
+Each projection is viewed as the matrix ``W [In, Out]`` that ``decodelab.compress.quantization``
+uses (In: the contracted axes flattened). A weight's score is its magnitude ``|W_io|``
+(``"magnitude"``) or Wanda's ``|W_io| * ||X_i||_2`` (``"wanda"``, Sun et al. 2023), where
+``||X_i||_2`` is the L2 norm of input channel i over every calibration token reaching that
+projection: a weight that meets large activations matters more than its size says. The
+lowest-scoring weights are zeroed:
 
 - ``pattern="unstructured"``: exactly ``round(sparsity * n)`` weights of each comparison group,
   the group being one output's ``In`` weights (``scope="row"``, Wanda's choice: the paper finds

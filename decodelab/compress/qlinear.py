@@ -24,13 +24,14 @@ int8 x float32 ``dot_general`` is converted the same way), and a multiply-and-re
 never forms the kernel is slower than the float32 dot there. Worse, XLA keeps the dequantized
 kernels of a whole decode step alive at once (100 MB for ``medium``, as large as its float32
 weights), so the step wrote and read 4 bytes per weight on top of reading 1: int8 decoded at a
-fifth of float32's speed. So ``__call__`` loops (``lax.scan``) over blocks of output columns:
-each iteration dequantizes ``[In, C]`` (at most ``block_elements`` weights, by default
-``BLOCK_ELEMENTS``: 512 KiB of float32, which stays in the core's cache) and multiplies it; a group runs along In, so a block holds whole
-groups. The compiled step then never forms a float buffer larger than one block
-(``tests/test_quantize.py`` checks the compiled text). int4 weights are the exception that stays:
-XLA on CPU converts an int4 array that enters a loop to an int8 copy first, and its int4 -> float
-convert is 3 to 4 times slower than int8's, so int4 decodes no faster than int8 there.
+fifth of float32's speed. So ``__call__`` loops (``lax.scan``) over blocks of output columns: each
+iteration dequantizes ``[In, C]`` (at most ``block_elements`` weights, by default
+``BLOCK_ELEMENTS``: 512 KiB of float32, which stays in the core's cache) and multiplies it; a group
+runs along In, so a block holds whole groups. The step then never forms a float buffer larger than
+one block (``tests/test_quantize.py`` checks its jaxpr and compiled memory). int4 weights are the
+exception that stays: XLA on CPU converts an int4 array that enters a loop to an int8 copy first,
+and its int4 -> float convert is 3 to 4 times slower than int8's, so int4 decodes no faster than
+int8 there.
 
 Integer activations (``activations="int8"``, W8A8). The one formulation that reads integer weights
 without a float copy on CPU is an integer dot: each row of the input (one token) is quantized to

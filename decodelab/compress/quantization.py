@@ -38,8 +38,8 @@ from flax import nnx
 
 from decodelab import optional
 from decodelab.checks import check_bool, check_one_of, is_int
-from decodelab.compress.qlinear import (ACTIVATIONS, BLOCK_ELEMENTS, QuantizedEinsum, QuantizedEmbed,
-                                        contracted_axes)
+from decodelab.compress.qlinear import (ACTIVATIONS, BLOCK_ELEMENTS, QuantizedEinsum,
+                                        QuantizedEmbed, contracted_axes)
 from decodelab.model import Transformer
 
 WEIGHTS = {"int8": jnp.int8, "int4": jnp.int4}

@@ -11,4 +11,6 @@ from decodelab.measure.roofline import StepCost, measure_bandwidth, step_cost
 from decodelab.measure.scoreboard import Scoreboard, compare
 from decodelab.measure.stats import Interval, bootstrap, bootstrap_difference, bootstrap_ratio
 
-__all__ = ["Interval", "Scoreboard", "StepCost", "bootstrap", "bootstrap_difference", "bootstrap_ratio", "compare", "count_traces", "held_out_prompts", "measure_bandwidth", "quality_row", "step_cost"]
+__all__ = ["Interval", "Scoreboard", "StepCost", "bootstrap", "bootstrap_difference",
+           "bootstrap_ratio", "compare", "count_traces", "held_out_prompts", "measure_bandwidth",
+           "quality_row", "step_cost"]

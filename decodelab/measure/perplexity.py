@@ -13,8 +13,8 @@ What ``perplexity`` counts, exactly:
   target of every window is scored: each target once, with 1 to L tokens of context. This is how
   ``train.evaluate`` over ``data.eval_windows`` counts.
 - ``mode="sliding"``: windows start at ``0, S, 2S, ...`` (``S = stride``, ``1 <= S <= L``) and each
-  window scores only its last ``S`` targets: each scored target sees ``L - S + 1`` to ``L`` tokens of
-  context. The first ``L - S`` targets of the stream are not scored. ``S = L`` is ``"chunks"``.
+  window scores only its last ``S`` targets: each scored target sees ``L - S + 1`` to ``L`` tokens
+  of context. The first ``L - S`` targets of the stream are not scored. ``S = L`` is ``"chunks"``.
 - Both modes use the ``K = (N - L - 1) // S + 1`` windows that fit (``S = L`` for chunks); the
   remaining tail (fewer than ``S`` targets) is not scored. ``tokens = K * S`` targets are scored.
 - ``loss`` is the mean negative log-likelihood in nats per scored target;
@@ -26,7 +26,8 @@ What ``perplexity`` counts, exactly:
   as tokens but encode no character (``data.split_num_chars`` counts the documents' characters).
 
 One jit compilation serves every call with the same model structure, ``batch_size`` and
-``context_len`` (the stride is a traced value); the last batch is padded and its padding rows masked.
+``context_len`` (the stride is a traced value); the last batch is padded and its padding rows
+masked.
 """
 
 from __future__ import annotations
@@ -74,9 +75,9 @@ def perplexity(
     num_chars: int | None = None,
     progress: bool = False,
 ) -> dict[str, float | int]:
-    """Perplexity of ``model`` on ``stream`` at ``context_len`` (see the module docstring for what is
-    scored). ``model`` maps ``tokens [B, T] int32 -> logits [B, T, V]``: a ``Transformer`` (or any
-    nnx Module) or a plain function.
+    """Perplexity of ``model`` on ``stream`` at ``context_len`` (see the module docstring for what
+    is scored). ``model`` maps ``tokens [B, T] int32 -> logits [B, T, V]``: a ``Transformer`` (or
+    any nnx Module) or a plain function.
 
     Returns ``{"loss", "perplexity", "tokens", "window_nll"}`` plus ``"bits_per_char"`` when
     ``num_chars`` is given. ``window_nll``: per window, in stream order, the NLL (nats) summed over

@@ -226,14 +226,14 @@ def quality_row(prompts: Sequence[HeldOutPrompt], samples: Sequence[Sequence[Seq
     of candidates (with ``params``).
 
     ``per_prompt`` holds, for each prompt in order, the sums the pooled metrics are ratios of, so
-    that a bootstrap over prompts can recompute them (``decodelab.measure.stats``): ``samples``, ``tokens``,
-    ``eos`` (samples ending in EOS), ``nll_generator`` / ``nll_scorer`` (nats over the prompt's
-    sample tokens), ``top1`` and ``improbable`` (token counts), ``distinct_n`` (sum over the
-    prompt's samples of their distinct-n ratio) and ``ngram_samples_n`` (how many samples have an
-    n-gram) for n = 1..4, and, where the prompt has several samples, ``self_bleu`` and
-    ``identical`` (1 if they are all the same tokens). Each metric of the row is its ratio of
-    these sums over all prompts (``mean_length`` = tokens / samples, ``repetition_4`` = 1 - the
-    distinct-4 ratio)."""
+    that a bootstrap over prompts can recompute them (``decodelab.measure.stats``): ``samples``,
+    ``tokens``, ``eos`` (samples ending in EOS), ``nll_generator`` / ``nll_scorer`` (nats over the
+    prompt's sample tokens), ``top1`` and ``improbable`` (token counts), ``distinct_n`` (sum over
+    the prompt's samples of their distinct-n ratio) and ``ngram_samples_n`` (how many samples have
+    an n-gram) for n = 1..4, and, where the prompt has several samples, ``self_bleu`` and
+    ``identical`` (1 if they are all the same tokens). Each metric of the row is its ratio of these
+    sums over all prompts (``mean_length`` = tokens / samples, ``repetition_4`` = 1 - the distinct-4
+    ratio)."""
     if len(samples) != len(prompts):
         raise ValueError(f"samples must hold one list per prompt, got {len(samples)} for "
                          f"{len(prompts)} prompts")

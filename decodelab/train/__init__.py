@@ -4,4 +4,5 @@
 from decodelab.train.checkpoint import load_checkpoint, save_checkpoint
 from decodelab.train.trainer import TrainConfig, TrainingDiverged, TrainResult, train
 
-__all__ = ["TrainConfig", "TrainResult", "TrainingDiverged", "load_checkpoint", "save_checkpoint", "train"]
+__all__ = ["TrainConfig", "TrainResult", "TrainingDiverged", "load_checkpoint", "save_checkpoint",
+           "train"]

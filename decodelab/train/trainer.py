@@ -7,8 +7,8 @@ parameters and the optimizer state (whose step count drives the learning-rate sc
 stopped at step k and resumed therefore reaches the same parameters as one that never stopped.
 
 What is minimised is an ``Objective``: next-token cross-entropy by default, or e.g. distillation
-to a fixed teacher (``decodelab.train.distill``). A checkpoint records its objective, and resuming with
-another one is refused, so the guarantee holds for any deterministic objective.
+to a fixed teacher (``decodelab.train.distill``). A checkpoint records its objective, and resuming
+with another one is refused, so the guarantee holds for any deterministic objective.
 """
 
 from __future__ import annotations
@@ -303,14 +303,15 @@ def train(
         manager = checkpoint.open_manager(checkpoint_dir)
         latest = manager.latest_step()
         if latest is not None and not resume:
-            raise ValueError(f"checkpoint_dir {str(checkpoint_dir)!r} already holds checkpoints (latest "
-                             f"step {latest}); pass resume=True to continue it or use a new directory")
+            raise ValueError(f"checkpoint_dir {str(checkpoint_dir)!r} already holds checkpoints "
+                             f"(latest step {latest}); pass resume=True to continue it or use a "
+                             f"new directory")
         if latest is not None:
             meta = checkpoint.restore_meta(manager, latest)
             saved = ModelConfig.from_dict(meta["model_config"])
             if saved != model_cfg:
-                raise ValueError(f"model config differs from the checkpoint's in {str(checkpoint_dir)!r}:"
-                                 f" got {model_cfg}, saved {saved}")
+                raise ValueError(f"model config differs from the checkpoint's in "
+                                 f"{str(checkpoint_dir)!r}: got {model_cfg}, saved {saved}")
             if meta.get("train_config") not in (None, tc.to_dict()):
                 raise ValueError(f"train config differs from the checkpoint's: got {tc.to_dict()}, "
                                  f"saved {meta['train_config']}")
