@@ -56,7 +56,7 @@ def check_bool(name: str, flag: Any) -> bool:
     return flag
 
 
-def is_number(x: Any) -> bool:
+def is_finite_number(x: Any) -> bool:
     """A finite Python or NumPy int or float, not a bool."""
     return (isinstance(x, (int, float, np.integer, np.floating))
             and not isinstance(x, (bool, np.bool_)) and math.isfinite(x))
@@ -67,9 +67,11 @@ def check_number(name: str, value: Any, low: float | None = None, high: float | 
     """``value`` (unchanged) as a finite number from ``low`` to ``high``, both ends included unless
     ``open_low`` / ``open_high``; None: no bound on that side. The message names the range:
     ``temperature must be a finite number > 0, got 0``, ``b1 must be a finite number in [0, 1)``."""
-    if is_number(value) and (low is None or (value > low if open_low else value >= low)) and (
-            high is None or (value < high if open_high else value <= high)):
-        return value
+    if is_finite_number(value):
+        above = low is None or (value > low if open_low else value >= low)
+        below = high is None or (value < high if open_high else value <= high)
+        if above and below:
+            return value
     if low is not None and high is not None:
         bounds = f" in {'(' if open_low else '['}{low}, {high}{')' if open_high else ']'}"
     elif low is not None:
