@@ -410,6 +410,7 @@ def test_smollm2_logits_and_greedy_tokens_match_transformers(smollm2):
     assert tokens == reference.tolist()
 
 
+@pytest.mark.slow
 def test_smollm2_preset_section_holds_the_files_config(smollm2_section):
     assert smollm2_section.pretrained == "smollm2-135m"
     cfg = presets.build_model_config(smollm2_section, 49152)

@@ -47,6 +47,7 @@ def test_the_objective_is_the_mean_forward_kl_of_next_token_distributions(teache
     assert abs(kl(teacher, teacher, windows)) < 1e-6
 
 
+@pytest.mark.slow
 def test_distillation_draws_the_student_towards_the_teacher(teacher, stream):
     result = distill.distill(teacher, "t", CFG, run(steps=40), stream, progress=False)
     windows = jnp.asarray(stream[-170:].reshape(10, 17))
@@ -54,6 +55,7 @@ def test_distillation_draws_the_student_towards_the_teacher(teacher, stream):
     assert kl(teacher, result.model, windows) < 0.5 * kl(teacher, untrained, windows)
 
 
+@pytest.mark.slow
 def test_resumed_distillation_equals_an_uninterrupted_one_and_refuses_another_teacher(
         teacher, stream, tmp_path):
     tc, tok = run(), FakeTokenizer(vocab_size=V)

@@ -116,6 +116,7 @@ def test_bad_arguments_name_the_argument_and_what_is_allowed(model, kwargs, mess
         dl.prune(model, **kwargs)
 
 
+@pytest.mark.slow
 def test_recovery_training_keeps_the_pruned_weights_at_zero(model):
     from decodelab.compress.pruning import update_mask
     from decodelab.train.trainer import train

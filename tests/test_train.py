@@ -50,6 +50,7 @@ def params_of(model):
     return [np.asarray(x) for x in jax.tree.leaves(nnx.state(model, nnx.Param))]
 
 
+@pytest.mark.slow
 def test_loss_falls_on_real_text(model_cfg, stream):
     result = train.train(model_cfg, small_run(steps=60, warmup_steps=5), stream, progress=False)
     losses = [h["loss"] for h in result.history]
@@ -58,6 +59,7 @@ def test_loss_falls_on_real_text(model_cfg, stream):
     assert np.mean(losses[-5:]) < losses[0] - 1.5, losses
 
 
+@pytest.mark.slow
 def test_resume_reaches_the_same_parameters_as_an_uninterrupted_run(model_cfg, stream, tokenizer,
                                                                       tmp_path):
     tc = small_run()
@@ -73,6 +75,7 @@ def test_resume_reaches_the_same_parameters_as_an_uninterrupted_run(model_cfg, s
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_resume_of_a_finished_run_trains_nothing(model_cfg, stream, tokenizer, tmp_path):
     tc = small_run(steps=4)
     done = train.train(model_cfg, tc, stream, tokenizer=tokenizer, checkpoint_dir=tmp_path,
@@ -84,6 +87,7 @@ def test_resume_of_a_finished_run_trains_nothing(model_cfg, stream, tokenizer, t
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_existing_checkpoints_without_resume_are_refused(model_cfg, stream, tokenizer, tmp_path):
     train.train(model_cfg, small_run(steps=4), stream, tokenizer=tokenizer,
                 checkpoint_dir=tmp_path, progress=False)
@@ -92,6 +96,7 @@ def test_existing_checkpoints_without_resume_are_refused(model_cfg, stream, toke
                     checkpoint_dir=tmp_path, progress=False)
 
 
+@pytest.mark.slow
 def test_resume_with_a_different_model_config_is_refused(model_cfg, stream, tokenizer, tmp_path):
     train.train(model_cfg, small_run(steps=4), stream, tokenizer=tokenizer,
                 checkpoint_dir=tmp_path, progress=False)
@@ -182,6 +187,7 @@ def nan_at_step(stream, tc, step):
     return NaNOnBatch(PackedBatches(stream, tc.batch_size, tc.seq_len, tc.seed).batch(step - 1))
 
 
+@pytest.mark.slow
 def test_a_non_finite_loss_stops_training_naming_its_step_and_nothing_after_is_saved(
         model_cfg, stream, tokenizer, tmp_path):
     # Found at step 4 (the first step that logs), named as step 3; the save at step 4 is skipped.
