@@ -1,9 +1,11 @@
 """Argument checks shared by the public entry points.
 
 Each check raises ``ValueError`` with a message that names the argument, its value and what is
-allowed, and returns the value in the form the caller stores. Sizes that end up in int32 arrays
-(token budgets, cache lengths, beam widths, ...) are checked against the int32 range with
-``check_size``, so a typo such as ``2**31`` is refused instead of wrapping negative.
+allowed, and returns the value in the form the caller stores: ``check_int`` and ``check_size``
+for ints, ``check_number`` for finite numbers in a range, ``check_bool``, ``check_one_of``.
+Sizes that end up in int32 arrays (token budgets, cache lengths, beam widths, ...) are checked
+against the int32 range with ``check_size``, so a typo such as ``2**31`` is refused instead of
+wrapping negative.
 
 Sizes are also bounded by memory: before a decoder allocates its cache and buffers it lists their
 bytes and ``check_memory`` refuses the call when the total exceeds the memory limit (by default
@@ -52,6 +54,40 @@ def check_bool(name: str, flag: Any) -> bool:
     if not isinstance(flag, bool):
         raise ValueError(f"{name} must be a bool, got {flag!r}")
     return flag
+
+
+def is_finite_number(x: Any) -> bool:
+    """A finite Python or NumPy int or float, not a bool."""
+    return (isinstance(x, (int, float, np.integer, np.floating))
+            and not isinstance(x, (bool, np.bool_)) and math.isfinite(x))
+
+
+def check_number(name: str, value: Any, low: float | None = None, high: float | None = None, *,
+                 open_low: bool = False, open_high: bool = False) -> Any:
+    """``value`` (unchanged) as a finite number from ``low`` to ``high``, both ends included unless
+    ``open_low`` / ``open_high``; None: no bound on that side. The message names the range:
+    ``temperature must be a finite number > 0, got 0``, ``b1 must be a finite number in [0, 1)``."""
+    if is_finite_number(value):
+        above = low is None or (value > low if open_low else value >= low)
+        below = high is None or (value < high if open_high else value <= high)
+        if above and below:
+            return value
+    if low is not None and high is not None:
+        bounds = f" in {'(' if open_low else '['}{low}, {high}{')' if open_high else ']'}"
+    elif low is not None:
+        bounds = f" {'>' if open_low else '>='} {low}"
+    elif high is not None:
+        bounds = f" {'<' if open_high else '<='} {high}"
+    else:
+        bounds = ""
+    raise ValueError(f"{name} must be a finite number{bounds}, got {value!r}")
+
+
+def check_one_of(name: str, value: Any, allowed: tuple[Any, ...]) -> Any:
+    """``value``, one of ``allowed``."""
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+    return value
 
 
 def check_model(name: str, model: Any) -> None:

@@ -9,8 +9,9 @@ read back from a checkpoint is always fully explicit.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
+
+from decodelab.checks import check_bool, check_int, check_number, check_one_of
 
 # The names a config may use; each registry in the model package is keyed by exactly these names
 # (a test checks the two agree), so the config never imports the model.
@@ -29,25 +30,6 @@ CHECKPOINT_FIELDS = ("attention_bias", "mlp_bias", "llama3_low_freq_factor",
 def _require(condition: bool, message: str) -> None:
     if not condition:
         raise ValueError(message)
-
-
-def _positive_int(name: str, value: Any) -> None:
-    _require(
-        isinstance(value, int) and not isinstance(value, bool) and value >= 1,
-        f"{name} must be a positive int, got {value!r}",
-    )
-
-
-def _one_of(name: str, value: Any, allowed: tuple[str, ...]) -> None:
-    _require(value in allowed, f"{name} must be one of {allowed}, got {value!r}")
-
-
-def _positive_float(name: str, value: Any) -> None:
-    _require(
-        isinstance(value, (int, float)) and not isinstance(value, bool)
-        and math.isfinite(value) and value > 0,
-        f"{name} must be a finite number > 0, got {value!r}",
-    )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -105,12 +87,13 @@ class ModelConfig:
     dtype: str = "float32"
 
     def __post_init__(self) -> None:
+        # Stored as Python ints (a NumPy int would not survive the JSON of a checkpoint).
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len",
                      "t5_num_buckets", "t5_max_distance"):
-            _positive_int(name, getattr(self, name))
+            object.__setattr__(self, name, check_int(name, getattr(self, name), 1))
         for name in ("n_kv_heads", "head_dim", "d_ff", "rope_original_max_len"):
             if getattr(self, name) is not None:
-                _positive_int(name, getattr(self, name))
+                object.__setattr__(self, name, check_int(name, getattr(self, name), 1))
         if self.head_dim is None:
             _require(
                 self.d_model % self.n_heads == 0,
@@ -130,15 +113,14 @@ class ModelConfig:
         if self.rope_original_max_len is None:
             object.__setattr__(self, "rope_original_max_len", self.max_seq_len)
 
-        _one_of("position", self.position, POSITIONS)
-        _one_of("rope_scaling", self.rope_scaling, ROPE_SCALINGS)
-        _one_of("norm", self.norm, NORMS)
-        _one_of("mlp", self.mlp, MLPS)
-        _one_of("dtype", self.dtype, DTYPES)
+        check_one_of("position", self.position, POSITIONS)
+        check_one_of("rope_scaling", self.rope_scaling, ROPE_SCALINGS)
+        check_one_of("norm", self.norm, NORMS)
+        check_one_of("mlp", self.mlp, MLPS)
+        check_one_of("dtype", self.dtype, DTYPES)
         for name in ("rope_theta", "norm_eps", "yarn_beta_fast", "yarn_beta_slow",
-                     "llama3_low_freq_factor", "llama3_high_freq_factor"):
-            _positive_float(name, getattr(self, name))
-        _positive_float("rope_scaling_factor", self.rope_scaling_factor)
+                     "llama3_low_freq_factor", "llama3_high_freq_factor", "rope_scaling_factor"):
+            check_number(name, getattr(self, name), 0, open_low=True)
         _require(
             self.rope_scaling_factor >= 1.0,
             f"rope_scaling_factor must be >= 1.0 (it extends the context), got "
@@ -155,8 +137,7 @@ class ModelConfig:
             f"{self.llama3_high_freq_factor} <= {self.llama3_low_freq_factor}",
         )
         for name in ("tie_embeddings", "attention_bias", "mlp_bias"):
-            _require(isinstance(getattr(self, name), bool),
-                     f"{name} must be a bool, got {getattr(self, name)!r}")
+            check_bool(name, getattr(self, name))
         if self.position == "rope":
             _require(
                 self.head_dim % 2 == 0,

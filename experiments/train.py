@@ -39,17 +39,6 @@ _RESUME = flags.DEFINE_bool("resume", False, "Reuse or continue this config's ch
 sharding.define_flags()  # --coordinator_address --num_processes --process_id: several hosts
 
 
-def held_out_prompts(tokenizer: Tokenizer, prompt_tokens: int, new_tokens: int):
-    """One (prompt ids, true continuation ids) pair per test play, starting at the paragraph
-    nearest the middle of the play (the opening is a title page and a cast list)."""
-    pairs = []
-    for name, text in sorted(data.split_documents("test").items()):
-        start = text.find("\n\n", len(text) // 2) + 2
-        ids = tokenizer.encode(text[start:start + 50 * (prompt_tokens + new_tokens)])
-        pairs.append((ids[:prompt_tokens], ids[prompt_tokens:prompt_tokens + new_tokens]))
-    return pairs
-
-
 def quality_table(model, tokenizer: Tokenizer, pairs, report) -> dict[str, dict]:
     """Print and return the text-quality metrics of a few strategies and of the true continuations
     (a short version of results/sampling.md, scored by the model itself)."""
@@ -105,7 +94,11 @@ def main(argv) -> None:
     print(f"validation: loss {metrics['loss']:.4f} nats/token, perplexity {metrics['perplexity']:.2f}"
           f" over {metrics['tokens']:,} tokens at context {train_cfg.seq_len}")
 
-    pairs = held_out_prompts(tokenizer, config.report.prompt_tokens, config.report.new_tokens)
+    # One prompt per test play, from the paragraph nearest its middle (the opening is a title
+    # page and a cast list).
+    pairs = [(p.tokens, p.reference) for p in quality.held_out_prompts(
+        tokenizer, per_document=1, prompt_tokens=config.report.prompt_tokens,
+        new_tokens=config.report.new_tokens)]
     prompts = [p for p, _ in pairs]
     # One generate call per strategy; each prompt keeps its own seed (config.report.seed + i).
     strategies = {"greedy": SamplingParams.greedy(), **{

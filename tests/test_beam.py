@@ -3,10 +3,11 @@ beam search disagree, and EOS with the length penalty), a plain-Python reference
 exhaustive search where the beam is wide enough, the real Transformer's own scores, batch
 invariance, compile counting and bad input.
 
-The stand-in is a second-order Markov chain with the Transformer's call signature over a real
-KVCache: its next-token log-probabilities are ``log table[t2, t1]`` where ``t1`` and ``t2`` are the
-last two tokens read back from the cache row (a one-token history reads ``t1`` twice). Reading the
-history from the cache exposes any error in the per-beam reordering of cache rows.
+The stand-in (``standins.Chain``) is a second-order Markov chain with the Transformer's call
+signature over a real KVCache: its next-token log-probabilities are ``log table[t2, t1]`` where
+``t1`` and ``t2`` are the last two tokens read back from the cache row (a one-token history reads
+``t1`` twice). Reading the history from the cache exposes any error in the per-beam reordering of
+cache rows.
 """
 
 import itertools
@@ -17,43 +18,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from standins import Chain, chain_logp
 
 import decodelab as dl
 from decodelab import experiment
 from decodelab.decode import beam
-
-
-class Chain(nnx.Module):
-    def __init__(self, table):
-        table = np.asarray(table, np.float64)
-        if table.ndim == 2:  # first order: the same rows whatever came before
-            table = np.broadcast_to(table[None], (table.shape[0],) + table.shape)
-        V = table.shape[-1]
-        self.config = dl.ModelConfig(vocab_size=V, d_model=1, n_layers=1, n_heads=1,
-                                      position="nope")
-        with np.errstate(divide="ignore"):
-            self.logp = nnx.Param(jnp.asarray(np.log(table), jnp.float32))  # [V, V, V]
-
-    def __call__(self, tokens, *, cache, num_valid=None):
-        B, T = tokens.shape
-        S = cache.max_len
-        num_valid = jnp.full((B,), T, jnp.int32) if num_valid is None else num_valid
-        positions = cache.positions(T)  # [B, T]
-        stored = tokens.astype(jnp.float32)[:, :, None, None]  # [B, T, K=1, H=1]
-        cache = cache.write(0, stored, stored)
-        held = jnp.round(cache.read(0, 0, S)[0][:, 0, :, 0]).astype(jnp.int32)  # [B, S]
-        t1 = jnp.take_along_axis(held, jnp.clip(positions, 0, S - 1), axis=1)  # [B, T]
-        t2 = jnp.take_along_axis(held, jnp.clip(positions - 1, 0, S - 1), axis=1)
-        return self.logp[...][t2, t1], cache.advance(num_valid)
-
-
-def chain_logp(table, history):
-    """Log-probability of the next token after ``history`` under the chain (a [V] array)."""
-    table = np.asarray(table, np.float64)
-    if table.ndim == 2:
-        return np.log(table[history[-1]])
-    t2 = history[-2] if len(history) > 1 else history[-1]
-    return np.log(table[t2, history[-1]])
 
 
 def gnmt(n, alpha):

@@ -8,9 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from standins import TINY
 
 import decodelab as dl
-from tests.conftest import TINY
 
 # Next-token distributions per position (the same for every window).
 REFERENCE = [[0.5, 0.3, 0.2], [0.6, 0.3, 0.1], [0.2, 0.2, 0.6]]
@@ -90,7 +90,7 @@ def test_quantized_weights_and_cache_show_in_divergence_and_bytes(model, windows
     (dict(tokens=np.zeros((4,), np.int32)), r"tokens must be integer windows \[W, T\]"),
     (dict(tokens=WINDOWS, candidate_kv_cache="int2"),
      r"candidate_kv_cache must be None \(float\) or one of \('int8', 'int4'\), got 'int2'"),
-    (dict(tokens=WINDOWS, batch_size=0), "batch_size must be a positive int, got 0"),
+    (dict(tokens=WINDOWS, batch_size=0), "batch_size must be an int >= 1, got 0"),
 ])
 def test_bad_arguments_are_rejected(kwargs, message):
     with pytest.raises(ValueError, match=message):

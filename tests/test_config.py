@@ -65,19 +65,19 @@ INT_FIELDS = ["vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "hea
 @pytest.mark.parametrize("value", [0, -1])
 @pytest.mark.parametrize("field", INT_FIELDS)
 def test_non_positive_int_is_rejected(tiny_config, field, value):
-    with pytest.raises(ValueError, match=f"^{field} must be a positive int, got {value}"):
+    with pytest.raises(ValueError, match=f"^{field} must be an int >= 1, got {value}"):
         tiny_config.replace(**{field: value})
 
 
 @pytest.mark.parametrize("field", INT_FIELDS)
 def test_bool_is_not_accepted_as_int(tiny_config, field):
-    with pytest.raises(ValueError, match=f"^{field} must be a positive int, got True"):
+    with pytest.raises(ValueError, match=f"^{field} must be an int >= 1, got True"):
         tiny_config.replace(**{field: True})
 
 
 @pytest.mark.parametrize("field", ["vocab_size", "d_model", "max_seq_len"])
 def test_float_is_not_accepted_as_int(tiny_config, field):
-    with pytest.raises(ValueError, match=f"^{field} must be a positive int, got 64.0"):
+    with pytest.raises(ValueError, match=f"^{field} must be an int >= 1, got 64.0"):
         tiny_config.replace(**{field: 64.0})
 
 

@@ -8,18 +8,9 @@ import socket
 
 import numpy as np
 import pytest
+from standins import Chars
 
 from decodelab.text import data
-
-
-class CharTokenizer:
-    """Stand-in tokenizer, one id per character, so expected streams can be written out exactly."""
-
-    bos_id = 2
-    eos_id = 3
-
-    def encode(self, text):
-        return [4 + ord(c) for c in text]
 
 
 def _sha256sums():
@@ -74,15 +65,15 @@ def test_archive_with_edited_text_is_rejected(corpus_copy):
         data.load_corpus()
 
 
-def test_loading_never_touches_the_network(monkeypatch):
+def test_loading_never_touches_the_network(corpus_copy, monkeypatch):
     def no_network(*args, **kwargs):
         raise AssertionError("decodelab.text.data must not use the network")
 
     for name in ("socket", "create_connection", "getaddrinfo"):
         monkeypatch.setattr(socket, name, no_network)
-    data._verified_corpus.cache_clear()
+    # A fresh copy of the corpus directory: read from disk now, not from an earlier call's cache.
     assert len(data.load_corpus()) == 42
-    assert len(data.token_stream(CharTokenizer(), "test")) == data.split_num_chars("test") + 6
+    assert len(data.token_stream(Chars(), "test")) == data.split_num_chars("test") + 6
 
 
 def test_load_corpus_returns_a_fresh_dict():
@@ -131,7 +122,7 @@ def test_write_split_files_writes_each_document_verbatim(tmp_path):
 
 
 def test_token_stream_is_bos_ids_eos_per_document_in_sorted_order():
-    tokenizer = CharTokenizer()
+    tokenizer = Chars()
     stream = data.token_stream(tokenizer, "validation")
     expected = []
     for text in data.split_documents("validation").values():
@@ -141,14 +132,14 @@ def test_token_stream_is_bos_ids_eos_per_document_in_sorted_order():
 
 
 def test_token_windows_are_evenly_spaced_from_the_start_to_one_before_the_end():
-    stream = data.token_stream(CharTokenizer(), "test")
-    windows = data.token_windows(CharTokenizer(), "test", 3, 5)
+    stream = data.token_stream(Chars(), "test")
+    windows = data.token_windows(Chars(), "test", 3, 5)
     last = len(stream) - 5 - 1
     assert windows.dtype == np.int32 and windows.shape == (3, 5)
     for window, start in zip(windows, (0, last // 2, last)):
         np.testing.assert_array_equal(window, stream[start:start + 5])
     with pytest.raises(ValueError, match="num must be an int >= 1, got 0"):
-        data.token_windows(CharTokenizer(), "test", 0, 5)
+        data.token_windows(Chars(), "test", 0, 5)
 
 
 def test_eval_windows_tile_the_targets():
@@ -170,6 +161,28 @@ def test_eval_windows_tile_the_targets():
 def test_eval_windows_rejects_bad_input(stream, seq_len, message):
     with pytest.raises(ValueError, match=message):
         data.eval_windows(stream, seq_len)
+
+
+def test_token_windows_are_evenly_spaced_slices_of_the_split_stream():
+    tokenizer = Chars()
+    stream = data.token_stream(tokenizer, "test")
+    windows = data.token_windows(tokenizer, "test", 5, 8)
+    assert windows.shape == (5, 8) and windows.dtype == np.int32
+    # Starts 0, M/4, M/2, 3M/4, M (rounded down), M = N - 9: the last leaves one token after it.
+    last = len(stream) - 9
+    np.testing.assert_array_equal(windows[0], stream[:8])
+    np.testing.assert_array_equal(windows[2], stream[last // 2:last // 2 + 8])
+    np.testing.assert_array_equal(windows[4], stream[last:last + 8])
+
+
+@pytest.mark.parametrize("num, length, message", [
+    (0, 8, r"num must be an int >= 1, got 0"),
+    (4, 2.0, r"length must be an int >= 1, got 2.0"),
+    (4, 10**7, r"length must be less than the test stream's \d+ tokens, got 10000000"),
+])
+def test_token_windows_reject_bad_sizes(num, length, message):
+    with pytest.raises(ValueError, match=message):
+        data.token_windows(Chars(), "test", num, length)
 
 
 # 23 windows of 4 + 1 tokens (and 3 tokens left over); window w starts with token 5 * w.

@@ -1,9 +1,9 @@
 """generate(): exact outputs from a stand-in model, parity with the real Transformer, batch
 invariance, compile counting and bad input.
 
-The stand-in has the Transformer's call signature over a real KVCache. Its next token is
-``(last + 1) % V`` by a margin of 10 logits, where "last" is read back from the cache slot the
-engine says the token sits at; with ``rule="position"`` the next token is instead
+The stand-in (``standins.NextToken``) has the Transformer's call signature over a real KVCache.
+Its next token is ``(last + 1) % V`` by a margin of 10 logits, where "last" is read back from the
+cache slot the engine says the token sits at; with ``rule="position"`` the next token is instead
 ``(position + 1) % V``, which exposes any error in the per-row lengths. Either way the expected
 outputs are exact.
 """
@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import scipy.stats
 from flax import nnx
+from standins import Letters, NextToken
 
 import decodelab as dl
 from decodelab import experiment
@@ -25,36 +26,9 @@ V = 32
 GREEDY = dl.SamplingParams.greedy()
 
 
-class StandIn(nnx.Module):
-    def __init__(self, rule: str = "next", margin: float = 10.0, nan_token: int = -1, base=None):
-        self.config = dl.ModelConfig(vocab_size=V, d_model=1, n_layers=1, n_heads=1,
-                                      position="nope")
-        self.rule = rule
-        self.margin = margin
-        self.nan_token = nan_token  # a row whose next token would be this gets NaN logits
-        self.base = nnx.Param(jnp.zeros((V,)) if base is None else jnp.asarray(base, jnp.float32))
-
-    def __call__(self, tokens, *, cache, num_valid=None):
-        B, T = tokens.shape
-        S = cache.max_len
-        num_valid = jnp.full((B,), T, jnp.int32) if num_valid is None else num_valid
-        positions = cache.positions(T)  # [B, T]
-        stored = tokens.astype(jnp.float32)[:, :, None, None]  # [B, T, K=1, H=1]
-        cache = cache.write(0, stored, stored)
-        if self.rule == "position":
-            source = positions
-        else:
-            held = cache.read(0, 0, cache.max_len)[0][:, 0, :, 0]  # [B, S]
-            source = jnp.take_along_axis(held, jnp.clip(positions, 0, S - 1), axis=1)
-        nxt = (source.astype(jnp.int32) + 1) % V  # [B, T]
-        logits = self.base[...][None, None, :] + self.margin * jax.nn.one_hot(nxt, V)
-        logits = jnp.where((nxt == self.nan_token)[:, :, None], jnp.nan, logits)
-        return logits, cache.advance(num_valid)
-
-
 @pytest.fixture(scope="module")
 def stand_in():
-    return StandIn()
+    return NextToken()
 
 
 def run(model, prompts, max_new_tokens, params=GREEDY, **kwargs):
@@ -77,7 +51,7 @@ def test_ragged_prompts_continue_each_from_its_own_last_token(stand_in):
 
 
 def test_each_row_decodes_at_its_own_positions():
-    out = run(StandIn(rule="position"), [[9], [9, 9, 9], [9, 9]], 3)
+    out = run(NextToken(rule="position"), [[9], [9, 9, 9], [9, 9]], 3)
     np.testing.assert_array_equal(out.tokens, [[1, 2, 3], [3, 4, 5], [2, 3, 4]])
 
 
@@ -112,18 +86,6 @@ def test_stop_sequence_must_lie_in_the_output(stand_in):
     assert out.token_lists() == [[9, 10, 11]] and out.finish_reason == ["length"]
 
 
-class Letters:
-    """A tokenizer for the stand-in: ids 0..25 are a..z, 26..31 are two-letter pieces."""
-
-    PIECES = [chr(ord("a") + i) for i in range(26)] + ["AB", "CD", "EF", "GH", "IJ", "KL"]
-
-    def encode(self, text):
-        return [self.PIECES.index(c) for c in text if c in self.PIECES]
-
-    def decode(self, ids):
-        return "".join(self.PIECES[i] for i in ids)
-
-
 def test_stop_strings_cut_after_the_token_that_completes_them(stand_in):
     # row 0: "efg" -> "fg" is found in the loop from its tokens [5, 6];
     # row 1: "GH" "IJ" contains "HI" across a token boundary, found in the decoded text
@@ -143,7 +105,7 @@ def test_budget_and_cache_capacity_finish_with_length(stand_in):
 
 def test_greedy_logprobs_are_zero_and_sampled_logprobs_are_the_processed_distribution():
     base = np.linspace(0.0, 2.0, V)
-    model = StandIn(margin=1.0, base=base)
+    model = NextToken(margin=1.0, base=base)
     params = dl.SamplingParams(temperature=0.5, top_k=8)
     out = run(model, [[3], [3]], 3, params, seed=[0, 1],
               options=dl.DecodeOptions(return_top_logprobs=4, return_entropy=True))
@@ -186,7 +148,7 @@ def test_first_token_distribution_over_many_requests_matches_the_model():
     stream) of one prompt draw their first token from softmax(base); the stand-in's margin is 0
     so base is the whole distribution."""
     base = np.log(np.r_[np.full(4, 0.2), np.full(4, 0.05), np.zeros(V - 8)] + 1e-30)
-    model = StandIn(margin=0.0, base=base)
+    model = NextToken(margin=0.0, base=base)
     out = run(model, [[0]] * 2000, 1, dl.SamplingParams(), seed=0)
     counts = np.bincount(out.tokens[:, 0], minlength=V)
     assert counts[8:].sum() == 0
@@ -198,7 +160,7 @@ def test_first_token_distribution_over_many_requests_matches_the_model():
 
 
 def test_nan_logits_are_never_sampled_and_raise_by_default():
-    model = StandIn(nan_token=20)
+    model = NextToken(nan_token=20)
     with pytest.raises(ValueError, match=r"row 0 after 2 tokens: the model's logits hold NaN"):
         run(model, [[17], [1]], 4)
     out = run(model, [[17], [1]], 4, options=dl.DecodeOptions(raise_on_error=False))
@@ -210,7 +172,7 @@ def test_parameters_that_leave_no_token_finish_with_error():
     params = dl.SamplingParams(temperature=0.0, min_new_tokens=1,
                                banned_tokens=[i for i in range(V) if i != 7])
     with pytest.raises(ValueError, match=r"row 0 after 0 tokens: no token has a finite prob"):
-        run(StandIn(), [[3]], 2, params, options=dl.DecodeOptions(eos_ids=7))
+        run(NextToken(), [[3]], 2, params, options=dl.DecodeOptions(eos_ids=7))
 
 
 # --- The real Transformer -------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from standins import FakeTokenizer
 
 import decodelab as dl
 from decodelab.train import distill
@@ -13,15 +14,6 @@ from decodelab.train import trainer as train
 
 V = 64
 CFG = dl.ModelConfig(vocab_size=V, d_model=32, n_layers=1, n_heads=2, d_ff=64, max_seq_len=32)
-
-
-class FakeTokenizer:
-    """What a checkpoint stores of a tokenizer."""
-
-    vocab_size = V
-
-    def serialized_model(self):
-        return b"fake"
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +47,7 @@ def test_the_objective_is_the_mean_forward_kl_of_next_token_distributions(teache
     assert abs(kl(teacher, teacher, windows)) < 1e-6
 
 
+@pytest.mark.slow
 def test_distillation_draws_the_student_towards_the_teacher(teacher, stream):
     result = distill.distill(teacher, "t", CFG, run(steps=40), stream, progress=False)
     windows = jnp.asarray(stream[-170:].reshape(10, 17))
@@ -62,9 +55,10 @@ def test_distillation_draws_the_student_towards_the_teacher(teacher, stream):
     assert kl(teacher, result.model, windows) < 0.5 * kl(teacher, untrained, windows)
 
 
+@pytest.mark.slow
 def test_resumed_distillation_equals_an_uninterrupted_one_and_refuses_another_teacher(
         teacher, stream, tmp_path):
-    tc, tok = run(), FakeTokenizer()
+    tc, tok = run(), FakeTokenizer(vocab_size=V)
     whole = distill.distill(teacher, "t", CFG, tc, stream, tokenizer=tok,
                             checkpoint_dir=tmp_path / "whole", progress=False)
     distill.distill(teacher, "t", CFG, tc, stream, tokenizer=tok,

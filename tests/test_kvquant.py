@@ -10,12 +10,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from standins import TINY
 
 import decodelab as dl
 from decodelab import cache as kvcache
 from decodelab.model import attention
 from decodelab.serving import Request, SlotEngine
-from tests.conftest import TINY
 
 GREEDY = dl.SamplingParams.greedy()
 PROMPTS = [[5, 9, 13], [7, 1, 2, 3, 4, 8]]

@@ -46,6 +46,7 @@ def first(workdir):
     return pipeline.load_or_train(TOKENIZER, model_section(), TRAIN, workdir, progress=False)
 
 
+@pytest.mark.slow
 def test_the_first_call_trains_into_the_documented_layout(first, workdir):
     assert first.resumed_from is None and first.step == 4
     assert [h["step"] for h in first.history] == [1, 2, 3, 4]
@@ -57,6 +58,7 @@ def test_the_first_call_trains_into_the_documented_layout(first, workdir):
     assert spec["model"]["vocab_size"] == 512 and spec["tokenizer"] == TOKENIZER
 
 
+@pytest.mark.slow
 def test_a_finished_model_is_reused_not_retrained(first, workdir, monkeypatch):
     monkeypatch.setattr(train, "train", lambda *a, **k: pytest.fail("retrained"))
     monkeypatch.setattr(Tokenizer, "train", lambda *a, **k: pytest.fail("tokenizer retrained"))
@@ -68,12 +70,14 @@ def test_a_finished_model_is_reused_not_retrained(first, workdir, monkeypatch):
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_trained_model_returns_the_model_and_its_tokenizer(first, workdir):
     model, tokenizer = pipeline.trained_model(TOKENIZER, model_section(), TRAIN, workdir,
                                               progress=False)
     assert model.config == first.model.config and tokenizer.vocab_size == 512
 
 
+@pytest.mark.slow
 def test_an_interrupted_model_continues_from_its_checkpoint(first, workdir):
     tc = train.TrainConfig(**dict(TRAIN, steps=6))
     model_cfg = first.model.config
@@ -87,12 +91,14 @@ def test_an_interrupted_model_continues_from_its_checkpoint(first, workdir):
     assert [h["step"] for h in resumed.history] == [3, 4, 5, 6]
 
 
+@pytest.mark.slow
 def test_resume_false_refuses_existing_checkpoints(first, workdir):
     with pytest.raises(ValueError, match=r"holds checkpoints of this model \(step 4 of 4\)"):
         pipeline.load_or_train(TOKENIZER, model_section(), TRAIN, workdir, resume=False,
                                progress=False)
 
 
+@pytest.mark.slow
 def test_keys_follow_every_config_that_matters(first):
     cfg, tc = first.model.config, train.TrainConfig(**TRAIN)
     key = pipeline.model_key(TOKENIZER, cfg, tc)
@@ -103,6 +109,7 @@ def test_keys_follow_every_config_that_matters(first):
     assert pipeline.tokenizer_key(TOKENIZER) != pipeline.tokenizer_key(dict(vocab_size=600))
 
 
+@pytest.mark.slow
 def test_a_diverging_model_is_caught_at_its_step_and_nothing_is_cached(first, workdir,
                                                                         monkeypatch):
     monkeypatch.setattr(train.NextToken, "loss", lambda self, model, windows, aux: jnp.nan)
@@ -162,6 +169,7 @@ def on_smollm2(workdir, smollm2_installed):
                                   progress=False)
 
 
+@pytest.mark.slow
 def test_a_pretrained_tokenizer_section_trains_on_that_vocabulary(on_smollm2, workdir):
     assert isinstance(on_smollm2.tokenizer, PretrainedTokenizer)
     assert on_smollm2.model.config.vocab_size == on_smollm2.tokenizer.vocab_size == 49152
@@ -171,6 +179,7 @@ def test_a_pretrained_tokenizer_section_trains_on_that_vocabulary(on_smollm2, wo
     assert spec["tokenizer"] == PRETRAINED_TOKENIZER
 
 
+@pytest.mark.slow
 def test_a_model_on_a_pretrained_tokenizer_is_reused_with_its_tokenizer(on_smollm2, workdir,
                                                                        monkeypatch):
     monkeypatch.setattr(train, "train", lambda *a, **k: pytest.fail("retrained"))
@@ -185,6 +194,7 @@ def test_a_model_on_a_pretrained_tokenizer_is_reused_with_its_tokenizer(on_smoll
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_the_key_of_a_pretrained_tokenizer_covers_the_tokenizer_itself(on_smollm2, monkeypatch):
     key = pipeline.tokenizer_key(PRETRAINED_TOKENIZER)
     assert key != pipeline.tokenizer_key(TOKENIZER)

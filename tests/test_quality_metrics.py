@@ -8,7 +8,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import standins
 from flax import nnx
+from standins import Chars
 
 import decodelab as dl
 from decodelab.measure import perplexity as metrics
@@ -99,12 +101,8 @@ def tiny(tiny_config):
 V = 16
 
 
-def uniform(tokens):  # [B, T] -> [B, T, V]: every token equally likely
-    return jnp.zeros(tokens.shape + (V,), jnp.float32)
-
-
-def next_is_last_plus_one(tokens):  # certain that token t is followed by (t + 1) % V
-    return 1e4 * nnx.one_hot((tokens + 1) % V, V)
+uniform = standins.uniform(V)
+next_is_last_plus_one = standins.next_is_last_plus_one(V)
 
 
 def test_uniform_model_gives_perplexity_v():
@@ -168,18 +166,6 @@ def test_bad_arguments_are_refused_by_name(call, message):
 
 
 # --- decodelab.measure.quality: prompts, token statistics, the row ----------------------------------------
-
-
-class Chars:
-    """A character tokenizer for the corpus: id = code point % 512."""
-
-    eos_id = 0
-
-    def encode(self, text):
-        return [ord(c) % 512 for c in text]
-
-    def decode(self, ids):
-        return "".join(chr(i) for i in ids)
 
 
 def test_held_out_prompts_start_at_paragraphs_and_the_reference_follows_the_prompt():

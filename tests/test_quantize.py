@@ -6,15 +6,16 @@ import re
 import jax
 import jax.numpy as jnp
 import numpy as np
+import programs
 import pytest
 from flax import nnx
+from standins import TINY
 
 import decodelab as dl
 from decodelab.compress import qlinear
 from decodelab.compress.qlinear import QuantizedEinsum, QuantizedEmbed
 from decodelab.compress.quantization import dequantized
 from decodelab.text import data
-from tests.conftest import TINY
 
 GREEDY = dl.SamplingParams.greedy()
 PROMPTS = [[5, 9, 13], [7, 1, 2, 3, 4, 8]]
@@ -133,41 +134,55 @@ def test_grouped_matmul_equals_the_float_model_holding_the_dequantized_kernels(
 # Blocks of 2048 weights: each projection of the tiny model is dequantized a few columns at a time
 # (q [64, 64] in 2 blocks of 32 columns, gate [64, 256] in 8 of 32, down [256, 64] in 8 of 8).
 SMALL_BLOCK = 32 * 64
+LARGEST_KERNEL = 64 * 256  # gate, up and down: one block each at block_elements >= this
 
 
 def test_blocked_matmul_equals_the_float_model_holding_the_dequantized_kernels(
-        model, int4, tokens, forward, monkeypatch):
-    monkeypatch.setattr(qlinear, "BLOCK_ELEMENTS", SMALL_BLOCK)
-    blocks = {path[-1]: m.columns_per_block() for path, m in quantized_modules(int4).items()}
+        model, int4, tokens, forward):
+    small = qlinear.with_block_elements(int4, SMALL_BLOCK)
+    blocks = {path[-1]: m.columns_per_block() for path, m in quantized_modules(small).items()}
     assert blocks == {"q": 32, "k": 32, "v": 32, "o": 32, "gate": 32, "up": 32, "down": 8}
-    minmax = dl.quantize(model, weights="int8", scheme="minmax")
-    for q in (int4, minmax):
+    # A copy: the original keeps one block per kernel (all its columns).
+    assert {m.columns_per_block() for m in quantized_modules(int4).values()} == {32, 64, 256}
+    minmax = qlinear.with_block_elements(dl.quantize(model, weights="int8", scheme="minmax"),
+                                         SMALL_BLOCK)
+    for q in (small, minmax):
         np.testing.assert_allclose(forward(q, tokens), forward(dequantized(q), tokens),
                                    atol=1e-5, rtol=1e-5)
 
 
-def float_buffers_from_integer_weights(compiled_text: str) -> dict[str, int]:
-    """Each fused computation of the compiled program that reads an integer matrix (int8 / int4)
-    and produces a float array: its name -> the produced array's element count."""
-    found = {}
-    for name, params, shape in re.findall(
-            r"^%(\S+) \((.*)\) -> (?:f32|bf16|f16)\[([0-9,]*)\]", compiled_text, re.M):
-        if re.search(r": s(?:8|4)\[[0-9]+,[0-9]+\]", params):
-            found[name] = int(np.prod([int(d) for d in shape.split(",")]))
-    return found
+def decode_step(cfg, q):
+    """``(step, args)``: one cached decode step of ``q`` over a batch of one token."""
+    graphdef, state = nnx.split(q)
+    step = jax.jit(lambda state, tokens, cache: nnx.merge(graphdef, state)(tokens, cache=cache))
+    return step, (state, jnp.zeros((1, 1), jnp.int32), dl.KVCache.init(cfg, batch_size=1,
+                                                                          max_len=16))
+
+
+def dequantized_sizes(step, args) -> list[int]:
+    """The element counts of the float arrays the step converts integer (int8 / int4) weight
+    matrices into."""
+    return [programs.elements(e.output_types[0]) for e in programs.equations(step, *args)
+            if e.primitive == "convert_element_type" and e.input_types[0].ndim == 2
+            and e.input_types[0].dtype in (jnp.int8, jnp.int4)
+            and jnp.issubdtype(e.output_types[0].dtype, jnp.floating)]
 
 
 @pytest.mark.parametrize("weights, group_size", [("int8", None), ("int4", 32)])
 def test_a_decode_step_never_forms_a_float_kernel_larger_than_a_block(
-        cfg, model, weights, group_size, monkeypatch):
-    monkeypatch.setattr(qlinear, "BLOCK_ELEMENTS", SMALL_BLOCK)
+        cfg, model, weights, group_size):
+    """The step dequantizes one block at a time, and its compiled form does not keep the whole
+    dequantized kernels either: its temporary bytes are smaller than with one block per kernel by
+    more than the largest kernel's float32 bytes."""
     q = dl.quantize(model, weights=weights, group_size=group_size)
-    graphdef, state = nnx.split(q)
-    step = jax.jit(lambda state, tokens, cache: nnx.merge(graphdef, state)(tokens, cache=cache))
-    cache = dl.KVCache.init(cfg, batch_size=1, max_len=16)
-    text = step.lower(state, jnp.zeros((1, 1), jnp.int32), cache).compile().as_text()
-    dequantizing = float_buffers_from_integer_weights(text)
-    assert dequantizing and max(dequantizing.values()) <= SMALL_BLOCK
+    blocked = decode_step(cfg, qlinear.with_block_elements(q, SMALL_BLOCK))
+    sizes = dequantized_sizes(*blocked)
+    assert sizes and max(sizes) <= SMALL_BLOCK
+    whole = decode_step(cfg, qlinear.with_block_elements(q, LARGEST_KERNEL))
+    assert max(dequantized_sizes(*whole)) == LARGEST_KERNEL
+    saved = (programs.compiled_memory(*whole[:1], *whole[1]).temp_size_in_bytes
+             - programs.compiled_memory(*blocked[:1], *blocked[1]).temp_size_in_bytes)
+    assert saved > 4 * LARGEST_KERNEL
 
 
 @pytest.mark.parametrize("quantized", ["int4", "w8a8"])
@@ -219,6 +234,14 @@ def test_checkpoint_round_trip_keeps_the_stored_values(tmp_path, model, tokenize
     np.testing.assert_array_equal(forward(loaded, tokens), forward(q, tokens))
 
 
+def test_a_checkpoint_keeps_the_block_size_and_a_bad_one_is_refused(tmp_path, int4, tokenizer):
+    dl.save_checkpoint(tmp_path / "ckpt", qlinear.with_block_elements(int4, SMALL_BLOCK), tokenizer)
+    loaded, _ = dl.load_checkpoint(tmp_path / "ckpt")
+    assert {m.block_elements for m in quantized_modules(loaded).values()} == {SMALL_BLOCK}
+    with pytest.raises(ValueError, match="^block_elements must be an int >= 1, got 0$"):
+        qlinear.with_block_elements(int4, 0)
+
+
 def test_checkpoint_round_trip_keeps_integer_activations(tmp_path, w8a8, tokenizer, tokens,
                                                          forward):
     dl.save_checkpoint(tmp_path / "ckpt", w8a8, tokenizer)
@@ -257,13 +280,16 @@ def test_integer_activations_equal_rows_rounded_to_int8_times_the_kernel(model, 
 
 
 def test_an_integer_activations_step_multiplies_int8_by_int8_and_never_dequantizes(cfg, w8a8):
-    graphdef, state = nnx.split(w8a8)
-    step = jax.jit(lambda state, tokens, cache: nnx.merge(graphdef, state)(tokens, cache=cache))
-    cache = dl.KVCache.init(cfg, batch_size=1, max_len=16)
-    text = step.lower(state, jnp.zeros((1, 1), jnp.int32), cache).compile().as_text()
-    integer_dots = re.findall(r"= s32\[2,[0-9]+\]\{1,0\} dot\(", text)
-    assert len(integer_dots) == 7 * cfg.n_layers  # q, k, v, o, gate, up, down; one row padded to 2
-    assert float_buffers_from_integer_weights(text) == {}
+    """Every projection is an int8 x int8 dot into int32, of one row padded to 2; no integer
+    weight becomes a float array, and the compiled step's temporary bytes stay below one float32
+    copy of the largest kernel."""
+    step, args = decode_step(cfg, w8a8)
+    integer_dots = [e for e in programs.equations(step, *args) if e.primitive == "dot_general"
+                    and [t.dtype for t in e.input_types] == [jnp.int8, jnp.int8]
+                    and e.output_types[0].dtype == jnp.int32 and e.input_types[0].shape[0] == 2]
+    assert len(integer_dots) == 7 * cfg.n_layers  # q, k, v, o, gate, up, down
+    assert dequantized_sizes(step, args) == []
+    assert programs.compiled_memory(step, *args).temp_size_in_bytes < 4 * LARGEST_KERNEL
 
 
 def output_error(float_model, q, calibration):

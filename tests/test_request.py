@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from standins import Uniform
 
 import decodelab as dl
 from decodelab.decode import output, request
@@ -20,23 +21,9 @@ GREEDY = dl.SamplingParams.greedy()
 TOO_BIG = 2**31  # one past int32
 
 
-class Uniform(nnx.Module):
-    """Every next token equally likely, so a sample shows its random stream alone."""
-
-    def __init__(self):
-        self.config = dl.ModelConfig(vocab_size=V, d_model=1, n_layers=1, n_heads=1,
-                                     position="nope")
-        self.base = nnx.Param(jnp.zeros((V,)))
-
-    def __call__(self, tokens, *, cache, num_valid=None):
-        B, T = tokens.shape
-        num_valid = jnp.full((B,), T, jnp.int32) if num_valid is None else num_valid
-        return jnp.broadcast_to(self.base[...], (B, T, V)), cache.advance(num_valid)
-
-
 @pytest.fixture(scope="module")
 def uniform():
-    return Uniform()
+    return Uniform(V)
 
 
 # --- Seeds ----------------------------------------------------------------------------------------

@@ -5,17 +5,17 @@ candidate-capped top-k and top-p keep exactly the full sort's tokens (the fallba
 row whose kept set fits in the candidates (top-k, or a top-p nucleus) draws among them from the
 same distribution and only a row that does not fit draws over the vocabulary, a plan's outputs
 equal those of ``Plan.ANY``, which traces every processor, and a serving engine's step contains
-only what its requests enable.
+only what its requests enable. The step is read as its jaxpr (``programs.equations``).
 """
-
-import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import programs
 import pytest
 import scipy.stats
 from flax import nnx
+from standins import NextToken
 
 import decodelab as dl
 from decodelab import sampling
@@ -27,77 +27,7 @@ B = 3
 MAX_LEN = 32
 
 
-# --- Reading compiled HLO text --------------------------------------------------------------------
-
-_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (\([^=]*?\)|\S+) ([\w\-]+)\((.*)$")
-_COMPUTATION = re.compile(r"^(?:ENTRY )?%([\w.\-]+) .*\{$")
-_CALLED = re.compile(r"(?:calls|to_apply|body|condition|called_computations)=(\{[^}]*\}|%[\w.\-]+)")
-_BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
-
-
-def _names(text: str) -> list[str]:
-    return re.findall(r"%([\w.\-]+)", text)
-
-
-class Hlo:
-    """The instructions of a compiled module's text, with the computation each sits in."""
-
-    def __init__(self, text: str):
-        self.shapes: dict[str, str] = {}
-        self.instructions: list[tuple[str, str, str, str]] = []  # computation, name, op, rest
-        self.entry = None
-        computation = None
-        for line in text.splitlines():
-            head = _COMPUTATION.match(line)
-            if head:
-                computation = head.group(1)
-                if line.startswith("ENTRY"):
-                    self.entry = computation
-                continue
-            m = _INSTRUCTION.match(line)
-            if m:
-                name, shape, op, rest = m.groups()
-                self.shapes[name] = shape
-                self.instructions.append((computation, name, op, rest))
-
-    def calls(self, *, branches: bool) -> dict[str, set[str]]:
-        """computation -> the computations its instructions call (with or without the branches
-        of conditionals)."""
-        edges: dict[str, set[str]] = {}
-        for computation, _, _, rest in self.instructions:
-            called = [n for m in _CALLED.finditer(rest) for n in _names(m.group(1))]
-            if branches:
-                called += [n for m in _BRANCHES.finditer(rest) for n in _names(m.group(1))]
-            edges.setdefault(computation, set()).update(called)
-        return edges
-
-    def reachable(self, roots, *, branches: bool) -> set[str]:
-        edges, seen, todo = self.calls(branches=branches), set(), list(roots)
-        while todo:
-            c = todo.pop()
-            if c not in seen:
-                seen.add(c)
-                todo.extend(edges.get(c, ()))
-        return seen
-
-    def ops(self, op: str) -> list[tuple[str, str, str, str]]:
-        return [i for i in self.instructions if i[2] == op]
-
-    def reductions_over(self, size: int) -> list[str]:
-        """The element types of the operands of the reductions (reduce or reduce-window, as a
-        backend may split a long reduction into both) that read an array with a dimension of
-        ``size``."""
-        found = []
-        for _, _, op, rest in self.instructions:
-            if op in ("reduce", "reduce-window"):
-                shape = self.shapes[re.match(r"%([\w.\-]+)", rest).group(1)]
-                dims = re.match(r"(\w+)\[([\d,]*)\]", shape)
-                if size in [int(d) for d in dims.group(2).split(",") if d]:
-                    found.append(dims.group(1))
-        return found
-
-
-# --- The compiled step ----------------------------------------------------------------------------
+# --- The step's program ---------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +43,7 @@ def initial_state(model, params: dl.SamplingParams, *, top_n=0, with_entropy=Fal
         row_params = row_params.with_plan(sampling.Plan.ANY)
     block = np.zeros((B, 16), np.int32)
     block[:, :4] = [[5, 17, 300, 2], [9, 9, 9, 9], [40, 41, 42, 43]]
+    block %= V
     graphdef, weights = nnx.split(model)
     rows = RowInputs(prompt_lengths=np.asarray([4, 1, 4], np.int32),
                      keys=sampling.batch_keys(0, B), params=row_params,
@@ -122,64 +53,64 @@ def initial_state(model, params: dl.SamplingParams, *, top_n=0, with_entropy=Fal
     return graphdef, weights, state
 
 
-def step_hlo(model, params: dl.SamplingParams) -> Hlo:
-    graphdef, weights, state = initial_state(model, params)
-    return Hlo(decode.DECODE_LOOP.step.lower(weights, state, graphdef=graphdef).compile().as_text())
+def step_equations(model, params: dl.SamplingParams, **kwargs) -> list[programs.Equation]:
+    """The equations of one compiled decode step (``DECODE_LOOP.step``) under ``params``."""
+    graphdef, weights, state = initial_state(model, params, **kwargs)
+    return programs.equations(decode.DECODE_LOOP.step, weights, state, graphdef=graphdef)
+
+
+def named(found: list[programs.Equation], primitive: str) -> list[programs.Equation]:
+    return [e for e in found if e.primitive == primitive]
 
 
 def test_a_greedy_step_is_an_argmax_without_a_sort(tiny):
-    hlo = step_hlo(tiny, dl.SamplingParams.greedy())
-    assert hlo.ops("sort") == []
+    found = step_equations(tiny, dl.SamplingParams.greedy())
+    assert named(found, "sort") == [] and named(found, "top_k") == []
     # The argmax: the max of the scores (f32) and the min of the ids holding it (s32); nothing
-    # else reads a [B, V] array to reduce it (the NaN check reuses the max).
-    assert sorted(hlo.reductions_over(tiny.config.vocab_size)) == ["f32", "s32"]
+    # else reduces a [B, V] array (the NaN check reuses the max).
+    assert programs.reductions_over(found, tiny.config.vocab_size) == [
+        ("reduce_max", "float32"), ("reduce_min", "int32")]
 
 
-def test_a_greedy_draw_has_no_branch_and_no_softmax(tiny):
-    _, _, state = initial_state(tiny, dl.SamplingParams.greedy())
-    hlo = Hlo(jax.jit(decode._sample_and_record).lower(state).compile().as_text())
-    assert hlo.ops("conditional") == []
-    assert hlo.ops("exponential") == [] and hlo.ops("log") == []
+def test_a_greedy_draw_has_no_branch_and_no_softmax():
+    """A greedy step of a stand-in model (a one-hot of its cache: no branch, no exponential and
+    no logarithm of its own) runs none either: the draw is an argmax."""
+    found = step_equations(NextToken(), dl.SamplingParams.greedy())
+    assert {"cond", "exp", "exp2", "log", "log1p", "logistic"}.isdisjoint(
+        e.primitive for e in found)
 
 
 def test_a_top_p_step_sorts_only_in_its_fallback_branch(tiny):
-    hlo = step_hlo(tiny, dl.SamplingParams(temperature=0.8, top_p=0.95))
-    sorts = {computation for computation, *_ in hlo.ops("sort")}
-    assert sorts  # the fallback is compiled in
-    assert not sorts & hlo.reachable([hlo.entry], branches=False)  # never outside a branch
-    # Branch 1 of lax.cond's conditional runs when the predicate holds: the fallback.
-    fallbacks = [_names(_BRANCHES.search(rest).group(1))[1] for *_, rest in hlo.ops("conditional")]
-    assert sorts <= hlo.reachable(fallbacks, branches=True)
+    found = step_equations(tiny, dl.SamplingParams(temperature=0.8, top_p=0.95))
+    sorts = named(found, "sort")
+    assert sorts  # the fallback is traced in
+    # Never outside a branch, and always in a cond's branch 1: lax.cond's branch when the
+    # predicate holds, the fallback.
+    assert all(any(index == 1 for _, index in e.branches) for e in sorts)
     # The fallback's and the draw's (vocabulary, per row, candidates); no branch per processor.
-    assert sorted(len(branches(rest)) for *_, rest in hlo.ops("conditional")) == [2, 3]
+    assert sorted(len(c.params["branches"]) for c in programs.conds(found)) == [2, 3]
 
 
-def branches(rest: str) -> list[str]:
-    """The branch computations of a conditional, in index order."""
-    return _names(_BRANCHES.search(rest).group(1))
-
-
-def random_bits(hlo: Hlo, computations: set[str], shape: tuple[int, int]) -> bool:
-    """Whether one of ``computations`` makes a uint32 array of ``shape`` (random bits)."""
-    pattern = re.compile(rf"u32\[{shape[0]},{shape[1]}\]")
-    return any(c in computations and pattern.match(hlo.shapes[name])
-               for c, name, *_ in hlo.instructions)
+def random_bits(found: list[programs.Equation], where) -> set[tuple[int, ...]]:
+    """The shapes of the random bits made by the equations whose enclosing branches satisfy
+    ``where``."""
+    return {e.output_types[0].shape for e in named(found, "random_bits") if where(e.branches)}
 
 
 def test_a_top_p_step_draws_over_the_vocabulary_only_when_a_row_does_not_fit(tiny):
-    """The draw's conditional: branch 0 (no row fits in the candidates) and branch 1 (some do)
-    make B x V random bits; branch 2 (every row fits: its nucleus within the candidates) makes
-    B x C and no B x V; nothing outside the branches makes either."""
+    """The draw's cond: branch 0 (no row fits in the candidates) and branch 1 (some do) make
+    B x V random bits; branch 2 (every row fits: its nucleus within the candidates) makes B x C
+    and no B x V; nothing outside the branches makes either."""
     V, C = tiny.config.vocab_size, sampling.Plan(active=()).candidates
     assert C < V
-    hlo = step_hlo(tiny, dl.SamplingParams(temperature=0.8, top_p=0.95))
-    (draw,) = [branches(rest) for *_, rest in hlo.ops("conditional") if len(branches(rest)) == 3]
-    vocabulary, per_row, candidates = (hlo.reachable([b], branches=True) for b in draw)
-    assert random_bits(hlo, vocabulary, (B, V)) and not random_bits(hlo, vocabulary, (B, C))
-    assert random_bits(hlo, per_row, (B, V)) and random_bits(hlo, per_row, (B, C))
-    assert random_bits(hlo, candidates, (B, C)) and not random_bits(hlo, candidates, (B, V))
-    outside = hlo.reachable([hlo.entry], branches=False)
-    assert not random_bits(hlo, outside, (B, V)) and not random_bits(hlo, outside, (B, C))
+    found = step_equations(tiny, dl.SamplingParams(temperature=0.8, top_p=0.95))
+    (draw,) = [n for n, c in enumerate(programs.conds(found)) if len(c.params["branches"]) == 3]
+    vocabulary, per_row, candidates = (random_bits(found, lambda inside, b=b: (draw, b) in inside)
+                                       for b in range(3))
+    assert (B, V) in vocabulary and (B, C) not in vocabulary
+    assert (B, V) in per_row and (B, C) in per_row
+    assert (B, C) in candidates and (B, V) not in candidates
+    assert random_bits(found, lambda inside: not inside).isdisjoint({(B, V), (B, C)})
 
 
 def test_a_penalised_step_updates_the_carried_counts_by_one_token_per_row(tiny):
@@ -188,24 +119,18 @@ def test_a_penalised_step_updates_the_carried_counts_by_one_token_per_row(tiny):
     V = tiny.config.vocab_size
     params = dl.SamplingParams(temperature=0.7, repetition_penalty=1.2, frequency_penalty=0.3)
     for any_plan, updates in ((False, B), (True, B * MAX_LEN)):
-        graphdef, weights, state = initial_state(tiny, params, any_plan=any_plan)
-        hlo = Hlo(decode.DECODE_LOOP.step.lower(weights, state, graphdef=graphdef).compile()
-                  .as_text())
-        into_counts = set()
-        for *_, rest in hlo.ops("scatter"):
-            operand, indices = (hlo.shapes[n] for n in _names(rest.split(")")[0])[:2])
-            if re.match(rf"\w+\[{B},{V}\]", operand):
-                into_counts.add(int(re.match(r"\w+\[(\d+)", indices).group(1)))
+        found = step_equations(tiny, params, any_plan=any_plan)
+        into_counts = {programs.elements(e.input_types[2]) for e in found
+                       if e.primitive.startswith("scatter") and e.input_types[0].shape == (B, V)}
         assert into_counts == {updates}
 
 
-def engine_step_hlo(model, engine) -> Hlo:
-    """The compiled text of one round of the engine's step over its current state."""
+def engine_step_equations(model, engine) -> list[programs.Equation]:
+    """The equations of one round of the engine's step over its current state."""
     graphdef, weights = nnx.split(model)
     operands = (weights, jnp.asarray(1, jnp.int32))
     carry = (jnp.zeros((), jnp.int32), engine.state)
-    return Hlo(engine_programs.ADVANCE.step.lower(operands, carry, graphdef=graphdef).compile()
-               .as_text())
+    return programs.equations(engine_programs.ADVANCE.step, operands, carry, graphdef=graphdef)
 
 
 def test_an_engine_serving_greedy_requests_steps_with_an_argmax(tiny):
@@ -217,16 +142,12 @@ def test_an_engine_serving_greedy_requests_steps_with_an_argmax(tiny):
     engine.insert(Request(id=0, prompt=[5, 17, 300], max_new_tokens=4))
     engine.insert(Request(id=1, prompt=[9], max_new_tokens=4, seed=3))
     assert engine.plan.greedy
-    hlo = engine_step_hlo(tiny, engine)
-    assert hlo.ops("sort") == [] and top_ks(hlo) == []
-    assert sorted(hlo.reductions_over(V)) == ["f32", "s32"]
+    found = engine_step_equations(tiny, engine)
+    assert named(found, "sort") == [] and named(found, "top_k") == []
+    assert programs.reductions_over(found, V) == [("reduce_max", "float32"),
+                                                  ("reduce_min", "int32")]
     sampled = SlotEngine(tiny, 2, MAX_LEN, serves=[dl.SamplingParams(temperature=0.8, top_p=0.95)])
-    assert top_ks(engine_step_hlo(tiny, sampled))
-
-
-def top_ks(hlo: Hlo) -> list[str]:
-    return [name for _, name, op, rest in hlo.instructions
-            if op == "custom-call" and 'custom_call_target="TopK"' in rest]
+    assert named(engine_step_equations(tiny, sampled), "top_k")
 
 
 # --- Outputs equal those of the plan that traces every processor ----------------------------------

@@ -4,13 +4,13 @@ a cache-sized buffer); chunked prefill gives the tokens unchunked prefill gives,
 request's tokens alone; a long prompt's chunks interleave with the decode rounds of the running
 slots; an engine call reads the device once."""
 
-import re
+import math
 
 import jax
 import numpy as np
+import programs
 import pytest
 from flax import nnx
-from test_step_structure import aliased_parameters, large_ops, parameters
 
 import decodelab as dl
 from decodelab.serving import Request, SlotEngine, slot_prefill
@@ -104,9 +104,10 @@ def test_a_long_prompt_enters_in_chunks_between_decode_rounds(tiny):
     assert seen == [(2, 0, [1]), (3, 0, [1]), (4, 0, [1]), (5, 0, [1]), (6, 1, [])]
 
 
-def prefill_hlo(model, num_slots: int, max_len: int, prompt: int, chunk: int | None,
-                call: int) -> str:
-    """The optimized HLO of the engine's ``call``-th prefill of one ``prompt``-token request."""
+def captured_prefill(model, num_slots: int, max_len: int, prompt: int, chunk: int | None,
+                     call: int) -> tuple:
+    """The arguments of the engine's ``call``-th prefill of one ``prompt``-token request, for
+    ``slot_prefill.prefill_rows(weights, state, chunk, **static)``."""
     captured = []
 
     def capture(weights, state, chunk, **static):
@@ -122,43 +123,40 @@ def prefill_hlo(model, num_slots: int, max_len: int, prompt: int, chunk: int | N
             engine.prefill()
     finally:
         slot_prefill.prefill_rows = prefill_rows
-    weights, state, chunk, static = captured[-1]
-    return prefill_rows.lower(weights, state, chunk, **static).compile().as_text()
-
-
-def slots_read(hlo: str, cfg) -> set[int]:
-    """The slot counts S' of the gathers and dynamic slices of ``[..., K, S', H]`` key or value
-    blocks: what the program reads of a cache row."""
-    pattern = (rf"= f32\[[\d,]*,{cfg.n_kv_heads},(\d+),{cfg.head_dim}\]\S* "
-               rf"(?:gather|dynamic-slice)\(")
-    return {int(m) for m in re.findall(pattern, hlo)}
+    return captured[-1]
 
 
 @pytest.mark.parametrize("chunk,call,reach", [(None, 1, 64), (32, 2, 512)],
                          ids=["whole-prompt", "second-chunk"])
 def test_prefill_writes_the_slot_rows_in_place_without_a_cache_sized_buffer(tiny, chunk, call,
                                                                            reach):
-    """4 slots of 512, one 50-token prompt: the cache's keys and values are parameters aliased to
-    outputs (updated in place), and no copy, transpose, gather or broadcast (a fresh cache) makes
-    a buffer of cache rows as large as one layer of the cache's keys. A whole prompt reads the
-    64 slots of its block, not the row's 512; a later chunk (32 tokens from slot 32) the row."""
+    """4 slots of 512, one 50-token prompt: the cache's keys and values are updated in place
+    (the compiled prefill reuses at least their bytes of its donated state, which the rest of the
+    state alone cannot reach); no equation but the in-place writes makes an array of cache rows as
+    large as one layer of the cache's keys, and none holds every layer's (no fresh cache, no copy
+    of the prefilled rows). A whole prompt reads the 64 slots of its block, not the row's 512; a
+    later chunk (32 tokens from slot 32) the row."""
     cfg = tiny.config
+    K, H = cfg.n_kv_heads, cfg.head_dim
     B, max_len = 4, 512
-    hlo = prefill_hlo(tiny, B, max_len, 50, chunk, call)
-    shape = f"f32[{cfg.n_layers},{B},{cfg.n_kv_heads},{max_len},{cfg.head_dim}]"
-    cache_params = [i for i, p in enumerate(parameters(hlo)) if p.startswith(shape + "{")]
-    assert len(cache_params) == 2  # keys and values
-    assert set(cache_params) <= aliased_parameters(hlo)
-    layer = B * cfg.n_kv_heads * max_len * cfg.head_dim
-    rows = f",{max_len},{cfg.head_dim}]"  # [..., S, H]: cache rows (not attention scores)
-    assert [line for line in large_ops(hlo, layer, ("copy", "transpose", "gather", "broadcast"))
-            if rows in line] == []
-    # Nothing but the parameters and their in-place updates holds all layers of cache rows: no
-    # fresh cache (a broadcast) and no copy of the prefilled rows (a gather or slice).
-    every_layer = (rf"= f32\[{cfg.n_layers},\d+,{cfg.n_kv_heads},{max_len},{cfg.head_dim}\]\S* "
-                   rf"([\w-]+)\(")
-    assert set(re.findall(every_layer, hlo)) <= {"parameter", "dynamic-update-slice", "fusion"}
-    assert max(slots_read(hlo, cfg)) == reach
+    weights, state, prefill_chunk, static = captured_prefill(tiny, B, max_len, 50, chunk, call)
+    cache = state.cache
+    keys_and_values = cache.k.nbytes + cache.v.nbytes  # [L, B, K, S, H] each
+    assert sum(leaf.nbytes for leaf in jax.tree.leaves(state)) - keys_and_values < cache.k.nbytes
+    memory = programs.compiled_memory(slot_prefill.prefill_rows, weights, state, prefill_chunk,
+                                      **static)
+    assert memory.alias_size_in_bytes >= keys_and_values
+    found = programs.equations(slot_prefill.prefill_rows, weights, state, prefill_chunk, **static)
+    made = [(e.primitive, t.shape) for e in found if not e.calls for t in e.output_types
+            if t.shape[-3:] == (K, max_len, H)]  # arrays of cache rows [..., K, S, H]
+    writes = ("scatter", "dynamic_update_slice")
+    layer = B * K * max_len * H
+    assert [(p, shape) for p, shape in made if p not in writes and math.prod(shape) >= layer] == []
+    assert [(p, shape) for p, shape in made if p not in writes and shape[0] == cfg.n_layers
+            and len(shape) == 5] == []
+    reads = {t.shape[-2] for e in found if e.primitive in ("gather", "dynamic_slice")
+             for t in e.output_types if t.shape[-3:-2] == (K,) and t.shape[-1] == H}
+    assert max(reads) == reach
 
 
 def test_an_engine_call_reads_the_device_once(tiny, reference, monkeypatch):

@@ -1,9 +1,9 @@
 """speculative_generate(): greedy parity with generate, exactness of the sampled distribution,
 statistics against a direct count, and bad input.
 
-Stand-in models (as in test_decode) make the greedy rounds exact: the target's next token is
-``last + 1``; the draft's is too, except after a token that is 4 mod 5, where it proposes
-``last + 2``. Tiny random Transformers check parity and, with a vocabulary of 8, the distribution of
+Stand-in models (``standins.NextToken``, as in test_decode) make the greedy rounds exact: the
+target's next token is ``last + 1``; the draft's is too, except after a token that is 4 mod 5,
+where it proposes ``last + 2``. Tiny random Transformers check parity and, with a vocabulary of 8, the distribution of
 the first two output tokens against the exact one computed from the target's logits.
 """
 
@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import scipy.stats
 from flax import nnx
+from standins import FakeTokenizer, Letters, NextToken
 
 import decodelab as dl
 from decodelab import experiment
@@ -25,34 +26,6 @@ from decodelab.speculative.generation import NgramDrafter, SpeculativeOptions
 
 GREEDY = dl.SamplingParams.greedy()
 V = 32
-
-
-class StandIn(nnx.Module):
-    """Next token ``(last + 1) % V`` by a margin of 10 logits; with ``skip_after=m`` the next
-    token after any token ``t`` with ``t % m == m - 1`` is ``(t + 2) % V`` instead."""
-
-    def __init__(self, skip_after: int = 0):
-        self.config = dl.ModelConfig(vocab_size=V, d_model=1, n_layers=1, n_heads=1,
-                                      position="nope")
-        self.skip_after = skip_after
-        self.zero = nnx.Param(jnp.zeros(()))
-
-    def __call__(self, tokens, *, cache, num_valid=None):
-        B, T = tokens.shape
-        num_valid = jnp.full((B,), T, jnp.int32) if num_valid is None else num_valid
-        positions = cache.positions(T)  # [B, T]
-        stored = tokens.astype(jnp.float32)[:, :, None, None]  # [B, T, K=1, H=1]
-        cache = cache.write(0, stored, stored)
-        held = cache.read(0, 0, cache.max_len)[0][:, 0, :, 0]  # [B, S]
-        last = jnp.take_along_axis(held, jnp.clip(positions, 0, cache.max_len - 1),
-                                   axis=1).astype(jnp.int32)  # [B, T]
-        step = 1
-        if self.skip_after:
-            step = jnp.where(last % self.skip_after == self.skip_after - 1, 2, 1)
-        logits = 10.0 * jax.nn.one_hot((last + step) % V, V) + self.zero[...]
-        return logits, cache.advance(num_valid)
-
-
 
 
 # --- Rounds and statistics, exactly ---------------------------------------------------------------
@@ -87,7 +60,7 @@ def test_rounds_and_statistics_equal_a_direct_count_of_the_algorithm():
     """The draft errs after every token 4 mod 5; row 0 ends at an EOS and row 1 at a stop
     sequence in the middle of a round, row 2 at the budget (its last round cut short)."""
     gamma, prompts, N = 3, [[0], [2, 10], [16]], 13
-    out = speculative.speculative_generate(StandIn(), StandIn(skip_after=5), prompts, GREEDY,
+    out = speculative.speculative_generate(NextToken(), NextToken(skip_after=5), prompts, GREEDY,
                                            gamma, N, options=dl.DecodeOptions(
                                                eos_ids=9, stop_sequences=[[14, 15]]))
     assert out.finish_reason == ["eos", "stop", "length"]
@@ -211,7 +184,7 @@ def test_dynamic_rope_past_the_original_context_stays_exact(dynamic_rope, tiny_d
 
 def ngram_proposal(prompt, gamma=3):
     """``(tokens, count)`` that ``NgramDrafter()`` proposes after ``prompt`` (one row)."""
-    graphdef, weights = nnx.split(StandIn())
+    graphdef, weights = nnx.split(NextToken())
     block = np.zeros((1, 16), np.int32)
     block[0, :len(prompt)] = prompt
     lengths = np.asarray([len(prompt)], np.int32)
@@ -395,16 +368,6 @@ def test_history_dependent_processors_are_exact_at_every_verified_position(pair,
     assert chi_square_pvalue(counts, exact) > SIGNIFICANCE
 
 
-class LetterTokenizer:
-    """Token t is the letter ``"abcdefgh"[t]``."""
-
-    def encode(self, text):
-        return ["abcdefgh".index(c) for c in text]
-
-    def decode(self, ids):
-        return "".join("abcdefgh"[i] for i in ids)
-
-
 def test_stop_strings_keep_the_distribution_exact(pair):
     """With the stop string "c" (token 2), an output is (a, b) with a != 2, or (2,) alone, with
     the target's probabilities p(a) p(b | a) and p(2): the round stops inside its kept tokens."""
@@ -412,7 +375,7 @@ def test_stop_strings_keep_the_distribution_exact(pair):
     params = SETTINGS["temperature 1"]
     out = speculative.speculative_generate(target, draft, [PROMPT] * SAMPLES, params, 2, 2,
                                            seed=0, options=SpeculativeOptions(
-                                               stop_strings=["c"], tokenizer=LetterTokenizer()))
+                                               stop_strings=["c"], tokenizer=Letters()))
     stopped = out.tokens[:, 0] == 2
     assert (out.lengths == np.where(stopped, 1, 2)).all()
     assert [out.finish_reason[i] for i in np.flatnonzero(stopped)] == ["stop"] * stopped.sum()
@@ -425,14 +388,6 @@ def test_stop_strings_keep_the_distribution_exact(pair):
 
 
 # --- Bad input ------------------------------------------------------------------------------------
-
-
-class FakeTokenizer:
-    def __init__(self, name):
-        self.name = name
-
-    def serialized_model(self):
-        return self.name.encode()
 
 
 def learned_draft(tiny_config):

@@ -4,14 +4,12 @@ A round needs, per proposal, only the probability the drafter drew it with; a wh
 only at a sampled rejection. So no round holds a ``[B, gamma, V]`` block (a draft model's
 distributions, or a one-hot block for prompt lookup's), and a round in which every row is greedy
 compares argmaxes: no exponential or logarithm over the vocabulary at all, where a sampled round
-normalises the target's ``gamma + 1`` rows. These tests read the optimized HLO of one round
-(``jax.jit(...).lower(...).compile().as_text()``), as ``test_step_structure`` does for a decode
-step.
+normalises the target's ``gamma + 1`` rows. These tests read the jaxpr of one round
+(``programs.equations``), as ``test_sampling_structure`` does for a decode step.
 """
 
-import re
-
 import numpy as np
+import programs
 import pytest
 from flax import nnx
 
@@ -24,7 +22,7 @@ from decodelab.speculative.generation import ModelDrafter, NgramDrafter
 B, GAMMA, S = 2, 3, 64  # V = 512 (the tiny config); no other dimension is 512
 
 
-def round_hlo(cfg, drafter_kind: str, params: dl.SamplingParams) -> str:
+def round_equations(cfg, drafter_kind: str, params: dl.SamplingParams) -> list:
     V = cfg.vocab_size
     graphdef, target_weights = nnx.split(dl.Transformer(cfg, rngs=nnx.Rngs(0)))
     if drafter_kind == "prompt lookup":
@@ -41,17 +39,15 @@ def round_hlo(cfg, drafter_kind: str, params: dl.SamplingParams) -> str:
                      params=params.per_row(B, V), eos_mask=np.zeros((V,), bool),
                      stop_ids=np.zeros((0, 1), np.int32))
     state = speculative.initial_state(*caches, block, rows, gamma=GAMMA, outputs=OutputSpec(16))
-    return speculative.SPECULATIVE_LOOP.step.lower(
-        (target_weights, draft_weights), state, graphdef=graphdef,
-        drafter=drafter).compile().as_text()
+    return programs.equations(speculative.SPECULATIVE_LOOP.step,
+                              (target_weights, draft_weights), state, graphdef=graphdef,
+                              drafter=drafter)
 
 
-def instructions(hlo: str) -> list[tuple[str, tuple[int, ...], str]]:
-    """``(element type, dims, op)`` of every instruction with an array result."""
-    found = []
-    for dtype, dims, op in re.findall(r"= (\w+)\[([\d,]*)\]\S* ([\w\-]+)\(", hlo):
-        found.append((dtype, tuple(int(d) for d in dims.split(",") if d), op))
-    return found
+def instructions(found: list[programs.Equation]) -> list[tuple[str, tuple[int, ...], str]]:
+    """``(element type, dims, primitive)`` of every array an equation makes."""
+    return [(str(t.dtype), t.shape, e.primitive) for e in found for t in e.output_types
+            if hasattr(t, "shape")]
 
 
 CASES = [(drafter, name) for drafter in ("draft model", "prompt lookup")
@@ -61,7 +57,7 @@ PARAMS = {"greedy": dl.SamplingParams.greedy(), "sampled": dl.SamplingParams(tem
 
 @pytest.fixture(scope="module")
 def rounds(tiny_config):
-    return {(drafter, name): instructions(round_hlo(tiny_config, drafter, PARAMS[name]))
+    return {(drafter, name): instructions(round_equations(tiny_config, drafter, PARAMS[name]))
             for drafter, name in CASES}
 
 
@@ -76,8 +72,8 @@ def test_no_round_holds_a_gamma_by_vocabulary_block(tiny_config, rounds, drafter
 def test_a_greedy_round_exponentiates_nothing_over_the_vocabulary(tiny_config, rounds, drafter):
     V = tiny_config.vocab_size
     over_vocabulary = lambda key: [  # noqa: E731
-        i for i in rounds[key] if i[2] in ("exponential", "log") and i[1][-1:] == (V,)]
+        i for i in rounds[key] if i[2] in ("exp", "log") and i[1][-1:] == (V,)]
     assert over_vocabulary((drafter, "greedy")) == []
     # The count sees a softmax where there is one: the sampled round normalises the target's
     # gamma + 1 rows.
-    assert ("f32", (B, GAMMA + 1, V), "exponential") in over_vocabulary((drafter, "sampled"))
+    assert ("float32", (B, GAMMA + 1, V), "exp") in over_vocabulary((drafter, "sampled"))

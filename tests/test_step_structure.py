@@ -1,17 +1,16 @@
 """The compiled decode step, read as a program: what it must not contain and how much it reads.
 
-Speed regressions show up in the compiled text long before they show up in a benchmark: a sort of
-the vocabulary, a transpose or copy of a cache-sized buffer, a cache that is not updated in place,
-or attention that reads every slot of ``max_len``. These tests read the optimized HLO of one step
-(``jax.jit(...).lower(...).compile().as_text()``) and count the attention blocks a step reads.
+Speed regressions show up in a program's structure long before they show up in a benchmark: a
+sort of the vocabulary, a transpose or copy of a cache-sized buffer, a cache that is not updated in
+place, or attention that reads every slot of ``max_len``. These tests read one step's jaxpr (the
+primitives it runs) and its compiled memory statistics (``programs.compiled_memory``: the donated
+buffers it reuses, its temporary bytes), and count the attention blocks a step reads.
 """
-
-import math
-import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import programs
 import pytest
 from flax import nnx
 
@@ -22,7 +21,7 @@ from decodelab.decode import generation as decode
 from decodelab.decode.request import OutputSpec, RowInputs
 from decodelab.model import attention
 
-B, S = 4, 512  # rows, cache slots: S makes the cache the only buffer of its shape
+B, S = 4, 512  # rows, cache slots
 
 
 @pytest.fixture(scope="module")
@@ -32,100 +31,80 @@ def tiny(tiny_config):
     return tiny_config, graphdef, weights
 
 
-def parameters(hlo: str) -> list[str]:
-    """The entry computation's parameter shapes, in order."""
-    layout = re.search(r"entry_computation_layout=\{\((.*?)\)->", hlo.splitlines()[0]).group(1)
-    layout = re.sub(r"/\*index=\d+\*/", "", layout)
-    shapes, depth, current = [], 0, ""
-    for char in layout:
-        if char in "[{(":
-            depth += 1
-        elif char in "]})":
-            depth -= 1
-        if char == "," and depth == 0:
-            shapes.append(current.strip())
-            current = ""
-        else:
-            current += char
-    return shapes + [current.strip()]
+def assert_cache_in_place(program) -> None:
+    """``program(max_len) -> (fn, args, static, donated, cache)``: a step compiled for a cache of
+    ``max_len`` slots, the argument it donates and the cache inside it.
+
+    The cache's keys and values are updated in place: the compiled step reuses (aliases) at least
+    their bytes of its donated buffers, which the rest of the donated state alone cannot reach.
+    And no copy, transpose or gather makes a buffer as large as one layer's keys: doubling
+    ``max_len`` grows the step's temporary bytes by less than it grows one layer's keys (any
+    cache-shaped intermediate grows with the cache; attention reads the live blocks only)."""
+    fn, args, static, donated, cache = program(S)
+    memory = programs.compiled_memory(fn, *args, **static)
+    keys_and_values = cache.k.nbytes + cache.v.nbytes  # [L, B, K, S, H] each
+    rest = sum(leaf.nbytes for leaf in jax.tree.leaves(donated)) - keys_and_values
+    assert rest < cache.k.nbytes
+    assert memory.alias_size_in_bytes >= keys_and_values
+    fn, args, static, _, longer = program(2 * S)
+    grown = programs.compiled_memory(fn, *args, **static).temp_size_in_bytes
+    layer = lambda c: c.k.nbytes // c.k.shape[0]  # noqa: E731  (one layer's keys)
+    assert grown - memory.temp_size_in_bytes < layer(longer) - layer(cache)
 
 
-def aliased_parameters(hlo: str) -> set[int]:
-    """Parameters whose buffer the program reuses for an output (input/output aliasing)."""
-    header = hlo.splitlines()[0]
-    return {int(p) for p in re.findall(r"\{[\d,]*\}: \((\d+), \{\}, may-alias\)", header)}
-
-
-def large_ops(hlo: str, elements: int, ops: tuple[str, ...]) -> list[str]:
-    """Instructions with one of ``ops`` whose result has at least ``elements`` elements."""
-    found = []
-    for line in hlo.splitlines():
-        match = re.search(r"= \w+\[([\d,]*)\]\S* (\w+)\(", line)
-        if match and match.group(2) in ops:
-            dims = [int(d) for d in match.group(1).split(",") if d]
-            if math.prod(dims) >= elements:
-                found.append(line.strip())
-    return found
-
-
-def sorts(hlo: str) -> list[str]:
-    return [line.strip() for line in hlo.splitlines() if re.search(r"\bsort\(", line)]
-
-
-def assert_cache_in_place(hlo: str, cfg, rows: int) -> None:
-    """The cache's keys and values are parameters aliased to outputs (updated in place), and no
-    copy, transpose or gather makes a buffer as large as one layer's keys."""
-    shape = f"f32[{cfg.n_layers},{rows},{cfg.n_kv_heads},{S},{cfg.head_dim}]"  # [L, B, K, S, H]
-    cache_params = [i for i, p in enumerate(parameters(hlo)) if p.startswith(shape + "{")]
-    assert len(cache_params) == 2  # keys and values
-    assert set(cache_params) <= aliased_parameters(hlo)
-    layer = rows * cfg.n_kv_heads * S * cfg.head_dim
-    assert large_ops(hlo, layer, ("copy", "transpose", "gather")) == []
-
-
-@pytest.fixture(scope="module")
-def model_step_hlo(tiny):
+def model_step(tiny, max_len: int):
+    """The cached model step of one token per row, the cache donated."""
     cfg, graphdef, weights = tiny
 
     def step(weights, tokens, cache):
         model = nnx.merge(graphdef, weights)
         return model(tokens, cache=cache, num_valid=jnp.ones((B,), jnp.int32))
 
-    cache = dl.KVCache.init(cfg, B, S).advance(jnp.full((B,), 40, jnp.int32))
-    lowered = jax.jit(step, donate_argnums=2).lower(weights, jnp.zeros((B, 1), jnp.int32), cache)
-    return lowered.compile().as_text()
+    cache = dl.KVCache.init(cfg, B, max_len).advance(jnp.full((B,), 40, jnp.int32))
+    return (jax.jit(step, donate_argnums=2), (weights, jnp.zeros((B, 1), jnp.int32), cache), {},
+            cache, cache)
 
 
-def test_cached_model_step_sorts_nothing(model_step_hlo):
-    assert sorts(model_step_hlo) == []
+def test_cached_model_step_sorts_nothing(tiny):
+    fn, args, *_ = model_step(tiny, S)
+    found = programs.primitives(fn, *args)
+    assert found["sort"] == 0 and found["top_k"] == 0
 
 
-def test_cached_model_step_updates_the_cache_in_place_without_copy_or_transpose(tiny,
-                                                                                model_step_hlo):
-    assert_cache_in_place(model_step_hlo, tiny[0], B)
+def test_cached_model_step_updates_the_cache_in_place_without_copy_or_transpose(tiny):
+    assert_cache_in_place(lambda max_len: model_step(tiny, max_len))
 
 
 def test_greedy_decode_step_updates_the_cache_in_place_without_copy_or_transpose(tiny):
     cfg, graphdef, weights = tiny
     V = cfg.vocab_size
-    rows = RowInputs(prompt_lengths=np.full((B,), 10, np.int32), keys=sampling.batch_keys(0, B),
-                     params=dl.SamplingParams.greedy().per_row(B, V), eos_mask=np.zeros(V, bool),
-                     stop_ids=np.full((0, 1), -1, np.int32))
-    state = decode.prefill(weights, np.zeros((B, 16), np.int32), rows, graphdef=graphdef,
-                           max_len=S, outputs=OutputSpec(8))
-    hlo = decode.DECODE_LOOP.step.lower(weights, state, graphdef=graphdef).compile().as_text()
-    assert_cache_in_place(hlo, cfg, B)
+
+    def program(max_len):
+        rows = RowInputs(prompt_lengths=np.full((B,), 10, np.int32),
+                         keys=sampling.batch_keys(0, B),
+                         params=dl.SamplingParams.greedy().per_row(B, V),
+                         eos_mask=np.zeros(V, bool), stop_ids=np.full((0, 1), -1, np.int32))
+        state = decode.prefill(weights, np.zeros((B, 16), np.int32), rows, graphdef=graphdef,
+                               max_len=max_len, outputs=OutputSpec(8))
+        return (decode.DECODE_LOOP.step, (weights, state), dict(graphdef=graphdef), state,
+                state.cache)
+
+    assert_cache_in_place(program)
 
 
 def test_beam_step_reorders_beams_without_copying_keys_and_values(tiny):
     cfg, graphdef, weights = tiny
     prompts, width = 2, 2  # B = 4 beam rows
-    state = beam._beam_prefill(
-        weights, np.zeros((prompts, 16), np.int32), np.full((prompts,), 10, np.int32),
-        np.full((prompts,), 8, np.int32), np.zeros(cfg.vocab_size, bool), np.float32(0.0),
-        np.int32(0), graphdef=graphdef, width=width, max_len=S, max_new_tokens=8)
-    hlo = beam.BEAM_LOOP.step.lower(weights, state, graphdef=graphdef).compile().as_text()
-    assert_cache_in_place(hlo, cfg, prompts * width)
+
+    def program(max_len):
+        state = beam._beam_prefill(
+            weights, np.zeros((prompts, 16), np.int32), np.full((prompts,), 10, np.int32),
+            np.full((prompts,), 8, np.int32), np.zeros(cfg.vocab_size, bool), np.float32(0.0),
+            np.int32(0), graphdef=graphdef, width=width, max_len=max_len, max_new_tokens=8)
+        return (beam.BEAM_LOOP.step, (weights, state), dict(graphdef=graphdef), state,
+                state.cache.store)
+
+    assert_cache_in_place(program)
 
 
 # --- Attention reads live slots only -------------------------------------------------------------

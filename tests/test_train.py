@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from standins import TINY
 
 import decodelab as dl
 from decodelab.text import data
@@ -17,8 +18,6 @@ from decodelab.text.data import PackedBatches
 from decodelab.text.tokenizer import Tokenizer
 from decodelab.train import checkpoint
 from decodelab.train import trainer as train
-
-TINY = dict(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=256, max_seq_len=64)
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +36,7 @@ def stream(tokenizer):
 
 @pytest.fixture(scope="module")
 def model_cfg(tokenizer):
-    return dl.ModelConfig(vocab_size=tokenizer.vocab_size, position="rope", **TINY)
+    return dl.ModelConfig(**{**TINY, "vocab_size": tokenizer.vocab_size}, position="rope")
 
 
 def small_run(**changes):
@@ -51,6 +50,7 @@ def params_of(model):
     return [np.asarray(x) for x in jax.tree.leaves(nnx.state(model, nnx.Param))]
 
 
+@pytest.mark.slow
 def test_loss_falls_on_real_text(model_cfg, stream):
     result = train.train(model_cfg, small_run(steps=60, warmup_steps=5), stream, progress=False)
     losses = [h["loss"] for h in result.history]
@@ -59,6 +59,7 @@ def test_loss_falls_on_real_text(model_cfg, stream):
     assert np.mean(losses[-5:]) < losses[0] - 1.5, losses
 
 
+@pytest.mark.slow
 def test_resume_reaches_the_same_parameters_as_an_uninterrupted_run(model_cfg, stream, tokenizer,
                                                                       tmp_path):
     tc = small_run()
@@ -74,6 +75,7 @@ def test_resume_reaches_the_same_parameters_as_an_uninterrupted_run(model_cfg, s
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_resume_of_a_finished_run_trains_nothing(model_cfg, stream, tokenizer, tmp_path):
     tc = small_run(steps=4)
     done = train.train(model_cfg, tc, stream, tokenizer=tokenizer, checkpoint_dir=tmp_path,
@@ -85,6 +87,7 @@ def test_resume_of_a_finished_run_trains_nothing(model_cfg, stream, tokenizer, t
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_existing_checkpoints_without_resume_are_refused(model_cfg, stream, tokenizer, tmp_path):
     train.train(model_cfg, small_run(steps=4), stream, tokenizer=tokenizer,
                 checkpoint_dir=tmp_path, progress=False)
@@ -93,6 +96,7 @@ def test_existing_checkpoints_without_resume_are_refused(model_cfg, stream, toke
                     checkpoint_dir=tmp_path, progress=False)
 
 
+@pytest.mark.slow
 def test_resume_with_a_different_model_config_is_refused(model_cfg, stream, tokenizer, tmp_path):
     train.train(model_cfg, small_run(steps=4), stream, tokenizer=tokenizer,
                 checkpoint_dir=tmp_path, progress=False)
@@ -133,21 +137,22 @@ def test_load_checkpoint_errors_name_the_problem(tmp_path, model_cfg, tokenizer)
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("steps", 0, "steps must be a positive int"),
-    ("batch_size", -1, "batch_size must be a positive int"),
+    ("steps", 0, "steps must be an int >= 1, got 0"),
+    ("batch_size", -1, "batch_size must be an int >= 1, got -1"),
     ("warmup_steps", 20, r"warmup_steps must be an int in \[0, steps=12\]"),
-    ("learning_rate", 0.0, r"learning_rate must be in \(0, 1.0\], got 0.0"),
-    ("learning_rate", 1e30, r"learning_rate must be in \(0, 1.0\], got 1e\+30"),
+    ("seed", -1, "seed must be an int >= 0, got -1"),
+    ("learning_rate", 0.0, r"learning_rate must be a finite number in \(0, 1.0\], got 0.0"),
+    ("learning_rate", 1e30, r"learning_rate must be a finite number in \(0, 1.0\], got 1e\+30"),
     ("learning_rate", float("nan"), "learning_rate must be a finite number"),
-    ("grad_clip", -1.0, "grad_clip must be > 0"),
+    ("grad_clip", -1.0, "grad_clip must be a finite number > 0, got -1.0"),
     ("grad_clip", float("inf"), "grad_clip must be a finite number"),
-    ("weight_decay", -0.1, r"weight_decay must be in \[0, 1\], got -0.1"),
-    ("weight_decay", 5.0, r"weight_decay must be in \[0, 1\], got 5.0"),
-    ("b1", 1.0, r"b1 must be in \[0, 1\), got 1.0"),
-    ("b1", -0.1, r"b1 must be in \[0, 1\), got -0.1"),
-    ("b2", 1.0, r"b2 must be in \[0, 1\), got 1.0"),
-    ("b2", 1.5, r"b2 must be in \[0, 1\), got 1.5"),
-    ("final_lr_fraction", 2.0, r"final_lr_fraction must be in \[0, 1\]"),
+    ("weight_decay", -0.1, r"weight_decay must be a finite number in \[0, 1\], got -0.1"),
+    ("weight_decay", 5.0, r"weight_decay must be a finite number in \[0, 1\], got 5.0"),
+    ("b1", 1.0, r"b1 must be a finite number in \[0, 1\), got 1.0"),
+    ("b1", -0.1, r"b1 must be a finite number in \[0, 1\), got -0.1"),
+    ("b2", 1.0, r"b2 must be a finite number in \[0, 1\), got 1.0"),
+    ("b2", 1.5, r"b2 must be a finite number in \[0, 1\), got 1.5"),
+    ("final_lr_fraction", 2.0, r"final_lr_fraction must be a finite number in \[0, 1\]"),
 ])
 def test_train_config_rejects_bad_fields_by_name(field, value, message):
     with pytest.raises(ValueError, match=message):
@@ -155,7 +160,7 @@ def test_train_config_rejects_bad_fields_by_name(field, value, message):
 
 
 def test_train_refuses_sequences_longer_than_a_learned_table(tokenizer, stream):
-    cfg = dl.ModelConfig(vocab_size=tokenizer.vocab_size, position="learned", **TINY)
+    cfg = dl.ModelConfig(**{**TINY, "vocab_size": tokenizer.vocab_size}, position="learned")
     with pytest.raises(ValueError, match="seq_len must be <= max_seq_len=64"):
         train.train(cfg, small_run(seq_len=128), stream, progress=False)
 
@@ -182,6 +187,7 @@ def nan_at_step(stream, tc, step):
     return NaNOnBatch(PackedBatches(stream, tc.batch_size, tc.seq_len, tc.seed).batch(step - 1))
 
 
+@pytest.mark.slow
 def test_a_non_finite_loss_stops_training_naming_its_step_and_nothing_after_is_saved(
         model_cfg, stream, tokenizer, tmp_path):
     # Found at step 4 (the first step that logs), named as step 3; the save at step 4 is skipped.

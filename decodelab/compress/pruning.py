@@ -1,11 +1,12 @@
 """Pruning: ``prune(model, method, sparsity, pattern, ...)`` -> a copy whose attention and MLP
 projections hold zeros where weights were removed.
 
-Each projection is viewed as the matrix ``W [In, Out]`` that ``decodelab.compress.quantization`` uses (In: the
-contracted axes flattened). A weight's score is its magnitude ``|W_io|`` (``"magnitude"``) or
-Wanda's ``|W_io| * ||X_i||_2`` (``"wanda"``, Sun et al. 2023), where ``||X_i||_2`` is the L2 norm
-of input channel i over every calibration token reaching that projection: a weight that meets
-large activations matters more than its size says. The lowest-scoring weights are zeroed:
+Each projection is viewed as the matrix ``W [In, Out]`` that ``decodelab.compress.quantization``
+uses (In: the contracted axes flattened). A weight's score is its magnitude ``|W_io|``
+(``"magnitude"``) or Wanda's ``|W_io| * ||X_i||_2`` (``"wanda"``, Sun et al. 2023), where
+``||X_i||_2`` is the L2 norm of input channel i over every calibration token reaching that
+projection: a weight that meets large activations matters more than its size says. The
+lowest-scoring weights are zeroed:
 
 - ``pattern="unstructured"``: exactly ``round(sparsity * n)`` weights of each comparison group,
   the group being one output's ``In`` weights (``scope="row"``, Wanda's choice: the paper finds
@@ -43,6 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from decodelab.checks import check_number, check_one_of
 from decodelab.compress.qlinear import QuantizedEinsum
 from decodelab.compress.quantization import as_matrix, calibrate, check_calibration, projections
 from decodelab.model import Transformer
@@ -69,15 +71,10 @@ def _check_model(model) -> None:
 
 def _check_args(model, method, sparsity, pattern, calibration, scope) -> None:
     _check_model(model)
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    if pattern not in PATTERNS:
-        raise ValueError(f"pattern must be one of {PATTERNS}, got {pattern!r}")
-    if scope not in SCOPES:
-        raise ValueError(f"scope must be one of {SCOPES}, got {scope!r}")
-    if (isinstance(sparsity, bool) or not isinstance(sparsity, (int, float))
-            or not 0 <= sparsity < 1):
-        raise ValueError(f"sparsity must be a number in [0, 1), got {sparsity!r}")
+    check_one_of("method", method, METHODS)
+    check_one_of("pattern", pattern, PATTERNS)
+    check_one_of("scope", scope, SCOPES)
+    check_number("sparsity", sparsity, 0, 1, open_high=True)
     n_m = _n_m(pattern)
     if n_m is not None:
         if not math.isclose(sparsity, n_m[0] / n_m[1]):

@@ -24,13 +24,14 @@ int8 x float32 ``dot_general`` is converted the same way), and a multiply-and-re
 never forms the kernel is slower than the float32 dot there. Worse, XLA keeps the dequantized
 kernels of a whole decode step alive at once (100 MB for ``medium``, as large as its float32
 weights), so the step wrote and read 4 bytes per weight on top of reading 1: int8 decoded at a
-fifth of float32's speed. So ``__call__`` loops (``lax.scan``) over blocks of output columns:
-each iteration dequantizes ``[In, C]`` (at most ``BLOCK_ELEMENTS`` weights, 512 KiB of float32,
-which stays in the core's cache) and multiplies it; a group runs along In, so a block holds whole
-groups. The compiled step then never forms a float buffer larger than one block
-(``tests/test_quantize.py`` checks the compiled text). int4 weights are the exception that stays:
-XLA on CPU converts an int4 array that enters a loop to an int8 copy first, and its int4 -> float
-convert is 3 to 4 times slower than int8's, so int4 decodes no faster than int8 there.
+fifth of float32's speed. So ``__call__`` loops (``lax.scan``) over blocks of output columns: each
+iteration dequantizes ``[In, C]`` (at most ``block_elements`` weights, by default
+``BLOCK_ELEMENTS``: 512 KiB of float32, which stays in the core's cache) and multiplies it; a group
+runs along In, so a block holds whole groups. The step then never forms a float buffer larger than
+one block (``tests/test_quantize.py`` checks its jaxpr and compiled memory). int4 weights are the
+exception that stays: XLA on CPU converts an int4 array that enters a loop to an int8 copy first,
+and its int4 -> float convert is 3 to 4 times slower than int8's, so int4 decodes no faster than
+int8 there.
 
 Integer activations (``activations="int8"``, W8A8). The one formulation that reads integer weights
 without a float copy on CPU is an integer dot: each row of the input (one token) is quantized to
@@ -53,10 +54,13 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from decodelab.checks import check_int, check_one_of
+
 ACTIVATIONS = (None, "int8")  # float inputs, or inputs quantized per row (module docstring)
 # Rows an int8 x int8 dot is padded to (module docstring: one row takes a slow path on CPU).
 INT8_MIN_ROWS = 2
-# Weights dequantized at a time by a quantized matmul (module docstring): 512 KiB of float32.
+# Weights dequantized at a time by a quantized matmul, unless a layer is given another
+# ``block_elements`` (module docstring): 512 KiB of float32.
 BLOCK_ELEMENTS = 2**17
 
 
@@ -90,15 +94,16 @@ def _dequantize(qvalue: jax.Array, scale: jax.Array, offset: jax.Array | None,
 
 class QuantizedEinsum(nnx.Module):
     """An ``nnx.Einsum`` (same equation, same call) whose kernel is stored quantized (module
-    docstring): ``x [..., *in_dims] -> [..., *out_dims]``."""
+    docstring): ``x [..., *in_dims] -> [..., *out_dims]``. ``block_elements``: the most weights
+    the float matmul dequantizes at a time (a static size: each value compiles its own program)."""
 
     def __init__(self, equation: str, kernel_shape: Sequence[int], qvalue: jax.Array,
                  scale: jax.Array, offset: jax.Array | None = None, bias: jax.Array | None = None,
                  input_scale: jax.Array | None = None, *, dtype=jnp.float32,
-                 activations: str | None = None):
+                 activations: str | None = None, block_elements: int = BLOCK_ELEMENTS):
         n_in = contracted_axes(equation, kernel_shape)
-        if activations not in ACTIVATIONS:
-            raise ValueError(f"activations must be one of {ACTIVATIONS}, got {activations!r}")
+        check_one_of("activations", activations, ACTIVATIONS)
+        self.block_elements = check_int("block_elements", block_elements, 1)
         self.equation = equation
         self.in_dims = tuple(kernel_shape[:n_in])
         self.out_dims = tuple(kernel_shape[n_in:])
@@ -128,9 +133,10 @@ class QuantizedEinsum(nnx.Module):
 
     def columns_per_block(self) -> int:
         """Output columns dequantized at a time by ``__call__``: the largest divisor of Out
-        whose block ``[In, columns]`` has at most ``BLOCK_ELEMENTS`` weights (module docstring)."""
+        whose block ``[In, columns]`` has at most ``block_elements`` weights (one column when
+        even one is larger)."""
         In, Out = self.qvalue.shape
-        fits = max(BLOCK_ELEMENTS // In, 1)
+        fits = max(self.block_elements // In, 1)
         return max(c for c in range(1, min(fits, Out) + 1) if Out % c == 0)
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -200,3 +206,15 @@ class QuantizedEmbed(QuantizedEinsum):
 
     def attend(self, x: jax.Array) -> jax.Array:
         return QuantizedEinsum.__call__(self, x)
+
+
+def with_block_elements(model: nnx.Module, block_elements: int) -> nnx.Module:
+    """A copy of ``model`` whose quantized layers dequantize at most ``block_elements`` weights at
+    a time (module docstring); the same weights, so the same outputs up to the float rounding of
+    another block shape."""
+    block_elements = check_int("block_elements", block_elements, 1)
+    out = nnx.clone(model)
+    for _, module in nnx.iter_modules(out):
+        if isinstance(module, QuantizedEinsum):
+            module.block_elements = block_elements
+    return out

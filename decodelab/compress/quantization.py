@@ -37,7 +37,9 @@ import numpy as np
 from flax import nnx
 
 from decodelab import optional
-from decodelab.compress.qlinear import ACTIVATIONS, QuantizedEinsum, QuantizedEmbed, contracted_axes
+from decodelab.checks import check_bool, check_one_of, is_int
+from decodelab.compress.qlinear import (ACTIVATIONS, BLOCK_ELEMENTS, QuantizedEinsum,
+                                        QuantizedEmbed, contracted_axes)
 from decodelab.model import Transformer
 
 WEIGHTS = {"int8": jnp.int8, "int4": jnp.int4}
@@ -50,20 +52,14 @@ _DTYPES = {"int8": jnp.int8, "int4": jnp.int4, "float32": jnp.float32, "float16"
 
 def _check_args(weights, group_size, method, scheme, calibration, embeddings,
                 activations) -> None:
-    if weights not in WEIGHTS:
-        raise ValueError(f"weights must be one of {tuple(WEIGHTS)}, got {weights!r}")
-    if activations not in ACTIVATIONS:
-        raise ValueError(f"activations must be one of {ACTIVATIONS}, got {activations!r}")
-    if group_size is not None and (isinstance(group_size, bool) or not isinstance(group_size, int)
-                                   or group_size <= 0):
+    check_one_of("weights", weights, tuple(WEIGHTS))
+    check_one_of("activations", activations, ACTIVATIONS)
+    if group_size is not None and (not is_int(group_size) or group_size <= 0):
         raise ValueError(f"group_size must be None or a positive int (e.g. {GROUP_SIZES[1:]}), "
                          f"got {group_size!r}")
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    if scheme not in SCHEMES:
-        raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
-    if not isinstance(embeddings, bool):
-        raise ValueError(f"embeddings must be a bool, got {embeddings!r}")
+    check_one_of("method", method, METHODS)
+    check_one_of("scheme", scheme, SCHEMES)
+    check_bool("embeddings", embeddings)
     if method != "rtn":
         check_calibration(calibration, f"method={method!r} (it calibrates on the model's "
                                        "activations)")
@@ -250,7 +246,8 @@ def quantize(model: Transformer, weights: str = "int8", group_size: int | None =
     nearest), "gptq" or "awq", the last two calibrated on ``calibration`` tokens ``[B, T]``.
     ``scheme``: "absmax" (symmetric) or "minmax" (asymmetric, with zero points).
     ``activations``: None (float inputs) or "int8" (each input row quantized to int8 and an
-    integer dot, W8A8: module docstring)."""
+    integer dot, W8A8: module docstring). Each quantized layer dequantizes
+    ``qlinear.BLOCK_ELEMENTS`` weights at a time; ``qlinear.with_block_elements`` changes that."""
     _check_args(weights, group_size, method, scheme, calibration, embeddings, activations)
     if not isinstance(model, Transformer):
         raise ValueError(f"model must be a decodelab Transformer, got {type(model).__name__}")
@@ -284,7 +281,7 @@ def quantize(model: Transformer, weights: str = "int8", group_size: int | None =
 def describe(model: nnx.Module) -> dict[str, dict[str, Any]]:
     """What ``restructure`` needs to rebuild ``model``'s quantized modules from the float model:
     ``{path: {kind, qvalue dtype, groups, scale dtype, offset dtype or None, input_scale,
-    activations}}``
+    activations, block_elements}}``
     (empty for a float model). JSON-serialisable; the checkpoint stores it."""
     found = {}
     for path, module in nnx.iter_modules(model):
@@ -296,6 +293,7 @@ def describe(model: nnx.Module) -> dict[str, dict[str, Any]]:
                 "offset": None if module.offset is None else str(module.offset.dtype),
                 "input_scale": module.input_scale is not None,
                 "activations": module.activations,
+                "block_elements": module.block_elements,
             }
     return found
 
@@ -323,7 +321,8 @@ def restructure(model: Transformer, description: dict[str, dict[str, Any]]) -> T
                        jnp.ones((G, Out), _DTYPES[spec["scale"]]), offset, bias,
                        jnp.ones((In,), jnp.float32) if spec["input_scale"] else None,
                        dtype=module.dtype or jnp.float32,
-                       activations=spec.get("activations"))
+                       activations=spec.get("activations"),
+                       block_elements=spec.get("block_elements", BLOCK_ELEMENTS))
 
         set_module(out, path, nnx.eval_shape(build))
     return out

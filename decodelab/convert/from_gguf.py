@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from decodelab.checks import check_bool
 from decodelab.config import ModelConfig
 from decodelab.convert import gguf_blocks, llama
 from decodelab.convert.tokenizer import PretrainedTokenizer, from_gguf_metadata
@@ -150,8 +151,7 @@ def load_gguf(path: str | os.PathLike, *, dequantize: bool = True
     """The float32 model and the tokenizer of a Llama-architecture GGUF file (module docstring);
     with ``dequantize=False`` its Q8_0 / Q4_0 / Q4_1 tensors stay as stored, quantized
     (``gguf_blocks``)."""
-    if not isinstance(dequantize, bool):
-        raise ValueError(f"dequantize must be a bool, got {dequantize!r}")
+    check_bool("dequantize", dequantize)
     meta, tensors = read_metadata(path)
     source = str(path)
     cfg = gguf_config(meta, set(tensors), source)

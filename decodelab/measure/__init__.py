@@ -1,5 +1,9 @@
 """Measurements: perplexity and text statistics, generation quality, the KL scoreboard, the
-roofline, compile counting and bootstrap intervals."""
+roofline, compile counting and bootstrap intervals.
+
+``decodelab.measure.perplexity`` is the module (its function is ``perplexity.perplexity``): a
+function re-exported here under the module's name would hide the module from
+``from decodelab.measure import perplexity``."""
 
 from decodelab.measure.compiles import count_traces
 from decodelab.measure.quality import held_out_prompts, quality_row

@@ -13,8 +13,8 @@ What ``perplexity`` counts, exactly:
   target of every window is scored: each target once, with 1 to L tokens of context. This is how
   ``train.evaluate`` over ``data.eval_windows`` counts.
 - ``mode="sliding"``: windows start at ``0, S, 2S, ...`` (``S = stride``, ``1 <= S <= L``) and each
-  window scores only its last ``S`` targets: each scored target sees ``L - S + 1`` to ``L`` tokens of
-  context. The first ``L - S`` targets of the stream are not scored. ``S = L`` is ``"chunks"``.
+  window scores only its last ``S`` targets: each scored target sees ``L - S + 1`` to ``L`` tokens
+  of context. The first ``L - S`` targets of the stream are not scored. ``S = L`` is ``"chunks"``.
 - Both modes use the ``K = (N - L - 1) // S + 1`` windows that fit (``S = L`` for chunks); the
   remaining tail (fewer than ``S`` targets) is not scored. ``tokens = K * S`` targets are scored.
 - ``loss`` is the mean negative log-likelihood in nats per scored target;
@@ -26,7 +26,8 @@ What ``perplexity`` counts, exactly:
   as tokens but encode no character (``data.split_num_chars`` counts the documents' characters).
 
 One jit compilation serves every call with the same model structure, ``batch_size`` and
-``context_len`` (the stride is a traced value); the last batch is padded and its padding rows masked.
+``context_len`` (the stride is a traced value); the last batch is padded and its padding rows
+masked.
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ from flax import nnx
 from tqdm.auto import tqdm
 
 from decodelab.cache import bucket_length
-from decodelab.checks import check_int
-from decodelab.model.losses import window_nll
+from decodelab.checks import check_int, check_one_of, is_int
+from decodelab.model.losses import token_nll, window_nll
 
 MODES = ("chunks", "sliding")
 
@@ -75,9 +76,9 @@ def perplexity(
     num_chars: int | None = None,
     progress: bool = False,
 ) -> dict[str, float | int]:
-    """Perplexity of ``model`` on ``stream`` at ``context_len`` (see the module docstring for what is
-    scored). ``model`` maps ``tokens [B, T] int32 -> logits [B, T, V]``: a ``Transformer`` (or any
-    nnx Module) or a plain function.
+    """Perplexity of ``model`` on ``stream`` at ``context_len`` (see the module docstring for what
+    is scored). ``model`` maps ``tokens [B, T] int32 -> logits [B, T, V]``: a ``Transformer`` (or
+    any nnx Module) or a plain function.
 
     Returns ``{"loss", "perplexity", "tokens", "window_nll"}`` plus ``"bits_per_char"`` when
     ``num_chars`` is given. ``window_nll``: per window, in stream order, the NLL (nats) summed over
@@ -85,16 +86,14 @@ def perplexity(
     Raises ValueError naming a bad argument; a model with a learned position table refuses a
     ``context_len`` beyond it.
     """
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    check_one_of("mode", mode, MODES)
     check_int("context_len", context_len, 1)
     if mode == "chunks":
         if stride is not None:
             raise ValueError(f"stride must be None for mode='chunks' (windows advance by "
                              f"context_len), got {stride!r}")
         stride = context_len
-    elif (not isinstance(stride, (int, np.integer)) or isinstance(stride, bool)
-          or not 1 <= stride <= context_len):
+    elif not is_int(stride) or not 1 <= stride <= context_len:
         raise ValueError(f"stride must be an int in [1, context_len={context_len}] for "
                          f"mode='sliding', got {stride!r}")
     check_int("batch_size", batch_size, 1)
@@ -235,8 +234,7 @@ def eos_rate(samples: Sequence[Sequence[int]], eos_ids: int | Sequence[int]) -> 
 def _target_logprobs(graphdef, state, inputs, targets):
     """``[B, T]``: log-probability of ``targets[b, t]`` given ``inputs[b, :t + 1]``."""
     model = graphdef if state is None else nnx.merge(graphdef, state)
-    logp = jax.nn.log_softmax(model(inputs), axis=-1)  # [B, T, V]
-    return jnp.take_along_axis(logp, targets[:, :, None], axis=-1)[:, :, 0]
+    return -token_nll(model(inputs), targets)
 
 
 def continuation_logprobs(

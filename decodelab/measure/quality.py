@@ -35,11 +35,12 @@ from flax import nnx
 
 from decodelab import sampling
 from decodelab.cache import bucket_length
-from decodelab.checks import position_limit
+from decodelab.checks import check_int, position_limit
 from decodelab.decode.beam import beam_search
 from decodelab.decode.generation import generate
 from decodelab.decode.request import BeamOptions, DecodeOptions
 from decodelab.measure import perplexity as metrics
+from decodelab.model.losses import token_nll
 from decodelab.sampling.params import SamplingParams
 from decodelab.sampling.processors import HISTORY_PARAMETERS
 from decodelab.text import data
@@ -66,8 +67,7 @@ def held_out_prompts(tokenizer: Any, *, per_document: int, prompt_tokens: int, n
         raise ValueError(f"instruction must be None or a non-empty str, got {instruction!r}")
     for name, value in (("per_document", per_document), ("prompt_tokens", prompt_tokens),
                         ("new_tokens", new_tokens)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        check_int(name, value, 1)
     prompts = []
     for name, text in sorted(data.split_documents(split).items()):
         for k in range(per_document):
@@ -160,8 +160,7 @@ def _token_stats(weights, inputs, starts, targets, params, *, graphdef, width):
     B, T, V = logits.shape
     at = jnp.clip(starts[:, None] + jnp.arange(width)[None, :], 0, T - 1)  # [B, N]
     logits = jnp.take_along_axis(logits, at[:, :, None], axis=1)  # [B, N, V]
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    chosen = jnp.take_along_axis(logp, targets[:, :, None], axis=-1)[:, :, 0]  # [B, N]
+    chosen = -token_nll(logits, targets)  # [B, N]
     top1 = jnp.argmax(logits, axis=-1) == targets
     flat = jax.tree.map(lambda x: jnp.repeat(x, width, axis=0), params)  # [B * N] per field
     history = sampling.History(tokens=jnp.zeros((B * width, 1), jnp.int32),
@@ -231,14 +230,14 @@ def quality_row(prompts: Sequence[HeldOutPrompt], samples: Sequence[Sequence[Seq
     of candidates (with ``params``).
 
     ``per_prompt`` holds, for each prompt in order, the sums the pooled metrics are ratios of, so
-    that a bootstrap over prompts can recompute them (``decodelab.measure.stats``): ``samples``, ``tokens``,
-    ``eos`` (samples ending in EOS), ``nll_generator`` / ``nll_scorer`` (nats over the prompt's
-    sample tokens), ``top1`` and ``improbable`` (token counts), ``distinct_n`` (sum over the
-    prompt's samples of their distinct-n ratio) and ``ngram_samples_n`` (how many samples have an
-    n-gram) for n = 1..4, and, where the prompt has several samples, ``self_bleu`` and
-    ``identical`` (1 if they are all the same tokens). Each metric of the row is its ratio of
-    these sums over all prompts (``mean_length`` = tokens / samples, ``repetition_4`` = 1 - the
-    distinct-4 ratio)."""
+    that a bootstrap over prompts can recompute them (``decodelab.measure.stats``): ``samples``,
+    ``tokens``, ``eos`` (samples ending in EOS), ``nll_generator`` / ``nll_scorer`` (nats over the
+    prompt's sample tokens), ``top1`` and ``improbable`` (token counts), ``distinct_n`` (sum over
+    the prompt's samples of their distinct-n ratio) and ``ngram_samples_n`` (how many samples have
+    an n-gram) for n = 1..4, and, where the prompt has several samples, ``self_bleu`` and
+    ``identical`` (1 if they are all the same tokens). Each metric of the row is its ratio of these
+    sums over all prompts (``mean_length`` = tokens / samples, ``repetition_4`` = 1 - the distinct-4
+    ratio)."""
     if len(samples) != len(prompts):
         raise ValueError(f"samples must hold one list per prompt, got {len(samples)} for "
                          f"{len(prompts)} prompts")

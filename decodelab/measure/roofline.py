@@ -32,9 +32,8 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from decodelab.checks import check_int
+from decodelab.checks import check_int, check_number
 from decodelab.config import ModelConfig
 
 
@@ -97,8 +96,7 @@ class StepCost:
     def seconds(self, bandwidth: float, flops_per_s: float) -> float:
         """The roofline time: ``max(bytes / bandwidth, flops / flops_per_s)``."""
         for name, rate in (("bandwidth", bandwidth), ("flops_per_s", flops_per_s)):
-            if not (isinstance(rate, (int, float)) and np.isfinite(rate) and rate > 0):
-                raise ValueError(f"{name} must be a finite number > 0, got {rate!r}")
+            check_number(name, rate, 0, open_low=True)
         return max(self.bytes / bandwidth, self.flops / flops_per_s)
 
 

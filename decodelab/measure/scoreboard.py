@@ -40,7 +40,9 @@ import numpy as np
 from flax import nnx
 
 from decodelab.cache import bytes_per_token, check_kind, init_cache
+from decodelab.checks import check_int
 from decodelab.compress.quantization import parameter_bytes
+from decodelab.model.losses import token_nll
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +71,7 @@ class Scoreboard:
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "kv_cache"))
-def _model_logprobs(graphdef, state, windows, *, kv_cache):
+def _model_logits(graphdef, state, windows, *, kv_cache):
     model = nnx.merge(graphdef, state)
     if kv_cache is None:
         logits = model(windows)
@@ -77,29 +79,30 @@ def _model_logprobs(graphdef, state, windows, *, kv_cache):
         B, T = windows.shape
         cache = init_cache(model.config, B, T, kv_cache)
         logits, _ = model(windows, cache=cache)
-    return jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)  # [B, T, V]
+    return logits.astype(jnp.float32)  # [B, T, V]
 
 
-def _logprobs(model, windows: np.ndarray, kv_cache: str | None) -> jax.Array:
+def _logits(model, windows: np.ndarray, kv_cache: str | None) -> jax.Array:
     if isinstance(model, nnx.Module):
         graphdef, state = nnx.split(model)
-        return _model_logprobs(graphdef, state, jnp.asarray(windows), kv_cache=kv_cache)
+        return _model_logits(graphdef, state, jnp.asarray(windows), kv_cache=kv_cache)
     if kv_cache is not None:
         raise ValueError("a kv_cache kind needs a decodelab model, got a plain callable")
-    return jax.nn.log_softmax(jnp.asarray(model(jnp.asarray(windows)), jnp.float32), axis=-1)
+    return jnp.asarray(model(jnp.asarray(windows)), jnp.float32)
 
 
 @jax.jit
-def _position_stats(ref: jax.Array, cand: jax.Array, targets: jax.Array):
+def _position_stats(ref_logits: jax.Array, cand_logits: jax.Array, targets: jax.Array):
     """Per position ``[B, T]``: KL, same top, P difference at the reference's top, both NLLs."""
+    ref = jax.nn.log_softmax(ref_logits, axis=-1)  # [B, T, V]
+    cand = jax.nn.log_softmax(cand_logits, axis=-1)
     p_ref = jnp.exp(ref)
     kl = jnp.sum(p_ref * (ref - cand), axis=-1)
     top = jnp.argmax(ref, axis=-1)
     same = top == jnp.argmax(cand, axis=-1)
     at_top = lambda lp: jnp.take_along_axis(lp, top[..., None], axis=-1)[..., 0]  # noqa: E731
     diff = jnp.exp(at_top(cand)) - jnp.exp(at_top(ref))
-    nll = lambda lp: -jnp.take_along_axis(lp, targets[..., None], axis=-1)[..., 0]  # noqa: E731
-    return kl, same, diff, nll(ref), nll(cand)
+    return kl, same, diff, token_nll(ref_logits, targets), token_nll(cand_logits, targets)
 
 
 def _bytes(model) -> int | None:
@@ -120,8 +123,7 @@ def compare(reference, candidate, tokens, *, batch_size: int = 8,
     if windows.ndim != 2 or windows.shape[1] < 2 or not np.issubdtype(windows.dtype, np.integer):
         raise ValueError(f"tokens must be integer windows [W, T] with T >= 2, got shape "
                          f"{windows.shape} and dtype {windows.dtype}")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    check_int("batch_size", batch_size, 1)
     for name, kind in (("reference_kv_cache", reference_kv_cache),
                        ("candidate_kv_cache", candidate_kv_cache)):
         check_kind(name, kind)
@@ -129,8 +131,8 @@ def compare(reference, candidate, tokens, *, batch_size: int = 8,
     stats = []
     for start in range(0, len(windows), batch_size):
         batch = windows[start:start + batch_size]
-        ref = _logprobs(reference, batch, reference_kv_cache)[:, :-1]
-        cand = _logprobs(candidate, batch, candidate_kv_cache)[:, :-1]
+        ref = _logits(reference, batch, reference_kv_cache)[:, :-1]
+        cand = _logits(candidate, batch, candidate_kv_cache)[:, :-1]
         stats.append([np.asarray(s, np.float64)
                       for s in _position_stats(ref, cand, jnp.asarray(batch[:, 1:]))])
     per_window = [np.concatenate(column) for column in zip(*stats)]  # each [W, T - 1]

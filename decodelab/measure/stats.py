@@ -32,6 +32,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from decodelab.checks import check_int, check_number
+
 RESAMPLES = 2000
 LEVEL = 0.95
 
@@ -117,12 +119,9 @@ def _columns(name: str, columns: Columns) -> list[np.ndarray]:
 
 
 def _check(resamples: int, level: float, seed: int) -> None:
-    if not isinstance(resamples, int) or isinstance(resamples, bool) or resamples < 1000:
-        raise ValueError(f"resamples must be an int >= 1000, got {resamples!r}")
-    if not isinstance(level, float) or not 0.5 <= level < 1:
-        raise ValueError(f"level must be a float in [0.5, 1), got {level!r}")
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise ValueError(f"seed must be an int, got {seed!r}")
+    check_int("resamples", resamples, 1000)
+    check_number("level", level, 0.5, 1, open_high=True)
+    check_int("seed", seed, 0)
 
 
 def _interval(value: float, draws: np.ndarray, units: int, level: float) -> Interval:

@@ -20,6 +20,8 @@ from typing import Protocol
 
 import numpy as np
 
+from decodelab.checks import check_int
+
 CORPUS_DIR = pathlib.Path(__file__).resolve().parent / "corpus"
 ARCHIVE_NAME = "shakespeare.json.xz"
 PAYLOAD_NAME = "shakespeare.json"
@@ -114,16 +116,6 @@ def token_stream(tokenizer: TextTokenizer, split: str) -> np.ndarray:
     return np.concatenate([np.asarray(p, dtype=np.int32) for p in pieces])
 
 
-def token_windows(tokenizer: TextTokenizer, split: str, num: int, length: int) -> np.ndarray:
-    """int32 [num, length]: windows of `length` tokens evenly spaced over `split`'s token stream
-    (the first at its start, the last ending one token before its end)."""
-    _check_positive("num", num)
-    _check_positive("length", length)
-    stream = token_stream(tokenizer, split)
-    starts = np.linspace(0, len(stream) - length - 1, num).astype(int)
-    return np.stack([stream[s:s + length] for s in starts]).astype(np.int32)
-
-
 def eval_windows(stream: np.ndarray, seq_len: int) -> np.ndarray:
     """int32 [N, seq_len + 1] windows for validation loss, targets tiling the stream.
 
@@ -133,7 +125,7 @@ def eval_windows(stream: np.ndarray, seq_len: int) -> np.ndarray:
     `seq_len` tokens at the end, is dropped (not scored).
     """
     stream = _check_stream(stream)
-    _check_positive("seq_len", seq_len)
+    seq_len = check_int("seq_len", seq_len, 1)
     num_windows = (len(stream) - 1) // seq_len
     if num_windows < 1:
         raise ValueError(
@@ -141,6 +133,21 @@ def eval_windows(stream: np.ndarray, seq_len: int) -> np.ndarray:
         )
     starts = np.arange(num_windows) * seq_len
     return stream[starts[:, None] + np.arange(seq_len + 1)]  # [N, seq_len + 1]
+
+
+def token_windows(tokenizer: TextTokenizer, split: str, num: int, length: int) -> np.ndarray:
+    """int32 [num, length]: windows of `length` tokens of the split's token stream, their starts
+    evenly spaced from 0 to `N - length - 1` (rounded down; `N` the stream's length), so they
+    cross document boundaries and the same arguments always give the same windows. The held-out
+    prompts and evaluation windows of the speed and compression studies."""
+    check_int("num", num, 1)
+    check_int("length", length, 1)
+    stream = token_stream(tokenizer, split)
+    if len(stream) < length + 1:
+        raise ValueError(f"length must be less than the {split} stream's {len(stream)} tokens, "
+                         f"got {length}")
+    starts = np.linspace(0, len(stream) - length - 1, num).astype(int)  # [num]
+    return stream[starts[:, None] + np.arange(length)]  # [num, length]
 
 
 class PackedBatches:
@@ -156,10 +163,9 @@ class PackedBatches:
 
     def __init__(self, stream: np.ndarray, batch_size: int, seq_len: int, seed: int):
         stream = _check_stream(stream)
-        _check_positive("batch_size", batch_size)
-        _check_positive("seq_len", seq_len)
-        if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
-            raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+        batch_size = check_int("batch_size", batch_size, 1)
+        seq_len = check_int("seq_len", seq_len, 1)
+        seed = check_int("seed", seed, 0)
         num_windows = len(stream) // (seq_len + 1)
         if num_windows < 1:
             raise ValueError(
@@ -179,9 +185,8 @@ class PackedBatches:
 
     def batch(self, step: int) -> np.ndarray:
         """int32 [B, seq_len + 1]: visits step * B .. (step + 1) * B - 1 of the window order."""
-        if not isinstance(step, (int, np.integer)) or isinstance(step, bool) or step < 0:
-            raise ValueError(f"step must be an int >= 0, got {step!r}")
-        visit = int(step) * self.batch_size + np.arange(self.batch_size)  # [B]
+        step = check_int("step", step, 0)
+        visit = step * self.batch_size + np.arange(self.batch_size)  # [B]
         epochs, positions = np.divmod(visit, self.windows_per_epoch)
         rows = np.empty(self.batch_size, dtype=np.int64)
         for epoch in np.unique(epochs):
@@ -191,8 +196,7 @@ class PackedBatches:
 
     def epoch_order(self, epoch: int) -> np.ndarray:
         """int64 [windows_per_epoch]: the window indices in the order epoch `epoch` visits them."""
-        if not isinstance(epoch, (int, np.integer)) or isinstance(epoch, bool) or epoch < 0:
-            raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
+        epoch = check_int("epoch", epoch, 0)
         rng = np.random.default_rng([self.seed, epoch])
         return rng.permutation(self.windows_per_epoch)
 
@@ -204,8 +208,3 @@ def _check_stream(stream: np.ndarray) -> np.ndarray:
             f"stream must be a 1-D array of token ids, got shape {array.shape} of {array.dtype}"
         )
     return array.astype(np.int32, copy=False)
-
-
-def _check_positive(name: str, value: int) -> None:
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")

@@ -197,8 +197,9 @@ class Tokenizer:
                     f"text must be valid Unicode, got lone surrogate {text[e.start]!r} at index "
                     f"{e.start}"
                 ) from None
-        # SentencePiece writes a space as "▁" and decodes every "▁" piece back to a space, so a literal
-        # "▁" in the text would come back as " ": it is spelled as its UTF-8 bytes, which decode as is.
+        # SentencePiece writes a space as "▁" and decodes every "▁" piece back to a space, so a
+        # literal "▁" in the text would come back as " ": it is spelled as its UTF-8 bytes, which
+        # decode as is.
         # (Not the batch call encode(list): its thread pool costs ~20x on short texts.)
         segments = [self._sp.encode(segment) for segment in text.split(_SPACE_SYMBOL)]
         ids = [BOS_ID] if add_bos else []

@@ -1,8 +1,9 @@
-"""Training: the loop (``trainer``), distillation and Orbax checkpoints."""
+"""Training: the loop (``trainer``), distillation (``distill``: the module, whose function is
+``distill.distill``) and Orbax checkpoints."""
 
 from decodelab.train.checkpoint import load_checkpoint, save_checkpoint
 from decodelab.train.distill import KLToTeacher
 from decodelab.train.trainer import TrainConfig, TrainingDiverged, TrainResult, train
 
-__all__ = ["TrainConfig", "TrainResult", "TrainingDiverged", "KLToTeacher", "load_checkpoint",
+__all__ = ["KLToTeacher", "TrainConfig", "TrainResult", "TrainingDiverged", "load_checkpoint",
            "save_checkpoint", "train"]

@@ -35,7 +35,8 @@ def open_manager(directory, *, max_to_keep: int | None = 3, read_only: bool = Fa
     """A synchronous ``CheckpointManager`` over ``directory`` (created unless ``read_only``)."""
     directory = pathlib.Path(directory).absolute()
     if directory.exists() and not directory.is_dir():
-        raise ValueError(f"checkpoint directory must be a directory, got a file: {str(directory)!r}")
+        raise ValueError(f"checkpoint directory must be a directory, got a file: "
+                         f"{str(directory)!r}")
     options = ocp.CheckpointManagerOptions(
         max_to_keep=max_to_keep, create=not read_only, read_only=read_only,
         enable_async_checkpointing=False,

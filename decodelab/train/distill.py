@@ -11,7 +11,6 @@ next-token distribution to the student's (forward KL), both at temperature ``tem
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 import jax
@@ -19,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from decodelab.checks import check_number
 from decodelab.config import ModelConfig
 from decodelab.model import Transformer
 from decodelab.train import trainer as train
@@ -41,9 +41,7 @@ class KLToTeacher(train.Objective):
             raise ValueError(f"teacher must be a Transformer, got {type(self.teacher).__name__}")
         if not isinstance(self.teacher_id, str) or not self.teacher_id:
             raise ValueError(f"teacher_id must be a non-empty string, got {self.teacher_id!r}")
-        t = self.temperature
-        if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t) or t <= 0:
-            raise ValueError(f"temperature must be a finite number > 0, got {t!r}")
+        check_number("temperature", self.temperature, 0, open_low=True)
 
     def aux(self) -> Any:
         return nnx.state(self.teacher)

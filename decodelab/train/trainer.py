@@ -7,8 +7,8 @@ parameters and the optimizer state (whose step count drives the learning-rate sc
 stopped at step k and resumed therefore reaches the same parameters as one that never stopped.
 
 What is minimised is an ``Objective``: next-token cross-entropy by default, or e.g. distillation
-to a fixed teacher (``decodelab.train.distill``). A checkpoint records its objective, and resuming with
-another one is refused, so the guarantee holds for any deterministic objective.
+to a fixed teacher (``decodelab.train.distill``). A checkpoint records its objective, and resuming
+with another one is refused, so the guarantee holds for any deterministic objective.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from jax.sharding import Mesh
 from tqdm.auto import tqdm
 
 from decodelab import sharding
+from decodelab.checks import check_int, check_number, is_int
 from decodelab.config import ModelConfig
 from decodelab.convert.tokenizer import PretrainedTokenizer
 from decodelab.model import Transformer
@@ -76,36 +77,23 @@ class TrainConfig:
     log_every: int = 10
 
     def __post_init__(self) -> None:
+        # Stored as Python ints (a NumPy int would not survive the JSON of a checkpoint).
         for name in ("steps", "batch_size", "seq_len", "checkpoint_every", "log_every"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if not isinstance(self.warmup_steps, int) or not 0 <= self.warmup_steps <= self.steps:
+            object.__setattr__(self, name, check_int(name, getattr(self, name), 1))
+        if not is_int(self.warmup_steps) or not 0 <= self.warmup_steps <= self.steps:
             raise ValueError(f"warmup_steps must be an int in [0, steps={self.steps}], "
                              f"got {self.warmup_steps!r}")
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
-            raise ValueError(f"seed must be an int, got {self.seed!r}")
-        def finite(name: str) -> float:
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-                raise ValueError(f"{name} must be a finite number, got {value!r}")
-            return value
-
+        object.__setattr__(self, "warmup_steps", int(self.warmup_steps))
+        object.__setattr__(self, "seed", check_int("seed", self.seed, 0))
         # Ranges in which AdamW means something: a step moves each parameter by about the
         # learning rate, so past 1 it only diverges; a moment decay of 1 never forgets the zero
         # it starts from (Adam divides by 1 - b**t = 0: NaN at the first step).
-        if not 0 < finite("learning_rate") <= MAX_LEARNING_RATE:
-            raise ValueError(f"learning_rate must be in (0, {MAX_LEARNING_RATE}], got "
-                             f"{self.learning_rate!r}")
-        if finite("grad_clip") <= 0:
-            raise ValueError(f"grad_clip must be > 0, got {self.grad_clip!r}")
-        if not 0 <= finite("weight_decay") <= 1:
-            raise ValueError(f"weight_decay must be in [0, 1], got {self.weight_decay!r}")
-        if not 0 <= finite("final_lr_fraction") <= 1:
-            raise ValueError(f"final_lr_fraction must be in [0, 1], got {self.final_lr_fraction!r}")
+        check_number("learning_rate", self.learning_rate, 0, MAX_LEARNING_RATE, open_low=True)
+        check_number("grad_clip", self.grad_clip, 0, open_low=True)
+        check_number("weight_decay", self.weight_decay, 0, 1)
+        check_number("final_lr_fraction", self.final_lr_fraction, 0, 1)
         for name in ("b1", "b2"):
-            if not 0 <= finite(name) < 1:
-                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)!r}")
+            check_number(name, getattr(self, name), 0, 1, open_high=True)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -122,10 +110,6 @@ def make_optimizer(tc: TrainConfig) -> optax.GradientTransformation:
         optax.adamw(schedule, b1=tc.b1, b2=tc.b2, weight_decay=tc.weight_decay,
                     mask=decay_matrices),
     )
-
-
-def _sequence_nll(graphdef, params, windows):  # windows [B, T+1] -> [B, T]
-    return window_nll(nnx.merge(graphdef, params), windows)
 
 
 class Objective(abc.ABC):
@@ -194,7 +178,7 @@ def _note_nonfinite(first_bad, loss, grad_norm, step):
 
 @functools.partial(jax.jit, static_argnums=0)
 def _masked_nll_sum(graphdef, params, windows, weights):  # weights [B]: 1 real row, 0 padding
-    nll = _sequence_nll(graphdef, params, windows)
+    nll = window_nll(nnx.merge(graphdef, params), windows)  # [B, T]
     return (nll.sum(axis=1) * weights).sum()
 
 
@@ -319,14 +303,15 @@ def train(
         manager = checkpoint.open_manager(checkpoint_dir)
         latest = manager.latest_step()
         if latest is not None and not resume:
-            raise ValueError(f"checkpoint_dir {str(checkpoint_dir)!r} already holds checkpoints (latest "
-                             f"step {latest}); pass resume=True to continue it or use a new directory")
+            raise ValueError(f"checkpoint_dir {str(checkpoint_dir)!r} already holds checkpoints "
+                             f"(latest step {latest}); pass resume=True to continue it or use a "
+                             f"new directory")
         if latest is not None:
             meta = checkpoint.restore_meta(manager, latest)
             saved = ModelConfig.from_dict(meta["model_config"])
             if saved != model_cfg:
-                raise ValueError(f"model config differs from the checkpoint's in {str(checkpoint_dir)!r}:"
-                                 f" got {model_cfg}, saved {saved}")
+                raise ValueError(f"model config differs from the checkpoint's in "
+                                 f"{str(checkpoint_dir)!r}: got {model_cfg}, saved {saved}")
             if meta.get("train_config") not in (None, tc.to_dict()):
                 raise ValueError(f"train config differs from the checkpoint's: got {tc.to_dict()}, "
                                  f"saved {meta['train_config']}")

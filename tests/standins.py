@@ -1,0 +1,192 @@
+"""Stand-in models, tokenizers and configs the tests share, so that expected outputs are exact.
+
+Models with the Transformer's call signature over a real cache (``model(tokens, cache=cache,
+num_valid=...) -> (logits, cache)``) write each token into the cache as its key and value and read
+the history back from there, so any error in the slots or lengths the decoders keep shows in the
+output:
+
+- ``NextToken``: the next token is ``(last + 1) % V`` by a margin of 10 logits, ``last`` read back
+  from the cache slot the decoder says the token sits at (variants: by position, a skip, NaN);
+- ``Uniform``: every next token equally likely (a sample shows its random stream alone);
+- ``Chain``: a first- or second-order Markov chain given by its table.
+
+Plain functions ``tokens [B, T] -> logits [B, T, V]`` (``uniform``, ``next_is_last_plus_one``,
+``one_in_position_plus_one``) stand in for a model where only logits matter (perplexity, quality).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+import decodelab as dl
+
+# DESIGN.md §5: 2 layers, width 64, vocab 512, sequences <= 64; grouped-query attention
+# (4 query heads share 2 kv heads).
+TINY = dict(vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=256,
+            max_seq_len=64)
+
+
+def standin_config(vocab_size: int) -> dl.ModelConfig:
+    """The config a stand-in reports: its vocabulary, one layer of one head of width 1 (one cache
+    value per token: the token itself)."""
+    return dl.ModelConfig(vocab_size=vocab_size, d_model=1, n_layers=1, n_heads=1,
+                          position="nope")
+
+
+def _store(tokens: jax.Array, cache):
+    """Write ``tokens [B, T]`` as their own keys and values; the cache and the slots they sit at."""
+    positions = cache.positions(tokens.shape[1])  # [B, T]
+    stored = tokens.astype(jnp.float32)[:, :, None, None]  # [B, T, K=1, H=1]
+    return cache.write(0, stored, stored), positions
+
+
+def _read(cache, positions: jax.Array) -> jax.Array:
+    """``[B, T]`` int: the tokens held at ``positions`` (clipped to the cache)."""
+    S = cache.max_len
+    held = jnp.round(cache.read(0, 0, S)[0][:, 0, :, 0]).astype(jnp.int32)  # [B, S]
+    return jnp.take_along_axis(held, jnp.clip(positions, 0, S - 1), axis=1)
+
+
+def _valid(tokens: jax.Array, num_valid):
+    B, T = tokens.shape
+    return jnp.full((B,), T, jnp.int32) if num_valid is None else num_valid
+
+
+class NextToken(nnx.Module):
+    """Next token ``(last + 1) % V`` by a margin of ``margin`` logits over ``base`` (zeros by
+    default), ``last`` read back from the cache. ``rule="position"``: ``(position + 1) % V``
+    instead, which exposes any error in the per-row lengths. ``skip_after=m``: after a token ``t``
+    with ``t % m == m - 1`` the next is ``(t + 2) % V``. A row whose next token would be
+    ``nan_token`` gets NaN logits."""
+
+    def __init__(self, vocab_size: int = 32, *, rule: str = "next", margin: float = 10.0,
+                 base=None, skip_after: int = 0, nan_token: int = -1):
+        self.config = standin_config(vocab_size)
+        self.rule, self.margin, self.skip_after, self.nan_token = (rule, margin, skip_after,
+                                                                   nan_token)
+        self.base = nnx.Param(jnp.zeros((vocab_size,)) if base is None
+                              else jnp.asarray(base, jnp.float32))
+
+    def __call__(self, tokens, *, cache, num_valid=None):
+        V = self.config.vocab_size
+        cache, positions = _store(tokens, cache)
+        source = positions if self.rule == "position" else _read(cache, positions)  # [B, T]
+        step = 1
+        if self.skip_after:
+            step = jnp.where(source % self.skip_after == self.skip_after - 1, 2, 1)
+        nxt = (source + step) % V  # [B, T]
+        logits = self.base[...][None, None, :] + self.margin * jax.nn.one_hot(nxt, V)
+        logits = jnp.where((nxt == self.nan_token)[:, :, None], jnp.nan, logits)
+        return logits, cache.advance(_valid(tokens, num_valid))
+
+
+class Uniform(nnx.Module):
+    """Every next token equally likely, so a sample shows its random stream alone."""
+
+    def __init__(self, vocab_size: int = 512):
+        self.config = standin_config(vocab_size)
+        self.base = nnx.Param(jnp.zeros((vocab_size,)))
+
+    def __call__(self, tokens, *, cache, num_valid=None):
+        B, T = tokens.shape
+        return (jnp.broadcast_to(self.base[...], (B, T, self.config.vocab_size)),
+                cache.advance(_valid(tokens, num_valid)))
+
+
+class Chain(nnx.Module):
+    """A Markov chain: next-token log-probabilities ``log table[t2, t1]`` (second order, ``table
+    [V, V, V]``) or ``log table[t1]`` (first order, ``[V, V]``), where ``t1`` and ``t2`` are the
+    last two tokens read back from the cache row (a one-token history reads ``t1`` twice), which
+    exposes any error in the reordering of cache rows."""
+
+    def __init__(self, table):
+        table = np.asarray(table, np.float64)
+        if table.ndim == 2:  # first order: the same rows whatever came before
+            table = np.broadcast_to(table[None], (table.shape[0],) + table.shape)
+        self.config = standin_config(table.shape[-1])
+        with np.errstate(divide="ignore"):
+            self.logp = nnx.Param(jnp.asarray(np.log(table), jnp.float32))  # [V, V, V]
+
+    def __call__(self, tokens, *, cache, num_valid=None):
+        cache, positions = _store(tokens, cache)
+        t1, t2 = _read(cache, positions), _read(cache, positions - 1)  # [B, T] each
+        return self.logp[...][t2, t1], cache.advance(_valid(tokens, num_valid))
+
+
+def chain_logp(table, history) -> np.ndarray:
+    """``[V]``: the log-probability of each next token after ``history`` under ``Chain(table)``."""
+    table = np.asarray(table, np.float64)
+    if table.ndim == 2:
+        return np.log(table[history[-1]])
+    t2 = history[-2] if len(history) > 1 else history[-1]
+    return np.log(table[t2, history[-1]])
+
+
+# --- Logits functions -----------------------------------------------------------------------------
+
+
+def uniform(vocab_size: int):
+    """``tokens [B, T] -> logits [B, T, V]``: every token equally likely."""
+    return lambda tokens: jnp.zeros(tokens.shape + (vocab_size,), jnp.float32)
+
+
+def next_is_last_plus_one(vocab_size: int):
+    """``tokens -> logits``: certain (by 1e4 logits) that token t is followed by ``(t + 1) % V``."""
+    return lambda tokens: 1e4 * nnx.one_hot((tokens + 1) % vocab_size, vocab_size)
+
+
+def one_in_position_plus_one(vocab_size: int):
+    """``tokens -> logits``: at input position j, tokens 0..j equally likely and the rest
+    impossible, so target 0 there has NLL ``log(j + 1)``."""
+
+    def logits(tokens):
+        positions = jnp.arange(tokens.shape[1])[None, :, None]  # [1, T, 1]
+        vocab = jnp.arange(vocab_size)[None, None, :]  # [1, 1, V]
+        return jnp.broadcast_to(jnp.where(vocab <= positions, 0.0, -jnp.inf),
+                                tokens.shape + (vocab_size,))
+
+    return logits
+
+
+# --- Tokenizers -----------------------------------------------------------------------------------
+
+
+class Chars:
+    """One id per character, its code point modulo 512 (the tiny vocabulary), so streams and
+    prompts can be written out exactly; bos 2 and eos 3 are control characters no text here
+    holds."""
+
+    bos_id, eos_id = 2, 3
+
+    def encode(self, text):
+        return [ord(c) % 512 for c in text]
+
+    def decode(self, ids):
+        return "".join(chr(i) for i in ids)
+
+
+class Letters:
+    """Ids 0..25 are a..z, 26..31 the two-letter pieces AB, CD, EF, GH, IJ, KL (a stop string may
+    end inside a piece)."""
+
+    PIECES = [chr(ord("a") + i) for i in range(26)] + ["AB", "CD", "EF", "GH", "IJ", "KL"]
+
+    def encode(self, text):
+        return [self.PIECES.index(c) for c in text if c in self.PIECES]
+
+    def decode(self, ids):
+        return "".join(self.PIECES[i] for i in ids)
+
+
+class FakeTokenizer:
+    """What a checkpoint and the tokenizer checks read of a tokenizer: its serialized model (the
+    bytes of ``name``) and its vocabulary size."""
+
+    def __init__(self, name: str = "fake", vocab_size: int | None = None):
+        self.name, self.vocab_size = name, vocab_size
+
+    def serialized_model(self):
+        return self.name.encode()
