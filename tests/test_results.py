@@ -51,7 +51,7 @@ def test_pivot_puts_one_key_down_another_across_and_missing_as_n_a(rows):
     assert table.rows == [["rope", 56.0, 72.0, 104.0],
                           ["learned", 86.0, None, None],
                           ["alibi", 66.0, 82.0, 114.0]]
-    assert table.to_markdown().splitlines()[3] == "| learned | 86 | n/a | n/a |"
+    assert table.to_markdown().splitlines()[3] == "| learned | 86.0 | n/a | n/a |"
 
 
 def test_pivot_fills_absent_cells_with_n_a(rows):
@@ -76,7 +76,7 @@ def test_where_filters_by_key_values(rows):
 def test_csv_keeps_full_precision_and_leaves_missing_cells_empty():
     table = report.Table(["a", "b"], [[1 / 3, None], ["x,y", 2]])
     assert table.to_csv() == 'a,b\n0.3333333333333333,\n"x,y",2\n'
-    assert table.to_markdown() == "| a | b |\n|---|---|\n| 0.3333 | n/a |\n| x,y | 2 |\n"
+    assert table.to_markdown() == "| a | b |\n|---|---|\n| 0.333 | n/a |\n| x,y | 2 |\n"
 
 
 def test_an_interval_cell_reads_value_and_bounds_and_its_csv_gives_bounds_columns():
