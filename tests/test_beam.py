@@ -298,7 +298,7 @@ def test_length_penalties_eos_ids_and_prompt_lengths_compile_once(ends):
         for i, alpha in enumerate([0.0, 0.6, 1.0, 2.5]):
             dl.beam_search(ends, [[1] * (i + 1), [2, 3]], width=3, max_new_tokens=5,
                            length_penalty=alpha, options=dl.BeamOptions(eos_ids=[i]))
-        assert counts["_beam_loop"] == 1 and counts["_beam_prefill"] == 1
+        assert counts["_beam_loop"] == 1 and counts["beam_prefill"] == 1
 
 
 # --- Bad input ------------------------------------------------------------------------------------

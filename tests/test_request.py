@@ -196,7 +196,7 @@ def allocation_forbidden(monkeypatch):
     def allocates(*args, **kwargs):
         raise AssertionError("allocated before the memory check refused the call")
 
-    for module, name in ((decode, "prefill"), (beam, "_beam_prefill"),
+    for module, name in ((decode, "prefill"), (beam, "beam_prefill"),
                          (speculative, "prefill"), (engine, "empty_state")):
         monkeypatch.setattr(module, name, allocates)
 
@@ -316,7 +316,7 @@ def test_beam_max_new_tokens_is_clamped_to_the_room_after_the_shortest_prompt(un
                                                                               monkeypatch):
     from decodelab.decode import beam
 
-    sizes_at_most(monkeypatch, beam, "_beam_prefill", 8)
+    sizes_at_most(monkeypatch, beam, "beam_prefill", 8)
     out = dl.beam_search(uniform, [[1, 2, 3], [1]], 2, 10**9, max_len=8)
     assert out.tokens.shape == (2, 2, 7)
     assert out.lengths.tolist() == [[5, 5], [7, 7]]

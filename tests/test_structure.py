@@ -64,6 +64,16 @@ def test_no_module_uses_another_modules_private_names(path):
     assert private_uses(path) == []
 
 
+PROGRAMS_AND_TESTS = sorted([*(PACKAGE.parent / "tests").rglob("*.py"),
+                            *(PACKAGE.parent / "experiments").rglob("*.py")])
+
+
+@pytest.mark.parametrize("path", PROGRAMS_AND_TESTS, ids=lambda p: str(p.relative_to(PACKAGE.parent)))
+def test_no_test_or_program_uses_the_librarys_private_names(path):
+    """Tests and study programs use what the library makes public, like any user."""
+    assert private_uses(path) == []
+
+
 def test_the_private_name_check_sees_both_forms(tmp_path):
     source = tmp_path / "example.py"
     source.write_text("from decodelab.decode.generation import _body\nfrom decodelab import sampling\n"

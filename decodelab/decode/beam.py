@@ -188,11 +188,25 @@ BEAM_LOOP = CompiledLoop("_beam", _body, lambda weights, state: state.running(),
                          static_argnames=("graphdef",))
 
 
+@struct.dataclass(kw_only=True)
+class BeamInputs:
+    """What each prompt row of a beam search starts with, beside its tokens."""
+
+    prompt_lengths: jax.Array  # [B] int32
+    budgets: jax.Array  # [B] int32, new tokens each prompt may take
+    eos_mask: jax.Array  # [V] bool
+    alpha: jax.Array  # [] float32, the length penalty's exponent
+    min_new_tokens: jax.Array  # [] int32
+
+
 @functools.partial(jax.jit, static_argnames=("graphdef", "width", "max_len", "max_new_tokens",
                                              "kv_cache"))
-def _beam_prefill(weights, block, prompt_lengths, budgets, eos_mask, alpha, min_new_tokens, *,
-                  graphdef, width, max_len, max_new_tokens, kv_cache=None) -> BeamState:
-    """Prefill the padded prompt block ``[B, T]`` once; its ``W`` beams share each row."""
+def beam_prefill(weights, block, rows: BeamInputs, *, graphdef, width, max_len, max_new_tokens,
+                 kv_cache=None) -> BeamState:
+    """Prefill the padded prompt block ``[B, T]`` once; its ``W`` beams share each row: the state
+    ``BEAM_LOOP`` runs from."""
+    prompt_lengths, budgets, eos_mask = rows.prompt_lengths, rows.budgets, rows.eos_mask
+    alpha, min_new_tokens = rows.alpha, rows.min_new_tokens
     model = nnx.merge(graphdef, weights)
     B, T = block.shape
     W, N = width, max_new_tokens
@@ -354,8 +368,9 @@ def beam_search(
     block, lengths = prompt_block(rows, S)
     budgets = np.minimum(N, S - lengths).astype(np.int32)
     graphdef, weights = nnx.split(model)
-    state = _beam_prefill(weights, block, lengths, budgets, eos_mask, np.float32(alpha),
-                          np.int32(min_new), graphdef=graphdef, width=W, max_len=S,
-                          max_new_tokens=N, kv_cache=kv_cache)
+    rows = BeamInputs(prompt_lengths=lengths, budgets=budgets, eos_mask=eos_mask,
+                      alpha=np.float32(alpha), min_new_tokens=np.int32(min_new))
+    state = beam_prefill(weights, block, rows, graphdef=graphdef, width=W, max_len=S,
+                         max_new_tokens=N, kv_cache=kv_cache)
     state = BEAM_LOOP.run(weights, state, python_loop=options.python_loop, graphdef=graphdef)
     return _output(state, R)

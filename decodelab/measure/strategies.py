@@ -27,7 +27,7 @@ from decodelab.sampling.params import SamplingParams
 
 # The programs whose compilations a row counts: jitted function name -> metric name.
 PROGRAMS = {"prefill": "compiles_generate_prefill", "_decode_loop": "compiles_generate_loop",
-            "_beam_prefill": "compiles_beam_prefill", "_beam_loop": "compiles_beam_loop",
+            "beam_prefill": "compiles_beam_prefill", "_beam_loop": "compiles_beam_loop",
             "_target_logprobs": "compiles_scoring", "_token_stats": "compiles_token_stats"}
 
 METHODS = ("sample", "beam", "human")
