@@ -68,7 +68,8 @@ PROGRAMS_AND_TESTS = sorted([*(PACKAGE.parent / "tests").rglob("*.py"),
                             *(PACKAGE.parent / "experiments").rglob("*.py")])
 
 
-@pytest.mark.parametrize("path", PROGRAMS_AND_TESTS, ids=lambda p: str(p.relative_to(PACKAGE.parent)))
+@pytest.mark.parametrize("path", PROGRAMS_AND_TESTS,
+                         ids=lambda p: str(p.relative_to(PACKAGE.parent)))
 def test_no_test_or_program_uses_the_librarys_private_names(path):
     """Tests and study programs use what the library makes public, like any user."""
     assert private_uses(path) == []
