@@ -33,7 +33,7 @@ from decodelab.train import trainer as train
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/train.py", "Training config file.",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", "runs/train", "Folder for the summary and the cached "
-                               "tokenizer and checkpoints (see decodelab/pipeline.py).")
+                               "tokenizer and checkpoints (see decodelab/experiment/artefacts.py).")
 _RESUME = flags.DEFINE_bool("resume", False, "Reuse or continue this config's checkpoints in "
                             "--workdir (without it, existing checkpoints are an error).")
 sharding.define_flags()  # --coordinator_address --num_processes --process_id: several hosts

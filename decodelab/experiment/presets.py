@@ -5,7 +5,7 @@ A size preset fixes the architecture except the vocabulary, which comes from the
 files turn a preset into an ml_collections section holding every ModelConfig field, so any field can
 be overridden from the command line (``--config.model.position=alibi``). A pretrained preset's
 section holds the fields of the file's config plus ``pretrained = <name>``;
-``pipeline.pretrained_model`` loads it, and an override may change only fields that hold no
+``artefacts.pretrained_model`` loads it, and an override may change only fields that hold no
 parameters (e.g. ``--config.model.rope_scaling=yarn``).
 """
 

@@ -31,7 +31,7 @@ Metrics = dict[str, float | int | str | bool | None | list | dict[str, list]]
 class PointContext:
     """What a point function gets besides its config."""
 
-    # The experiment's workdir, shared by all points (e.g. for cached models, see pipeline.py).
+    # The experiment's workdir, shared by all points (e.g. for cached models, see experiment/artefacts.py).
     workdir: pathlib.Path
     point: Point
     # Whether progress bars are shown; pass it on (e.g. ``train(progress=ctx.show_progress)``).
