@@ -23,7 +23,7 @@ appends one row per finished point to ``<workdir>/rows.jsonl``. For example::
 
     def evaluate(config, ctx):  # one point; the model is trained once and cached in the workdir
         model, tok = artefacts.trained_model(config.tokenizer, config.model, config.train,
-                                            ctx.workdir, progress=ctx.show_progress)
+                                             ctx.workdir, progress=ctx.show_progress)
         return metrics.perplexity(model, data.token_stream(tok, "validation"), config.eval.length)
 
     def main(argv):
