@@ -15,7 +15,7 @@ from standins import TINY
 import decodelab as dl
 from decodelab import cache as kvcache
 from decodelab.model import attention
-from decodelab.serving import Request, SlotEngine
+from decodelab.serving import EngineOptions, Request, SlotEngine
 
 GREEDY = dl.SamplingParams.greedy()
 PROMPTS = [[5, 9, 13], [7, 1, 2, 3, 4, 8]]
@@ -197,7 +197,8 @@ def test_greedy_speculative_with_a_quantized_cache_equals_greedy_generate_with_o
 def test_engine_with_a_quantized_cache_generates_what_generate_does(model, kind):
     expected = dl.generate(model, PROMPTS, GREEDY, 10, seed=0, kv_cache=kind).token_lists()
     for chunk in (None, 2):  # whole prompts; chunks of 2 tokens between decode rounds
-        engine = SlotEngine(model, num_slots=2, max_len=32, kv_cache=kind, prefill_chunk=chunk)
+        engine = SlotEngine(model, num_slots=2, max_len=32, kv_cache=kind,
+                            options=EngineOptions(prefill_chunk=chunk))
         done = engine.run([Request(id=i, prompt=p, max_new_tokens=10)
                            for i, p in enumerate(PROMPTS)])
         assert [done[i].tokens for i in range(len(PROMPTS))] == expected

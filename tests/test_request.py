@@ -14,7 +14,7 @@ from standins import Uniform
 
 import decodelab as dl
 from decodelab.decode import output, request
-from decodelab.serving import Request, SlotEngine
+from decodelab.serving import EngineOptions, Request, SlotEngine
 
 V = 512
 GREEDY = dl.SamplingParams.greedy()
@@ -132,10 +132,9 @@ SIZE_CALLS = {
     "ngram max_ngram": (lambda m: dl.NgramDrafter(max_ngram=TOO_BIG), "max_ngram"),
     "engine num_slots": (lambda m: SlotEngine(m, TOO_BIG, 8), "num_slots"),
     "engine max_len": (lambda m: SlotEngine(m, 1, TOO_BIG), "max_len"),
-    "engine max_stop_sequences": (lambda m: SlotEngine(m, 1, 8, max_stop_sequences=TOO_BIG),
+    "engine max_stop_sequences": (lambda m: EngineOptions(max_stop_sequences=TOO_BIG),
                                   "max_stop_sequences"),
-    "engine max_stop_width": (lambda m: SlotEngine(m, 1, 8, max_stop_width=TOO_BIG),
-                              "max_stop_width"),
+    "engine max_stop_width": (lambda m: EngineOptions(max_stop_width=TOO_BIG), "max_stop_width"),
     "engine step n": (lambda m: SlotEngine(m, 1, 8).step(TOO_BIG), "n"),
     "request max_new_tokens": (lambda m: Request(id=0, prompt=[1], max_new_tokens=TOO_BIG),
                                "max_new_tokens"),

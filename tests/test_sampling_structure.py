@@ -21,7 +21,7 @@ import decodelab as dl
 from decodelab import sampling
 from decodelab.decode import generation as decode
 from decodelab.decode.request import OutputSpec, RowInputs
-from decodelab.serving import Request, SlotEngine, engine_programs
+from decodelab.serving import EngineOptions, Request, SlotEngine, engine_programs
 
 B = 3
 MAX_LEN = 32
@@ -146,7 +146,8 @@ def test_an_engine_serving_greedy_requests_steps_with_an_argmax(tiny):
     assert named(found, "sort") == [] and named(found, "top_k") == []
     assert programs.reductions_over(found, V) == [("reduce_max", "float32"),
                                                   ("reduce_min", "int32")]
-    sampled = SlotEngine(tiny, 2, MAX_LEN, serves=[dl.SamplingParams(temperature=0.8, top_p=0.95)])
+    sampled = SlotEngine(tiny, 2, MAX_LEN, options=EngineOptions(
+        serves=[dl.SamplingParams(temperature=0.8, top_p=0.95)]))
     assert named(engine_step_equations(tiny, sampled), "top_k")
 
 

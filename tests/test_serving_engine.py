@@ -12,7 +12,7 @@ from flax import nnx
 
 import decodelab as dl
 from decodelab.measure import compiles
-from decodelab.serving import Request, SlotEngine, slot_prefill
+from decodelab.serving import EngineOptions, Request, SlotEngine, slot_prefill
 
 S = 64  # slot capacity = the tiny model's position table
 GREEDY = dl.SamplingParams.greedy()
@@ -121,7 +121,7 @@ def test_per_request_stop_sequence(tiny, reference):
 
 def test_eos_ends_a_request(tiny, reference):
     tokens = reference[1].token_lists()[0]
-    engine = SlotEngine(tiny, 3, S, eos_ids=[tokens[2]])
+    engine = SlotEngine(tiny, 3, S, options=EngineOptions(eos_ids=[tokens[2]]))
     done = engine.run([make_requests()[1]])
     assert done[1].tokens == tokens[:tokens.index(tokens[2]) + 1]
     assert done[1].finish_reason == "eos"
@@ -164,18 +164,32 @@ def test_insert_and_run_refuse_an_id_that_is_already_decoding(tiny):
     (dict(num_slots=2.0, max_len=S), "num_slots must be an int >= 1"),
     (dict(num_slots=2), "max_len must be given for a model without a position table"),
     (dict(num_slots=2, max_len=1), "max_len must be an int >= 2, got 1"),
-    (dict(num_slots=2, max_len=S, eos_ids=[600]), "eos_ids must be token ids in"),
-    (dict(num_slots=2, max_len=S, serves=GREEDY), "serves must be a non-empty list of "
-                                                   "SamplingParams"),
-    (dict(num_slots=2, max_len=S, serves=[]), "serves must be a non-empty list"),
-    (dict(num_slots=2, max_len=S, serves=[GREEDY, "greedy"]),
-     "serves\\[1\\] must be a SamplingParams, got 'greedy'"),
-    (dict(num_slots=2, max_len=S, serves=[dl.SamplingParams(top_k=[1, 2])]),
+    (dict(num_slots=2, max_len=S, options=EngineOptions(eos_ids=[600])),
+     "eos_ids must be token ids in"),
+    (dict(num_slots=2, max_len=S,
+          options=EngineOptions(serves=[dl.SamplingParams(top_k=[1, 2])])),
      "serves\\[0\\] must be one request's parameters: top_k has 2 values but the batch has 1"),
+    (dict(num_slots=2, max_len=S, options={"prefill_chunk": 8}),
+     "options must be an EngineOptions, got \\{'prefill_chunk': 8\\}"),
 ])
 def test_bad_engine_arguments(tiny, kwargs, match):
     with pytest.raises(ValueError, match=match):
         SlotEngine(tiny, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(eos_ids="2"), "eos_ids must be an int or a list of ints, got '2'"),
+    (dict(eos_ids=[1, -1]), "eos_ids must be token ids \\(ints >= 0\\), got -1"),
+    (dict(max_stop_sequences=-1), "max_stop_sequences must be an int >= 0, got -1"),
+    (dict(max_stop_width=0), "max_stop_width must be an int >= 1, got 0"),
+    (dict(serves=GREEDY), "serves must be a non-empty list of SamplingParams"),
+    (dict(serves=[]), "serves must be a non-empty list"),
+    (dict(serves=[GREEDY, "greedy"]), "serves\\[1\\] must be a SamplingParams, got 'greedy'"),
+    (dict(prefill_chunk=0), "prefill_chunk must be None \\(whole prompts\\) or an int >= 1, got 0"),
+])
+def test_bad_engine_options(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        EngineOptions(**kwargs)
 
 
 def test_bad_insert_and_step_arguments(tiny):
@@ -215,7 +229,7 @@ def test_new_requests_reuse_the_compiled_programs(tiny):
             counts[kwargs.get("fun_name")] += 1
 
     # Warm: every program once (three requests in two slots: prefills of two prompts and of one).
-    SlotEngine(tiny, 2, S, serves=serves).run(
+    SlotEngine(tiny, 2, S, options=EngineOptions(serves=serves)).run(
         [*make_requests(2), Request(id=2, prompt=[3, 4], max_new_tokens=2)], n=3)
     jax.monitoring.register_event_duration_secs_listener(listen)
     try:
@@ -226,7 +240,8 @@ def test_new_requests_reuse_the_compiled_programs(tiny):
                                                      top_k=int(rng.integers(0, 50))),
                             seed=i, stop_sequences=[[int(rng.integers(0, 512))]] * (i % 2))
                     for i in range(6)]
-        SlotEngine(tiny, 2, S, serves=serves).run(requests, n=int(rng.integers(1, 5)))
+        SlotEngine(tiny, 2, S, options=EngineOptions(serves=serves)).run(
+            requests, n=int(rng.integers(1, 5)))
     finally:
         jax.monitoring.unregister_event_duration_listener(listen)
     programs = ("prefill_rows", "_advance_loop", "harvest")
@@ -289,22 +304,23 @@ def test_a_plan_that_grows_while_requests_decode_keeps_their_tokens(tiny):
 
 
 def test_an_engine_built_to_serve_a_set_refuses_a_request_outside_it(tiny):
-    engine = SlotEngine(tiny, 2, S, serves=[GREEDY, dl.SamplingParams(temperature=0.8,
-                                                                       top_p=0.9)])
+    engine = SlotEngine(tiny, 2, S, options=EngineOptions(
+        serves=[GREEDY, dl.SamplingParams(temperature=0.8, top_p=0.9)]))
     assert engine.plan == dl.sampling.Plan(active=("temperature", "top_p"))
     assert engine.check(Request(id=0, prompt=[1], max_new_tokens=2, params=SAMPLED)) == (
         f"params enable ['top_k'], which the engine does not serve (its plan is fixed by "
         f"serves: {engine.plan})")
     assert engine.check(Request(id=1, prompt=[1], max_new_tokens=2,
                                 params=dl.SamplingParams(top_p=0.5))) is None
-    greedy_only = SlotEngine(tiny, 2, S, serves=[GREEDY])
+    greedy_only = SlotEngine(tiny, 2, S, options=EngineOptions(serves=[GREEDY]))
     assert greedy_only.check(Request(id=2, prompt=[1], max_new_tokens=2,
                                      params=dl.SamplingParams(temperature=0.5))) == (
         f"params are sampled, which the engine does not serve (its plan is fixed by serves: "
         f"{greedy_only.plan})")
     with pytest.raises(ValueError, match="cannot be served: params enable"):
         engine.insert(Request(id=0, prompt=[1], max_new_tokens=2, params=SAMPLED))
-    top_k_only = SlotEngine(tiny, 1, S, serves=[dl.SamplingParams(top_k=5)])
+    top_k_only = SlotEngine(tiny, 1, S,
+                            options=EngineOptions(serves=[dl.SamplingParams(top_k=5)]))
     assert top_k_only.plan == dl.sampling.Plan(active=("top_k",))
     assert top_k_only.check(Request(id=3, prompt=[1], max_new_tokens=2)).startswith(
         "params enable ['temperature'], which the engine does not serve")

@@ -10,7 +10,7 @@ from flax import nnx
 
 import decodelab as dl
 from decodelab.cache.dense import KVCache
-from decodelab.serving import Request, SlotEngine
+from decodelab.serving import EngineOptions, Request, SlotEngine
 from decodelab.serving.paged import PagedKVCache, pages_for
 from decodelab.serving.pool import PagedMemory, PagePool
 from decodelab.serving.schedulers import Continuous, VirtualClock, replay
@@ -85,10 +85,11 @@ def test_paged_cache_reads_what_a_padded_cache_holds(tiny_config):
 @pytest.mark.parametrize("chunk", [None, 8])
 def test_paged_engine_equals_padded_and_generate_alone(tiny, reference, chunk):
     requests = make_requests()
-    paged = SlotEngine(tiny, 4, S, kv_tokens=16 * S, page_size=8, prefill_chunk=chunk)
+    options = EngineOptions(prefill_chunk=chunk)
+    paged = SlotEngine(tiny, 4, S, kv_tokens=16 * S, page_size=8, options=options)
     through_pages = paged.run(requests, n=3)
     assert_alone(through_pages, reference)
-    padded = SlotEngine(tiny, 4, S, prefill_chunk=chunk).run(requests, n=3)
+    padded = SlotEngine(tiny, 4, S, options=options).run(requests, n=3)
     for request_id, completion in padded.items():  # the same batches: the same numbers
         assert through_pages[request_id].tokens == completion.tokens
         np.testing.assert_allclose(through_pages[request_id].logprobs, completion.logprobs,

@@ -13,7 +13,7 @@ import pytest
 from flax import nnx
 
 import decodelab as dl
-from decodelab.serving import Request, SlotEngine, slot_prefill
+from decodelab.serving import EngineOptions, Request, SlotEngine, slot_prefill
 
 S = 64  # slot capacity
 GREEDY = dl.SamplingParams.greedy()
@@ -56,7 +56,8 @@ def test_unchunked_prefill_gives_each_request_its_tokens_alone(unchunked, refere
 @pytest.mark.parametrize("chunk", [8, 24])  # the short-block (blocked) and the full attention
 def test_chunked_prefill_gives_the_tokens_of_unchunked_and_of_generate_alone(tiny, unchunked,
                                                                            reference, chunk):
-    done = SlotEngine(tiny, 3, S, prefill_chunk=chunk).run(long_requests(), n=3)
+    engine = SlotEngine(tiny, 3, S, options=EngineOptions(prefill_chunk=chunk))
+    done = engine.run(long_requests(), n=3)
     for request_id, ref in reference.items():
         assert done[request_id].tokens == unchunked[request_id].tokens == ref.token_lists()[0]
         assert done[request_id].finish_reason == ref.finish_reason[0]
@@ -93,7 +94,7 @@ def test_a_long_prompt_enters_in_chunks_between_decode_rounds(tiny):
     """With chunks of 8, a 37-token prompt takes 5 engine calls (8 + 8 + 8 + 8 + 5 tokens); the
     request already decoding gets its token in each of them, and the long one its first token in
     the call of its last chunk."""
-    engine = SlotEngine(tiny, 2, S, prefill_chunk=8)
+    engine = SlotEngine(tiny, 2, S, options=EngineOptions(prefill_chunk=8))
     engine.insert(Request(id="short", prompt=[4, 5, 6], max_new_tokens=20))
     assert engine.step(1).generated == {"short": 1}
     engine.insert(long_requests()[0])
@@ -114,7 +115,7 @@ def captured_prefill(model, num_slots: int, max_len: int, prompt: int, chunk: in
         captured.append((weights, state, chunk, static))
         return state
 
-    engine = SlotEngine(model, num_slots, max_len, prefill_chunk=chunk)
+    engine = SlotEngine(model, num_slots, max_len, options=EngineOptions(prefill_chunk=chunk))
     engine.insert(Request(id=0, prompt=list(range(1, prompt + 1)), max_new_tokens=4), slot=2)
     prefill_rows = slot_prefill.prefill_rows
     slot_prefill.prefill_rows = capture
@@ -166,7 +167,7 @@ def test_an_engine_call_reads_the_device_once(tiny, reference, monkeypatch):
     device_get, block_until_ready = jax.device_get, jax.block_until_ready
     monkeypatch.setattr(jax, "device_get", lambda x: gets.append(x) or device_get(x))
     monkeypatch.setattr(jax, "block_until_ready", lambda x: waits.append(x) or block_until_ready(x))
-    engine = SlotEngine(tiny, 3, S, prefill_chunk=8)
+    engine = SlotEngine(tiny, 3, S, options=EngineOptions(prefill_chunk=8))
     queue, done, calls = long_requests(), {}, 0
     with jax.transfer_guard_device_to_host("disallow"):
         while queue or engine.active:
@@ -181,7 +182,10 @@ def test_an_engine_call_reads_the_device_once(tiny, reference, monkeypatch):
 
 
 def test_bad_prefill_chunk_is_refused(tiny):
-    for bad in (0, S + 1, 2.0, True):
+    for bad in (0, 2.0, True):
         with pytest.raises(ValueError, match=rf"prefill_chunk must be None \(whole prompts\) or "
-                                             rf"an int in \[1, max_len={S}\], got {bad!r}"):
-            SlotEngine(tiny, 2, S, prefill_chunk=bad)
+                                             rf"an int >= 1, got {bad!r}"):
+            EngineOptions(prefill_chunk=bad)
+    with pytest.raises(ValueError, match=rf"prefill_chunk must be None \(whole prompts\) or an "
+                                         rf"int in \[1, max_len={S}\], got {S + 1}"):
+        SlotEngine(tiny, 2, S, options=EngineOptions(prefill_chunk=S + 1))

@@ -105,8 +105,9 @@ def test_continuous_fills_a_free_slot_while_others_decode(tiny):
 def test_chunked_prefill_spreads_a_long_prompt_over_calls_without_stalling_others(tiny):
     requests = [Request(id=0, prompt=[1, 2, 3], max_new_tokens=8, arrival=0.0),
                 Request(id=1, prompt=list(range(1, 38)), max_new_tokens=2, arrival=0.5)]
-    result = serving.replay(SlotEngine(tiny, 2, S, prefill_chunk=8), requests,
-                            serving.Continuous(), clock=serving.VirtualClock(1.0))
+    engine = SlotEngine(tiny, 2, S, options=serving.EngineOptions(prefill_chunk=8))
+    result = serving.replay(engine, requests, serving.Continuous(),
+                            clock=serving.VirtualClock(1.0))
     # Request 1's 37 prompt tokens enter in 5 chunks of at most 8, in the calls ending at t=2..6,
     # its first token with the last; request 0 gets a token from every call meanwhile.
     assert times(result) == [(0, 0, 1, 8), (0.5, 1, 6, 7)]

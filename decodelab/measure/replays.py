@@ -68,12 +68,12 @@ class Arm:
 
     def engine(self, model) -> serving.SlotEngine:
         """A fresh engine of this shape for ``model``."""
+        options = serving.EngineOptions(prefill_chunk=self.prefill_chunk or None)
         if self.paged:
             return serving.SlotEngine(model, self.num_slots, self.max_len,
-                                      prefill_chunk=self.prefill_chunk or None,
-                                      kv_tokens=self.kv_tokens, page_size=self.page_size)
-        return serving.SlotEngine(model, self.num_slots, self.max_len,
-                                  prefill_chunk=self.prefill_chunk or None)
+                                      kv_tokens=self.kv_tokens, page_size=self.page_size,
+                                      options=options)
+        return serving.SlotEngine(model, self.num_slots, self.max_len, options=options)
 
     def scheduler(self) -> serving.Scheduler:
         return serving.make_scheduler(self.policy, self.num_slots, self.max_wait)

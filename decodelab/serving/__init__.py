@@ -3,6 +3,7 @@ schedulers, request traces and metrics."""
 
 # The engine and its requests
 from decodelab.serving.engine import SlotEngine
+from decodelab.serving.options import EngineOptions
 from decodelab.serving.requests import Completion, Request, StepResult
 
 # Paged memory: the cache view and the host's pool
@@ -22,7 +23,8 @@ from decodelab.serving.traces import (LENGTHS, Exponential, Fixed, LengthDistrib
                                       save_trace)
 
 __all__ = [
-    "Completion", "Request", "SlotEngine", "StepResult", "PagedKVCache", "PagePool",
+    "Completion", "EngineOptions", "Request", "SlotEngine", "StepResult",
+    "PagedKVCache", "PagePool",
     "SCHEDULERS", "Clock", "Continuous", "Dynamic", "Replay", "Scheduler", "Static",
     "VirtualClock", "WallClock",
     "make_scheduler", "replay",

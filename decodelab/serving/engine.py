@@ -12,9 +12,9 @@ Conventions (every caller relies on them):
   the rows it prefills), and every other per-row field of the slot (tokens, lengths, sampling
   parameters, seed key, stop sequences, budget, log-probs) is rewritten: nothing of the slot's
   previous request is read again (its stale cache slots past the new length are never attended).
-- With ``prefill_chunk=C`` a prompt enters C tokens per engine call (Sarathi-style chunked
-  prefill): each call runs one chunk of every waiting prompt, then the decode rounds of the
-  running slots; a slot is running (decoding) once its last chunk is in.
+- With ``EngineOptions(prefill_chunk=C)`` a prompt enters C tokens per engine call (Sarathi-style
+  chunked prefill): each call runs one chunk of every waiting prompt, then the decode rounds of
+  the running slots; a slot is running (decoding) once its last chunk is in.
 - ``step(n)`` runs up to ``n`` rounds of ``decode.step`` (the loop body of ``generate``) over all
   slots in one compiled ``lax.while_loop`` (a ``loop.CompiledLoop``); it stops early once no slot
   is running. On paged memory it decodes only the occupied slots, taken out as a state of a
@@ -23,18 +23,19 @@ Conventions (every caller relies on them):
   carried without advancing, so ``step(n)`` gives the same tokens as ``n`` calls of ``step(1)``.
 - The step contains the processors the engine serves and no other (``sampling.Plan``): the
   ``sampling.union`` of the plans of the requests it admits, each processor applied to the slots
-  that enable it. An engine built with ``serves`` fixes that set (and refuses a request outside
-  it); by default the set grows with the requests admitted, so an engine that has served only
-  greedy requests runs an argmax. A request that adds to the set compiles the engine's programs
-  once more (once per new set, never more: the set only grows), the rows already decoding are
-  carried over unchanged; values within the set compile nothing. Penalty counts are carried in
-  the state when the set holds a penalty, as in ``generate``.
+  that enable it. An engine built with ``serves`` (``EngineOptions``) fixes that set (and
+  refuses a request outside it); by default the set grows with the requests admitted, so an
+  engine that has served only greedy requests runs an argmax. A request that adds to the set
+  compiles the engine's programs once more (once per new set, never more: the set only grows),
+  the rows already decoding are carried over unchanged; values within the set compile nothing.
+  Penalty counts are carried in the state when the set holds a penalty, as in ``generate``.
 - Request ids are unique among the requests an engine holds: ``insert`` refuses an id that is
   decoding, and ``run`` refuses a list with a repeated id before anything runs.
 - The token at position p of a request is drawn with ``fold_in(key(seed), p)``, so a request's
   tokens depend only on its prompt, parameters, seed and budget: never on its slot, its batch-mates
   or when it was inserted. They equal ``generate(model, [prompt], params, budget, seed=[seed],
-  eos_ids=..., stop_sequences=..., max_len=engine.max_len)`` on that request alone.
+  max_len=engine.max_len, options=DecodeOptions(eos_ids=..., stop_sequences=...))`` on that
+  request alone.
 - Paged memory (``kv_tokens``): the cache is a ``paged.PagedKVCache`` pool of ``kv_tokens /
   page_size`` pages of ``page_size`` slots, and a request holds only the pages its tokens fill,
   allocated page by page before each call for the slots that call can write (its prefill chunk
@@ -72,10 +73,10 @@ from decodelab.checks import (check_memory, check_model, check_size, is_int, kv_
                               position_limit)
 from decodelab.decode.generation import DecodeState
 from decodelab.decode.request import LENGTH, bucket_length, check_eos, decode_buffers, token_ids
-from decodelab.sampling.params import SamplingParams
 from decodelab.serving import slot_prefill
 from decodelab.serving.engine_programs import (ADVANCE, advance_rows, collect, empty_state,
                                                harvest, plans_of, replan)
+from decodelab.serving.options import EngineOptions
 from decodelab.serving.pool import PagedMemory, PagePool
 from decodelab.serving.requests import Completion, Request, StepResult
 from decodelab.serving.slots import Slot, tokens_after_call
@@ -89,39 +90,41 @@ class SlotEngine:
       num_slots: rows of the shared state (the largest batch).
       max_len: cache slots per row: a request needs ``len(prompt) + max_new_tokens <= max_len``.
         Default: the model's position table (``max_seq_len``).
-      eos_ids: ids that end any request (finish reason "eos"): the model's, shared by all slots.
-      max_stop_sequences, max_stop_width: room for each request's own stop sequences.
       kv_cache: as in ``generate``: None (a float cache), "int8", "int4" or a ``cache.Kivi``.
-      serves: the sampling parameters the engine serves (one ``SamplingParams`` per kind of
-        request): its step contains the processors any of them enables and no other, and it
-        refuses a request that enables another. Default: decide from the requests admitted,
-        starting from greedy and compiling once more for each new set of processors.
-      prefill_chunk: None (default) prefills each prompt whole in the engine call after its
-        insert; an int C prefills at most C tokens of each waiting prompt per engine call, the
-        rest in later calls, each chunk followed by that call's decode rounds of the running
-        slots (chunked prefill, as in Sarathi-Serve): a long prompt then delays the running
-        requests' next tokens by one chunk per call instead of by its whole prefill.
       kv_tokens: None (default) gives every slot its own ``max_len`` cache slots; an int M puts
         the keys and values of M tokens in all in a shared pool of ``M / page_size`` pages,
         which requests take page by page as they grow, with memory-bounded admission and
         preemption (module docstring). A float cache only.
       page_size: slots per page of the pool (a power of two dividing the blocked attention's
         block); ``max_len`` must be a multiple of it.
+      options: the rarer arguments, an ``EngineOptions``:
+        eos_ids: ids that end any request (finish reason "eos"): the model's, shared by all slots.
+        max_stop_sequences, max_stop_width: room for each request's own stop sequences.
+        serves: the sampling parameters the engine serves (one ``SamplingParams`` per kind of
+          request): its step contains the processors any of them enables and no other, and it
+          refuses a request that enables another. Default: decide from the requests admitted,
+          starting from greedy and compiling once more for each new set of processors.
+        prefill_chunk: None (default) prefills each prompt whole in the engine call after its
+          insert; an int C (at most ``max_len``) prefills at most C tokens of each waiting prompt
+          per engine call, the rest in later calls, each chunk followed by that call's decode
+          rounds of the running slots (chunked prefill, as in Sarathi-Serve): a long prompt then
+          delays the running requests' next tokens by one chunk per call instead of by its whole
+          prefill.
 
     Raises ValueError before anything is allocated when the ``num_slots x max_len`` cache and
     buffers need more than the memory limit (``checks.check_memory``).
     """
 
     def __init__(self, model: nnx.Module, num_slots: int, max_len: int | None = None, *,
-                 eos_ids: int | Sequence[int] = (), max_stop_sequences: int = 4,
-                 max_stop_width: int = 8, kv_cache: str | None = None,
-                 serves: Sequence[SamplingParams] | None = None,
-                 prefill_chunk: int | None = None, kv_tokens: int | None = None,
-                 page_size: int = 16):
+                 kv_cache: str | None = None, kv_tokens: int | None = None, page_size: int = 16,
+                 options: EngineOptions = EngineOptions()):
         check_model("model", model)
         self.num_slots = check_size("num_slots", num_slots, 1)
         check_kind("kv_cache", kv_cache)
         self.kv_cache = kv_cache
+        if not isinstance(options, EngineOptions):
+            raise ValueError(f"options must be an EngineOptions, got {options!r}")
+        self.options = options
         limit = position_limit(model)
         if max_len is None:
             if not limit:
@@ -131,13 +134,9 @@ class SlotEngine:
         if limit and self.max_len > limit:
             raise ValueError(f"max_len must be <= {limit}, the model's position table "
                              f"(max_seq_len), got {self.max_len}")
-        self.max_stop_sequences = check_size("max_stop_sequences", max_stop_sequences, 0)
-        self.max_stop_width = check_size("max_stop_width", max_stop_width, 1)
-        if prefill_chunk is not None and (not is_int(prefill_chunk) or not
-                                          1 <= prefill_chunk <= self.max_len):
+        if options.prefill_chunk is not None and options.prefill_chunk > self.max_len:
             raise ValueError(f"prefill_chunk must be None (whole prompts) or an int in [1, "
-                             f"max_len={self.max_len}], got {prefill_chunk!r}")
-        self.prefill_chunk = None if prefill_chunk is None else int(prefill_chunk)
+                             f"max_len={self.max_len}], got {options.prefill_chunk!r}")
         self._memory = None
         if kv_tokens is not None:
             if kv_cache is not None:
@@ -145,22 +144,21 @@ class SlotEngine:
                                  f"{kv_tokens!r}), got {kv_cache!r}")
             self._memory = PagedMemory(kv_tokens, page_size, self.num_slots, self.max_len)
         self.vocab_size = model.config.vocab_size
-        self._eos_mask = check_eos(eos_ids, self.vocab_size)
-        self._fixed_plan = serves is not None
-        self._plan = sampling.union(plans_of("serves", serves, self.vocab_size))
+        eos_mask = check_eos(options.eos_ids, self.vocab_size)
+        self._fixed_plan = options.serves is not None
+        self._plan = sampling.union(plans_of(options.serves, self.vocab_size))
         # The shared state holds max_len output columns per slot; a prefill is up to every slot.
         buffers = decode_buffers(model.config, self.num_slots, self.max_len, self.max_len, 0)
         if self._memory is not None:  # the pool instead of num_slots x max_len slots
             buffers["KV cache"] = kv_cache_bytes(model.config, 1, self._memory.tokens)
         buffers["prefill logits"] = nbytes(
-            (self.num_slots, self.prefill_chunk or self.max_len, self.vocab_size), np.float32)
+            (self.num_slots, options.prefill_chunk or self.max_len, self.vocab_size), np.float32)
         check_memory("SlotEngine", buffers, {"num_slots": self.num_slots,
                                              "max_len": self.max_len})
         self._graphdef, self._weights = nnx.split(model)
-        self._state = empty_state(model.config, self.num_slots, self.max_len,
-                                   self.max_stop_sequences, self.max_stop_width, self._eos_mask,
-                                   self._plan, kv_cache, None if self._memory is None else
-                                   (self._memory.num_pages, self._memory.page_size))
+        self._state = empty_state(model.config, self.num_slots, self.max_len, options, eos_mask,
+                                  self._plan, kv_cache, None if self._memory is None else
+                                  (self._memory.num_pages, self._memory.page_size))
         self._slots: list[Slot | None] = [None] * self.num_slots
         # Preempted requests' slots (their output so far), by id, until inserted again.
         self._resume: dict[int | str, Slot] = {}
@@ -212,13 +210,13 @@ class SlotEngine:
                     f"max_len={self.max_len}")
         if self._memory is not None and (reason := self._memory.refuses(need)):
             return f"prompt + max_new_tokens = {reason}"
-        if len(request.stop_sequences) > self.max_stop_sequences:
+        if len(request.stop_sequences) > self.options.max_stop_sequences:
             return (f"{len(request.stop_sequences)} stop sequences, the engine has room for "
-                    f"max_stop_sequences={self.max_stop_sequences}")
+                    f"max_stop_sequences={self.options.max_stop_sequences}")
         for m, s in enumerate(request.stop_sequences):
-            if len(s) > self.max_stop_width:
+            if len(s) > self.options.max_stop_width:
                 return (f"stop sequence {list(s)} must have <= max_stop_width="
-                        f"{self.max_stop_width} ids")
+                        f"{self.options.max_stop_width} ids")
             try:
                 token_ids(f"stop_sequences[{m}]", s, self.vocab_size)
             except ValueError as error:
@@ -246,7 +244,7 @@ class SlotEngine:
         for request in itertools.islice(waiting, count):
             resumed = self._resumed(request)
             sequence = len(request.prompt) + (len(resumed.tokens) if resumed else 0)
-            first.append(tokens_after_call(request, sequence, 0, self.prefill_chunk,
+            first.append(tokens_after_call(request, sequence, 0, self.options.prefill_chunk,
                                            self._lookahead))
         return self._memory.room(self._demand(), first)
 
@@ -257,7 +255,7 @@ class SlotEngine:
 
     def _demand(self) -> dict[int, int]:
         """Cache slots each occupied slot holds after the next call (paged memory's demand)."""
-        return {i: s.after_call(self.prefill_chunk, self._lookahead)
+        return {i: s.after_call(self.options.prefill_chunk, self._lookahead)
                 for i, s in enumerate(self._slots) if s is not None}
 
     def _provide_pages(self) -> None:
@@ -331,8 +329,8 @@ class SlotEngine:
             return 0
         chunk, reach = slot_prefill.next_chunk(
             waiting, self._plan, num_slots=self.num_slots, max_len=self.max_len,
-            prefill_chunk=self.prefill_chunk,
-            stop_shape=(self.max_stop_sequences, self.max_stop_width))
+            prefill_chunk=self.options.prefill_chunk,
+            stop_shape=(self.options.max_stop_sequences, self.options.max_stop_width))
         self._state = slot_prefill.prefill_rows(self._weights, self._state, chunk,
                                                 graphdef=self._graphdef, reach=reach)
         for (_, held), count in zip(waiting, chunk.counts):

@@ -19,13 +19,16 @@ from decodelab.decode.loop import CompiledLoop
 from decodelab.decode.request import LENGTH, RUNNING, OutputSpec
 from decodelab.sampling.params import SamplingParams
 from decodelab.serving import paged, slot_prefill
+from decodelab.serving.options import EngineOptions
 from decodelab.serving.requests import Completion
 from decodelab.serving.slots import Slot
 
 
-def empty_state(config, num_slots: int, max_len: int, max_stops: int, stop_width: int,
-                 eos_mask: np.ndarray, plan: sampling.Plan, kv_cache: str | None = None,
-                 pages: tuple[int, int] | None = None) -> DecodeState:
+def empty_state(config, num_slots: int, max_len: int, options: EngineOptions,
+                eos_mask: np.ndarray, plan: sampling.Plan, kv_cache: str | None = None,
+                pages: tuple[int, int] | None = None) -> DecodeState:
+    """The engine's state of ``num_slots`` free slots of ``max_len`` cache slots each, with room
+    for ``options``' stop sequences; a paged cache of ``pages = (count, page size)`` if given."""
     B, S, V = num_slots, max_len, config.vocab_size
     # A free slot's parameters: any the plan serves (a free slot never advances).
     free = SamplingParams.greedy() if plan.greedy else SamplingParams()
@@ -41,7 +44,8 @@ def empty_state(config, num_slots: int, max_len: int, max_stops: int, stop_width
         keys=sampling.seed_keys(np.zeros((B,), np.uint32)),
         params=free.per_row(B, V).with_plan(plan),
         eos_mask=jnp.asarray(eos_mask),
-        stop_ids=jnp.full((B, max_stops, stop_width), -1, jnp.int32),
+        stop_ids=jnp.full((B, options.max_stop_sequences, options.max_stop_width), -1,
+                          jnp.int32),
         budgets=jnp.zeros((B,), jnp.int32),
         **OutputSpec(S).buffers(B),
     )
@@ -143,20 +147,14 @@ def advance_rows(weights, state: DecodeState, rows: jax.Array, rounds: jax.Array
     return count, state.replace(step=sub.step, cache=cache, **merged)
 
 
-def plans_of(name: str, serves: Sequence[SamplingParams] | None,
-              vocab_size: int) -> list[sampling.Plan]:
-    """The plans of the parameters an engine serves (``SlotEngine``'s ``serves``)."""
+def plans_of(serves: Sequence[SamplingParams] | None, vocab_size: int) -> list[sampling.Plan]:
+    """The plans of the parameters an engine serves (``EngineOptions.serves``, checked there)."""
     if serves is None:  # grown from greedy by the requests admitted
         return [SamplingParams.greedy().per_row(1, vocab_size).plan]
-    if isinstance(serves, SamplingParams) or not isinstance(serves, Sequence) or not serves:
-        raise ValueError(f"{name} must be a non-empty list of SamplingParams (one per kind of "
-                         f"request), got {serves!r}")
     plans = []
     for i, params in enumerate(serves):
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"{name}[{i}] must be a SamplingParams, got {params!r}")
         try:
             plans.append(params.per_row(1, vocab_size).plan)
         except ValueError as error:
-            raise ValueError(f"{name}[{i}] must be one request's parameters: {error}") from None
+            raise ValueError(f"serves[{i}] must be one request's parameters: {error}") from None
     return plans
