@@ -114,11 +114,11 @@ def forms(rows) -> list[report.Form]:
     return [report.Form(
         name="batching", claims=CLAIMS, answer=answer,
         question="What do continuous batching and chunked prefill buy over static batching?",
-        table=lambda rows: sr.interval_table(sr.top(rows, SHORT) + sr.top(rows, LONG), MAIN,
-                                             label),
+        table=lambda rows: sr.interval_table(sr.top(rows, SHORT) + sr.top(rows, LONG), MAIN, label),
         plot=lambda rows, path: report.line_plot(
-            [sr.with_intervals(r, ["output_tokens_per_s"]) for r in rows], path, logx=True,
-            x="trace.rate", y="output_tokens_per_s", group=["policy", "trace.output"], where=SHORT),
+            [sr.with_intervals(r, ["output_tokens_per_s"]) for r in rows], path, x="trace.rate",
+            y="output_tokens_per_s", group=["policy", "trace.output"], where=SHORT,
+            axes=report.Axes(logx=True)),
         plot_caption="output tokens/s against arrival rate, one line per policy and output "
                      "distribution (bars: 95% intervals over replays)",
         method=[

@@ -115,7 +115,7 @@ def forms(rows) -> list[report.Form]:
         table=pr.decomposition_table,
         plot=lambda rows, path: report.line_plot(
             [sr.with_intervals(r, ["output_tokens_per_s"]) for r in sr.top(pr.arm_rows(rows), {})],
-            path, x="max_len", y="output_tokens_per_s", group="arm", logx=True),
+            path, x="max_len", y="output_tokens_per_s", group="arm", axes=report.Axes(logx=True)),
         plot_caption="output tokens/s at saturation against the reservation (max_len), one line "
                      "per arm (bars: 95% intervals over replays)",
         method=[

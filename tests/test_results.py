@@ -164,7 +164,8 @@ def test_points_table_lists_swept_keys_and_metrics_in_sweep_order(rows):
 
 def test_line_plot_writes_a_png(rows, tmp_path):
     path = report.line_plot(rows, tmp_path / "ppl.png", x="eval.length", y="perplexity",
-                             group="model.position", logx=True, logy=True, title="toy")
+                             group="model.position",
+                             axes=report.Axes(logx=True, logy=True, title="toy"))
     assert path.read_bytes().startswith(PNG_MAGIC)
 
 

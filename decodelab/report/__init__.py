@@ -6,13 +6,13 @@ from decodelab.report.rows import ROWS_FILE, merge_rows, read_rows
 from decodelab.report.tables import (MISSING, Table, format_number, format_value, load_rows,
                                      pivot_table, points_table, row_value, select, swept_keys,
                                      with_metrics)
-from decodelab.report.plots import line_plot
+from decodelab.report.plots import Axes, line_plot
 from decodelab.report.claims import Claim, Judged, Verdict, across_seeds, on_row, verdict
 from decodelab.report.pages import (Page, current_command, generic_report, other_cores,
                                     provenance_lines)
 from decodelab.report.form import Form, Rendered, render, tally, write_index
 
-__all__ = ["Claim", "Form", "Judged", "MISSING", "Page", "ROWS_FILE", "Rendered", "Table",
+__all__ = ["Axes", "Claim", "Form", "Judged", "MISSING", "Page", "ROWS_FILE", "Rendered", "Table",
            "Verdict", "across_seeds", "current_command", "format_number", "format_value",
            "generic_report", "line_plot", "load_rows", "merge_rows", "on_row", "other_cores",
            "pivot_table", "points_table", "provenance_lines", "read_rows", "render", "row_value",

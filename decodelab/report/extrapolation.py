@@ -19,7 +19,7 @@ import numpy as np
 from decodelab.measure import extrapolation
 from decodelab.measure.stats import Interval
 from decodelab.report.claims import Judged, verdict
-from decodelab.report.plots import line_plot
+from decodelab.report.plots import Axes, line_plot
 from decodelab.report.tables import Table, format_number, format_value, pivot_table, with_metrics
 
 Rows = Sequence[Mapping[str, Any]]
@@ -169,9 +169,10 @@ def seeds_table(rows: Rows) -> Table:
 def tail_plot(rows: Rows, path: str | os.PathLike) -> pathlib.Path:
     """Tail perplexity against context length, one line per encoding (the first seed's)."""
     return line_plot(shown(rows), path, x="metrics.context_len", y="metrics.tail_perplexity",
-                     group="metrics.encoding", logx=True, logy=True,
-                     title=f"tail perplexity vs context length, seed {first_seed(rows)}"
-                     + (" (95% over windows)" if windows_kept(rows) else ""))
+                     group="metrics.encoding", axes=Axes(
+                         logx=True, logy=True,
+                         title=f"tail perplexity vs context length, seed {first_seed(rows)}"
+                         + (" (95% over windows)" if windows_kept(rows) else "")))
 
 
 # --- The answer and the caveats, from the judged claims and the rows ------------------------------

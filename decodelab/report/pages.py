@@ -13,7 +13,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from decodelab.report.plots import line_plot
+from decodelab.report.plots import Axes, line_plot
 from decodelab.report.tables import (NumberFormat, Table, format_number, is_number, ordered,
                                      points_table, row_value, swept_keys)
 
@@ -145,7 +145,7 @@ def generic_report(rows: Sequence[Mapping[str, Any]], out_dir: str | os.PathLike
         metrics = dict.fromkeys(m for r in rows for m, v in r["metrics"].items() if is_number(v))
         for metric in metrics:
             path = line_plot(rows, out_dir / f"{name}_{metric}.png", x=x, y=f"metrics.{metric}",
-                             group=others or None, title=f"{name}: {metric}")
+                             group=others or None, axes=Axes(title=f"{name}: {metric}"))
             page.image(path, f"{metric} against {x}")
             written.append(path)
     return [page.write(out_dir / f"{name}.md"), *written]

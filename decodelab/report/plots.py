@@ -4,6 +4,7 @@ no display and leaves pyplot's global state alone."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
 import pathlib
 from collections.abc import Mapping, Sequence
@@ -12,18 +13,36 @@ from typing import Any
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullLocator, ScalarFormatter
 
+from decodelab.checks import check_bool
 from decodelab.measure.stats import Interval
 from decodelab.report.tables import (Where, format_value, hashable, is_number, is_plottable,
                                      ordered, row_value, select)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Axes:
+    """How ``line_plot`` draws its axes (each ValueError names the field)."""
+
+    logx: bool = False  # a log x axis ticked at the x values themselves (numeric x only)
+    logy: bool = False  # a log y axis
+    title: str | None = None  # above the plot
+
+    def __post_init__(self) -> None:
+        check_bool("logx", self.logx)
+        check_bool("logy", self.logy)
+        if self.title is not None and not isinstance(self.title, str):
+            raise ValueError(f"title must be None or a str, got {self.title!r}")
+
+
 def line_plot(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike, *, x: str, y: str,
-              group: str | Sequence[str] | None = None, where: Where = None, logx: bool = False,
-              logy: bool = False, title: str | None = None) -> pathlib.Path:
+              group: str | Sequence[str] | None = None, where: Where = None,
+              axes: Axes = Axes()) -> pathlib.Path:
     """A PNG of ``y`` against ``x``, one line per value of ``group`` (a key, or several keys whose
     values together label a line); points whose ``y`` is missing are left out (the table shows them
     as ``n/a``); a ``y`` that is an Interval is drawn with an error bar from its low to its high.
-    Numeric ``x`` is sorted; with ``logx`` the ticks are the x values themselves."""
+    Numeric ``x`` is sorted; ``axes`` sets the scales and the title."""
+    if not isinstance(axes, Axes):
+        raise ValueError(f"axes must be a report.Axes, got {axes!r}")
     chosen = select(rows, where)
     if not chosen:
         raise ValueError(f"rows must not be empty after the filter, got none (where={where!r})")
@@ -62,22 +81,22 @@ def line_plot(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike, *, x: 
         ax.errorbar(at if numeric_x else [str(v) for v in at], ys,
                     yerr=[below, above] if has_bars else None, marker="o", capsize=3,
                     label=str(label))
-    if logx:
+    if axes.logx:
         if not numeric_x:
             raise ValueError(f"logx needs numeric x values, got {xs}")
         ax.set_xscale("log")
         ax.set_xticks(xs)
         ax.xaxis.set_major_formatter(ScalarFormatter())
         ax.xaxis.set_minor_locator(NullLocator())
-    if logy:
+    if axes.logy:
         ax.set_yscale("log")
     ax.set_xlabel(x.removeprefix("config."))
     ax.set_ylabel(y.removeprefix("metrics."))
     ax.grid(True, which="both", alpha=0.3)
     if group_keys:
         ax.legend(title=", ".join(group_keys) if len(group_keys) == 1 else None)
-    if title:
-        ax.set_title(title)
+    if axes.title:
+        ax.set_title(axes.title)
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)

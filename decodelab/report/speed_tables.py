@@ -18,7 +18,7 @@ from decodelab.measure.peers import HF_WARMUP_TOKENS
 from decodelab.measure.stats import Interval
 from decodelab.report import speed
 from decodelab.report.pages import other_cores
-from decodelab.report.plots import line_plot
+from decodelab.report.plots import Axes, line_plot
 from decodelab.report.tables import Table, format_number, format_value
 
 Rows = Sequence[Mapping[str, Any]]
@@ -155,8 +155,8 @@ def plot(rows: Rows, path: pathlib.Path) -> pathlib.Path:
                           "line": f"{m['preset']}, {name}"}}
              for key, name in IMPLEMENTATIONS.items() for m in speed_metrics(rows)]
     return line_plot(lines, path, x="metrics.batch_size", y="metrics.tokens_per_s",
-                     group="metrics.line", logx=True, logy=True,
-                     title="output tokens/s vs batch size")
+                     group="metrics.line",
+                     axes=Axes(logx=True, logy=True, title="output tokens/s vs batch size"))
 
 
 # --- method and caveats -------------------------------------------------------------------------
