@@ -36,6 +36,7 @@ import functools
 import hashlib
 import inspect
 import json
+import math
 import os
 import pathlib
 import tempfile
@@ -56,6 +57,7 @@ from decodelab.text import data
 from decodelab.text.tokenizer import Tokenizer
 from decodelab.train import checkpoint, distill
 from decodelab.train import trainer as train
+from decodelab.train.options import RunOptions
 
 _TOKENIZER_ARGS = tuple(inspect.signature(Tokenizer.train).parameters)[1:]  # after `files`
 
@@ -239,27 +241,49 @@ def load_or_train(tokenizer_cfg: Any, model_cfg_section: Any, train_cfg: Any,
                         mesh=mesh)
 
 
-def load_or_distill(tokenizer_cfg: Any, teacher_cfg_section: Any, teacher_train_cfg: Any,
-                    model_cfg_section: Any, train_cfg: Any, workdir: str | os.PathLike, *,
-                    temperature: float = 1.0, resume: bool = True,
-                    progress: bool = True) -> TrainedModel:
-    """A model distilled from a teacher (``distill.KLToTeacher``), cached like ``load_or_train``.
+@dataclasses.dataclass(frozen=True)
+class Teacher:
+    """The teacher a model is distilled from: the model ``load_or_train`` makes of its configs
+    (with the student's tokenizer config), and the ``temperature`` of both distributions in the
+    KL. Checked here, before the teacher is trained."""
 
-    The teacher is the model of ``(tokenizer_cfg, teacher_cfg_section, teacher_train_cfg)``,
-    itself loaded or trained first; the key covers its key, the student's configs and the
-    objective, so a distilled model is never mistaken for a trained one of the same configs.
+    model_cfg_section: Any  # every ModelConfig field but vocab_size (presets.model_section)
+    train_cfg: Any  # a TrainConfig or its fields
+    temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        _as_dict("teacher.model_cfg_section", self.model_cfg_section)
+        if not isinstance(self.train_cfg, train.TrainConfig):
+            _as_dict("teacher.train_cfg", self.train_cfg)
+        t = self.temperature
+        finite = not isinstance(t, bool) and isinstance(t, (int, float)) and math.isfinite(t)
+        if not finite or t <= 0:
+            raise ValueError(f"temperature must be a finite number > 0, got {t!r}")
+
+
+def load_or_distill(tokenizer_cfg: Any, teacher: Teacher, model_cfg_section: Any,
+                    train_cfg: Any, workdir: str | os.PathLike, *, resume: bool = True,
+                    progress: bool = True) -> TrainedModel:
+    """A model distilled from a ``teacher`` (``distill.KLToTeacher``), cached like
+    ``load_or_train``.
+
+    The teacher is the model of ``tokenizer_cfg`` and the teacher's configs, itself loaded or
+    trained first; the key covers its key, the student's configs and the objective, so a
+    distilled model is never mistaken for a trained one of the same configs.
     """
-    teacher = load_or_train(tokenizer_cfg, teacher_cfg_section, teacher_train_cfg, workdir,
+    if not isinstance(teacher, Teacher):
+        raise ValueError(f"teacher must be an artefacts.Teacher, got {teacher!r}")
+    trained = load_or_train(tokenizer_cfg, teacher.model_cfg_section, teacher.train_cfg, workdir,
                             progress=progress)
     model_cfg = build_model_config(_as_dict("model_cfg_section", model_cfg_section),
-                                   teacher.tokenizer.vocab_size)
+                                   trained.tokenizer.vocab_size)
     train_cfg = _train_config(train_cfg)
-    objective = distill.KLToTeacher(teacher.model, teacher.directory.name, temperature)
+    objective = distill.KLToTeacher(trained.model, trained.directory.name, teacher.temperature)
     key = config_hash({"tokenizer": tokenizer_key(tokenizer_cfg), "model": model_cfg.key_dict(),
                        "train": train_cfg.to_dict(), "objective": objective.to_dict()})
     spec = {"tokenizer": _tokenizer_args(tokenizer_cfg), "model": model_cfg.to_dict(),
             "train": train_cfg.to_dict(), "objective": objective.to_dict()}
-    return _load_or_run(pathlib.Path(workdir) / "models" / key, spec, teacher.tokenizer,
+    return _load_or_run(pathlib.Path(workdir) / "models" / key, spec, trained.tokenizer,
                         model_cfg, train_cfg, objective, resume=resume, progress=progress)
 
 
@@ -302,10 +326,10 @@ def _load_or_run(directory: pathlib.Path, spec: dict[str, Any],
                 return TrainedModel(model, tokenizer, directory, latest, latest, history)
         finally:
             manager.close()
+        run = RunOptions(checkpoint_dir=checkpoints, tokenizer=tokenizer,
+                         resume=latest is not None, progress=progress)
         result = train.train(model_cfg, train_cfg, data.token_stream(tokenizer, "train"),
-                             tokenizer=tokenizer, checkpoint_dir=checkpoints,
-                             resume=latest is not None, progress=progress, objective=objective,
-                             mesh=mesh)
+                             run=run, objective=objective, mesh=mesh)
         history += result.history
         if primary:
             _write_atomic(history_path, json_dumps(history).encode("utf-8"))
@@ -351,12 +375,10 @@ def trained_model(tokenizer_cfg: Any, model_cfg_section: Any, train_cfg: Any,
     return trained.model, trained.tokenizer
 
 
-def distilled_model(tokenizer_cfg: Any, teacher_cfg_section: Any, teacher_train_cfg: Any,
-                    model_cfg_section: Any, train_cfg: Any, workdir: str | os.PathLike, *,
-                    temperature: float = 1.0, progress: bool = True
+def distilled_model(tokenizer_cfg: Any, teacher: Teacher, model_cfg_section: Any,
+                    train_cfg: Any, workdir: str | os.PathLike, *, progress: bool = True
                     ) -> tuple[Transformer, Tokenizer | PretrainedTokenizer]:
     """``(model, tokenizer)`` of ``load_or_distill`` (distilled once, then reused)."""
-    distilled = load_or_distill(tokenizer_cfg, teacher_cfg_section, teacher_train_cfg,
-                                model_cfg_section, train_cfg, workdir, temperature=temperature,
+    distilled = load_or_distill(tokenizer_cfg, teacher, model_cfg_section, train_cfg, workdir,
                                 progress=progress)
     return distilled.model, distilled.tokenizer

@@ -60,10 +60,10 @@ def point_models(config, ctx) -> tuple[Any, Any, Any]:
         key = tuple(config_hash(section) for section in (
             config.target, config.draft.model, config.distill_train))
         drafter, _ = cached(("distilled", *key), lambda: (
-            artefacts.distilled_model(config.tokenizer, config.target.model, config.target.train,
-                                      config.draft.model, config.distill_train, ctx.workdir,
-                                      temperature=config.distill_temperature,
-                                      progress=ctx.show_progress)), MODELS)
+            artefacts.distilled_model(config.tokenizer, artefacts.Teacher(
+                config.target.model, config.target.train, config.distill_temperature),
+                config.draft.model, config.distill_train, ctx.workdir,
+                progress=ctx.show_progress)), MODELS)
     else:
         raise ValueError(f"drafter must be one of {sorted(DRAFTERS)}, got {config.drafter!r}")
     return model, drafter, tokenizer
