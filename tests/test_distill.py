@@ -1,6 +1,8 @@
 """Distillation: the KL objective is exact, it draws the student towards the teacher, resuming a
 distillation run is exact, and a checkpoint refuses another objective or teacher."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,6 +13,7 @@ from standins import FakeTokenizer
 import decodelab as dl
 from decodelab.train import distill
 from decodelab.train import trainer as train
+from decodelab.train.options import RunOptions
 
 V = 64
 CFG = dl.ModelConfig(vocab_size=V, d_model=32, n_layers=1, n_heads=2, d_ff=64, max_seq_len=32)
@@ -49,7 +52,8 @@ def test_the_objective_is_the_mean_forward_kl_of_next_token_distributions(teache
 
 @pytest.mark.slow
 def test_distillation_draws_the_student_towards_the_teacher(teacher, stream):
-    result = distill.distill(teacher, "t", CFG, run(steps=40), stream, progress=False)
+    result = distill.distill(teacher, "t", CFG, run(steps=40), stream,
+                             run=RunOptions(progress=False))
     windows = jnp.asarray(stream[-170:].reshape(10, 17))
     untrained = dl.Transformer(CFG, rngs=nnx.Rngs(0))  # train's initialisation (seed 0)
     assert kl(teacher, result.model, windows) < 0.5 * kl(teacher, untrained, windows)
@@ -58,19 +62,18 @@ def test_distillation_draws_the_student_towards_the_teacher(teacher, stream):
 @pytest.mark.slow
 def test_resumed_distillation_equals_an_uninterrupted_one_and_refuses_another_teacher(
         teacher, stream, tmp_path):
-    tc, tok = run(), FakeTokenizer(vocab_size=V)
-    whole = distill.distill(teacher, "t", CFG, tc, stream, tokenizer=tok,
-                            checkpoint_dir=tmp_path / "whole", progress=False)
-    distill.distill(teacher, "t", CFG, tc, stream, tokenizer=tok,
-                    checkpoint_dir=tmp_path / "split", stop_after=4, progress=False)
+    tc = run()
+    split = RunOptions(tokenizer=FakeTokenizer(vocab_size=V), checkpoint_dir=tmp_path / "split",
+                       progress=False)
+    resume = dataclasses.replace(split, resume=True)
+    whole = distill.distill(teacher, "t", CFG, tc, stream,
+                            run=dataclasses.replace(split, checkpoint_dir=tmp_path / "whole"))
+    distill.distill(teacher, "t", CFG, tc, stream, run=dataclasses.replace(split, stop_after=4))
     with pytest.raises(ValueError, match=r"objective differs from the checkpoint's"):
-        distill.distill(teacher, "another", CFG, tc, stream, tokenizer=tok,
-                        checkpoint_dir=tmp_path / "split", resume=True, progress=False)
+        distill.distill(teacher, "another", CFG, tc, stream, run=resume)
     with pytest.raises(ValueError, match=r"objective differs from the checkpoint's"):
-        train.train(CFG, tc, stream, tokenizer=tok, checkpoint_dir=tmp_path / "split",
-                    resume=True, progress=False)
-    resumed = distill.distill(teacher, "t", CFG, tc, stream, tokenizer=tok,
-                              checkpoint_dir=tmp_path / "split", resume=True, progress=False)
+        train.train(CFG, tc, stream, run=resume)
+    resumed = distill.distill(teacher, "t", CFG, tc, stream, run=resume)
     assert resumed.resumed_from == 4
     for a, b in zip(jax.tree.leaves(nnx.state(whole.model)),
                     jax.tree.leaves(nnx.state(resumed.model))):

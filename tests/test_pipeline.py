@@ -20,6 +20,7 @@ from decodelab.experiment import presets
 from decodelab.text.tokenizer import Tokenizer
 from decodelab.train import checkpoint
 from decodelab.train import trainer as train
+from decodelab.train.options import RunOptions
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TOKENIZER = dict(vocab_size=512, model_type="bpe")
@@ -83,8 +84,9 @@ def test_an_interrupted_model_continues_from_its_checkpoint(first, workdir):
     model_cfg = first.model.config
     directory = workdir / "models" / pipeline.model_key(TOKENIZER, model_cfg, tc)
     stream = np.arange(2000, dtype=np.int32) % 512  # any data: the pipeline only sees checkpoints
-    train.train(model_cfg, tc, stream, tokenizer=first.tokenizer,
-                checkpoint_dir=directory / "checkpoints", stop_after=2, progress=False)
+    train.train(model_cfg, tc, stream, run=RunOptions(
+        tokenizer=first.tokenizer, checkpoint_dir=directory / "checkpoints", stop_after=2,
+        progress=False))
     resumed = pipeline.load_or_train(TOKENIZER, model_section(), tc, workdir, progress=False)
     assert resumed.directory == directory
     assert resumed.resumed_from == 2 and resumed.step == 6

@@ -119,6 +119,7 @@ def test_bad_arguments_name_the_argument_and_what_is_allowed(model, kwargs, mess
 @pytest.mark.slow
 def test_recovery_training_keeps_the_pruned_weights_at_zero(model):
     from decodelab.compress.pruning import update_mask
+    from decodelab.train.options import RunOptions
     from decodelab.train.trainer import train
 
     pruned = dl.prune(model, sparsity=0.5, pattern="2:4")
@@ -126,15 +127,16 @@ def test_recovery_training_keeps_the_pruned_weights_at_zero(model):
                         log_every=1, checkpoint_every=3)
     stream = np.random.default_rng(0).integers(0, TINY["vocab_size"], 4096)
     recovered = train(pruned.config, tc, stream, init=pruned, update_mask=update_mask(pruned),
-                      progress=False).model
+                      run=RunOptions(progress=False)).model
     before, after = matrices(pruned), matrices(recovered)
     for path, w in after.items():
         np.testing.assert_array_equal(w == 0, before[path] == 0)  # the same zeros, and no more
         assert not np.allclose(w, before[path]), path  # the kept weights trained
-    free = train(pruned.config, tc, stream, init=pruned, progress=False).model
+    free = train(pruned.config, tc, stream, init=pruned, run=RunOptions(progress=False)).model
     with pytest.raises(ValueError, match=re.escape("update_mask must be a tree like "
                                                    "nnx.state(model)")):
-        train(pruned.config, tc, stream, init=pruned, update_mask={"kernel": 1.0}, progress=False)
+        train(pruned.config, tc, stream, init=pruned, update_mask={"kernel": 1.0},
+              run=RunOptions(progress=False))
     assert any((matrices(free)[p] != 0).sum() > (w != 0).sum() for p, w in before.items())
 
 

@@ -18,6 +18,7 @@ from decodelab.text.data import PackedBatches
 from decodelab.text.tokenizer import Tokenizer
 from decodelab.train import checkpoint
 from decodelab.train import trainer as train
+from decodelab.train.options import RunOptions
 
 
 @pytest.fixture(scope="module")
@@ -46,13 +47,21 @@ def small_run(**changes):
     return train.TrainConfig(**fields)
 
 
+QUIET = RunOptions(progress=False)
+
+
+def checkpointed(tokenizer, directory, **changes):
+    """Run options that checkpoint to ``directory``, without a progress bar."""
+    return RunOptions(tokenizer=tokenizer, checkpoint_dir=directory, progress=False, **changes)
+
+
 def params_of(model):
     return [np.asarray(x) for x in jax.tree.leaves(nnx.state(model, nnx.Param))]
 
 
 @pytest.mark.slow
 def test_loss_falls_on_real_text(model_cfg, stream):
-    result = train.train(model_cfg, small_run(steps=60, warmup_steps=5), stream, progress=False)
+    result = train.train(model_cfg, small_run(steps=60, warmup_steps=5), stream, run=QUIET)
     losses = [h["loss"] for h in result.history]
     assert len(losses) == 60
     # From ~ln(512) = 6.2 at init, a working step must gain well over a nat in 60 steps.
@@ -63,13 +72,12 @@ def test_loss_falls_on_real_text(model_cfg, stream):
 def test_resume_reaches_the_same_parameters_as_an_uninterrupted_run(model_cfg, stream, tokenizer,
                                                                       tmp_path):
     tc = small_run()
-    whole = train.train(model_cfg, tc, stream, tokenizer=tokenizer,
-                        checkpoint_dir=tmp_path / "whole", progress=False)
-    first = train.train(model_cfg, tc, stream, tokenizer=tokenizer,
-                        checkpoint_dir=tmp_path / "split", stop_after=5, progress=False)
+    whole = train.train(model_cfg, tc, stream, run=checkpointed(tokenizer, tmp_path / "whole"))
+    first = train.train(model_cfg, tc, stream,
+                        run=checkpointed(tokenizer, tmp_path / "split", stop_after=5))
     assert first.step == 5
-    resumed = train.train(model_cfg, tc, stream, tokenizer=tokenizer,
-                          checkpoint_dir=tmp_path / "split", resume=True, progress=False)
+    resumed = train.train(model_cfg, tc, stream,
+                          run=checkpointed(tokenizer, tmp_path / "split", resume=True))
     assert resumed.resumed_from == 5 and resumed.step == 12
     for a, b in zip(params_of(whole.model), params_of(resumed.model), strict=True):
         np.testing.assert_array_equal(a, b)
@@ -78,10 +86,8 @@ def test_resume_reaches_the_same_parameters_as_an_uninterrupted_run(model_cfg, s
 @pytest.mark.slow
 def test_resume_of_a_finished_run_trains_nothing(model_cfg, stream, tokenizer, tmp_path):
     tc = small_run(steps=4)
-    done = train.train(model_cfg, tc, stream, tokenizer=tokenizer, checkpoint_dir=tmp_path,
-                       progress=False)
-    again = train.train(model_cfg, tc, stream, tokenizer=tokenizer, checkpoint_dir=tmp_path,
-                        resume=True, progress=False)
+    done = train.train(model_cfg, tc, stream, run=checkpointed(tokenizer, tmp_path))
+    again = train.train(model_cfg, tc, stream, run=checkpointed(tokenizer, tmp_path, resume=True))
     assert again.resumed_from == 4 and again.history == []
     for a, b in zip(params_of(done.model), params_of(again.model), strict=True):
         np.testing.assert_array_equal(a, b)
@@ -89,20 +95,17 @@ def test_resume_of_a_finished_run_trains_nothing(model_cfg, stream, tokenizer, t
 
 @pytest.mark.slow
 def test_existing_checkpoints_without_resume_are_refused(model_cfg, stream, tokenizer, tmp_path):
-    train.train(model_cfg, small_run(steps=4), stream, tokenizer=tokenizer,
-                checkpoint_dir=tmp_path, progress=False)
+    train.train(model_cfg, small_run(steps=4), stream, run=checkpointed(tokenizer, tmp_path))
     with pytest.raises(ValueError, match="resume=True"):
-        train.train(model_cfg, small_run(steps=4), stream, tokenizer=tokenizer,
-                    checkpoint_dir=tmp_path, progress=False)
+        train.train(model_cfg, small_run(steps=4), stream, run=checkpointed(tokenizer, tmp_path))
 
 
 @pytest.mark.slow
 def test_resume_with_a_different_model_config_is_refused(model_cfg, stream, tokenizer, tmp_path):
-    train.train(model_cfg, small_run(steps=4), stream, tokenizer=tokenizer,
-                checkpoint_dir=tmp_path, progress=False)
+    train.train(model_cfg, small_run(steps=4), stream, run=checkpointed(tokenizer, tmp_path))
     with pytest.raises(ValueError, match="model config differs"):
         train.train(model_cfg.replace(position="alibi"), small_run(steps=4), stream,
-                    tokenizer=tokenizer, checkpoint_dir=tmp_path, resume=True, progress=False)
+                    run=checkpointed(tokenizer, tmp_path, resume=True))
 
 
 def test_evaluate_counts_every_window_once_whatever_the_batch_size(model_cfg, stream):
@@ -162,7 +165,7 @@ def test_train_config_rejects_bad_fields_by_name(field, value, message):
 def test_train_refuses_sequences_longer_than_a_learned_table(tokenizer, stream):
     cfg = dl.ModelConfig(**{**TINY, "vocab_size": tokenizer.vocab_size}, position="learned")
     with pytest.raises(ValueError, match="seq_len must be <= max_seq_len=64"):
-        train.train(cfg, small_run(seq_len=128), stream, progress=False)
+        train.train(cfg, small_run(seq_len=128), stream, run=QUIET)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,8 +197,8 @@ def test_a_non_finite_loss_stops_training_naming_its_step_and_nothing_after_is_s
     tc = small_run(steps=8, checkpoint_every=2, log_every=4)
     with pytest.raises(train.TrainingDiverged, match=r"not finite at step 3 \(of 8\).*Likely "
                                                      r"cause: a learning rate too high"):
-        train.train(model_cfg, tc, stream, tokenizer=tokenizer, checkpoint_dir=tmp_path,
-                    objective=nan_at_step(stream, tc, 3), progress=False)
+        train.train(model_cfg, tc, stream, run=checkpointed(tokenizer, tmp_path),
+                    objective=nan_at_step(stream, tc, 3))
     manager = checkpoint.open_manager(tmp_path, read_only=True)
     assert manager.all_steps() == [2]
 

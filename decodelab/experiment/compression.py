@@ -25,6 +25,7 @@ from decodelab.measure.compression import by_layer
 from decodelab.text.data import token_windows
 from decodelab.model import param_count
 from decodelab.text import data
+from decodelab.train.options import RunOptions
 from decodelab.train.trainer import TrainConfig, train
 
 PRUNING_KINDS = ("dense", "unstructured", "2:4", "4:8", "heads", "neurons")
@@ -128,7 +129,8 @@ def recover(model, tokenizer, config, ctx) -> tuple:
     fields = {**config.recovery.to_dict(), "steps": config.recovery_steps,
               "checkpoint_every": config.recovery_steps, "log_every": 1}
     result = train(model.config, TrainConfig(**fields), data.token_stream(tokenizer, "train"),
-                   init=model, update_mask=update_mask(model), progress=ctx.show_progress)
+                   init=model, update_mask=update_mask(model),
+                   run=RunOptions(progress=ctx.show_progress))
     return result.model, [h["loss"] for h in result.history]
 
 

@@ -34,7 +34,8 @@ class PointContext:
     # The experiment's workdir, shared by all points (e.g. for cached models, see experiment/artefacts.py).
     workdir: pathlib.Path
     point: Point
-    # Whether progress bars are shown; pass it on (e.g. ``train(progress=ctx.show_progress)``).
+    # Whether progress bars are shown; pass it on (e.g.
+    # ``artefacts.load_or_train(progress=ctx.show_progress)``).
     show_progress: bool
     _bar: Any = dataclasses.field(default=None, repr=False)
 

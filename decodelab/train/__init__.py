@@ -3,7 +3,8 @@
 
 from decodelab.train.checkpoint import load_checkpoint, save_checkpoint
 from decodelab.train.distill import KLToTeacher
+from decodelab.train.options import RunOptions
 from decodelab.train.trainer import TrainConfig, TrainingDiverged, TrainResult, train
 
-__all__ = ["KLToTeacher", "TrainConfig", "TrainResult", "TrainingDiverged", "load_checkpoint",
-           "save_checkpoint", "train"]
+__all__ = ["KLToTeacher", "RunOptions", "TrainConfig", "TrainResult", "TrainingDiverged",
+           "load_checkpoint", "save_checkpoint", "train"]

@@ -62,8 +62,8 @@ def distill(teacher: Transformer, teacher_id: str, student_cfg: ModelConfig,
             tc: train.TrainConfig, train_stream: np.ndarray, *, temperature: float = 1.0,
             **train_kwargs) -> train.TrainResult:
     """``train.train`` of a ``student_cfg`` model with ``KLToTeacher(teacher, teacher_id,
-    temperature)`` as the objective; ``train_kwargs`` as for ``train.train`` (checkpoints, resume,
-    progress). The student must share the teacher's vocabulary."""
+    temperature)`` as the objective; ``train_kwargs`` as for ``train.train`` (``run``: its
+    checkpoints, resume, progress). The student must share the teacher's vocabulary."""
     if student_cfg.vocab_size != teacher.config.vocab_size:
         raise ValueError(f"student_cfg.vocab_size must equal the teacher's "
                          f"{teacher.config.vocab_size}, got {student_cfg.vocab_size}")

@@ -31,12 +31,11 @@ from tqdm.auto import tqdm
 from decodelab import sharding
 from decodelab.checks import check_int, check_number, is_int
 from decodelab.config import ModelConfig
-from decodelab.convert.tokenizer import PretrainedTokenizer
 from decodelab.model import Transformer
 from decodelab.model.losses import window_nll
 from decodelab.text.data import PackedBatches
-from decodelab.text.tokenizer import Tokenizer
 from decodelab.train import checkpoint
+from decodelab.train.options import RunOptions
 
 # The largest peak learning rate TrainConfig accepts.
 MAX_LEARNING_RATE = 1.0
@@ -234,12 +233,7 @@ def train(
     tc: TrainConfig,
     train_stream: np.ndarray,
     *,
-    tokenizer: Tokenizer | PretrainedTokenizer | None = None,
-    checkpoint_dir=None,
-    resume: bool = False,
-    stop_after: int | None = None,
-    progress: bool = True,
-    extra_meta: dict[str, Any] | None = None,
+    run: RunOptions = RunOptions(),
     objective: Objective = NextToken(),
     mesh: Mesh | None = None,
     init: Transformer | None = None,
@@ -248,7 +242,8 @@ def train(
     """Train a Transformer of ``model_cfg`` on ``train_stream`` (int token ids ``[N]``) to
     minimise ``objective`` (next-token cross-entropy by default).
 
-    With ``checkpoint_dir`` (which needs ``tokenizer``, stored with every checkpoint), checkpoints
+    ``run`` (a ``RunOptions``) controls the run. With its ``checkpoint_dir`` (which needs
+    ``tokenizer``: every checkpoint stores it, and ``extra_meta`` in its metadata), checkpoints
     are written every ``tc.checkpoint_every`` steps and at the end. ``resume=True`` continues from
     the latest checkpoint there; a directory that already holds checkpoints without ``resume`` is
     an error rather than a silent overwrite. ``stop_after`` ends the run early at that step (as an
@@ -268,8 +263,10 @@ def train(
     A loss or gradient that stops being finite raises ``TrainingDiverged`` naming the first such
     step, at the next step that logs or saves; no checkpoint from that step on is written.
     """
-    if checkpoint_dir is not None and tokenizer is None:
-        raise ValueError("tokenizer must be given with checkpoint_dir (checkpoints embed it)")
+    if not isinstance(run, RunOptions):
+        raise ValueError(f"run must be a train.RunOptions, got {run!r}")
+    checkpoint_dir, tokenizer, resume = run.checkpoint_dir, run.tokenizer, run.resume
+    stop_after, progress, extra_meta = run.stop_after, run.progress, run.extra_meta
     if stop_after is not None and not 1 <= stop_after <= tc.steps:
         raise ValueError(f"stop_after must be in [1, steps={tc.steps}], got {stop_after!r}")
     if model_cfg.position == "learned" and tc.seq_len > model_cfg.max_seq_len:
