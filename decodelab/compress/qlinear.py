@@ -47,6 +47,7 @@ grouped dot is batched, both slower than the float32 dot.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 
@@ -92,32 +93,61 @@ def _dequantize(qvalue: jax.Array, scale: jax.Array, offset: jax.Array | None,
     return w.reshape(qvalue.shape)
 
 
+@dataclasses.dataclass(frozen=True)
+class QuantizedWeights:
+    """A kernel's stored form (module docstring): ``qvalue [In, Out]`` (int8 | int4), ``scale
+    [G, Out]`` with G dividing In, ``offset [G, Out]`` or None, ``input_scale [In]`` or None.
+    Checked here; each ValueError names the field."""
+
+    qvalue: jax.Array
+    scale: jax.Array
+    offset: jax.Array | None = None
+    input_scale: jax.Array | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.qvalue.shape) != 2:
+            raise ValueError(f"qvalue must be a matrix [In, Out], got shape {self.qvalue.shape}")
+        In, Out = self.qvalue.shape
+        G = self.scale.shape[0] if len(self.scale.shape) == 2 else 0
+        if self.scale.shape[1:] != (Out,) or not G or In % G:
+            raise ValueError(f"scale must be [G, {Out}] with G dividing In = {In}, got shape "
+                             f"{self.scale.shape}")
+        if self.offset is not None and self.offset.shape != self.scale.shape:
+            raise ValueError(f"offset must be None or of the scale's shape {self.scale.shape}, "
+                             f"got shape {self.offset.shape}")
+        if self.input_scale is not None and self.input_scale.shape != (In,):
+            raise ValueError(f"input_scale must be None or [{In}], got shape "
+                             f"{self.input_scale.shape}")
+
+
 class QuantizedEinsum(nnx.Module):
     """An ``nnx.Einsum`` (same equation, same call) whose kernel is stored quantized (module
     docstring): ``x [..., *in_dims] -> [..., *out_dims]``. ``block_elements``: the most weights
     the float matmul dequantizes at a time (a static size: each value compiles its own program)."""
 
-    def __init__(self, equation: str, kernel_shape: Sequence[int], qvalue: jax.Array,
-                 scale: jax.Array, offset: jax.Array | None = None, bias: jax.Array | None = None,
-                 input_scale: jax.Array | None = None, *, dtype=jnp.float32,
+    def __init__(self, equation: str, kernel_shape: Sequence[int], weights: QuantizedWeights,
+                 bias: jax.Array | None = None, *, dtype=jnp.float32,
                  activations: str | None = None, block_elements: int = BLOCK_ELEMENTS):
         n_in = contracted_axes(equation, kernel_shape)
         check_one_of("activations", activations, ACTIVATIONS)
         self.block_elements = check_int("block_elements", block_elements, 1)
+        if not isinstance(weights, QuantizedWeights):
+            raise ValueError(f"weights must be a QuantizedWeights, got {type(weights).__name__}")
         self.equation = equation
         self.in_dims = tuple(kernel_shape[:n_in])
         self.out_dims = tuple(kernel_shape[n_in:])
         In, Out = math.prod(self.in_dims), math.prod(self.out_dims)
-        if qvalue.shape != (In, Out) or scale.shape[1:] != (Out,) or In % scale.shape[0]:
-            raise ValueError(f"qvalue must be [{In}, {Out}] with scale [G, {Out}] (G dividing "
-                             f"{In}), got {qvalue.shape} and {scale.shape}")
+        if weights.qvalue.shape != (In, Out):
+            raise ValueError(f"qvalue must be [{In}, {Out}] (kernel_shape {tuple(kernel_shape)} "
+                             f"as [In, Out]), got {weights.qvalue.shape}")
         self.dtype = jnp.dtype(dtype)
         self.activations = activations
-        self.qvalue = nnx.Param(qvalue)
-        self.scale = nnx.Param(scale)
-        self.offset = nnx.Param(offset) if offset is not None else None
+        self.qvalue = nnx.Param(weights.qvalue)
+        self.scale = nnx.Param(weights.scale)
+        self.offset = nnx.Param(weights.offset) if weights.offset is not None else None
         self.bias = nnx.Param(bias) if bias is not None else None
-        self.input_scale = nnx.Param(input_scale) if input_scale is not None else None
+        self.input_scale = (nnx.Param(weights.input_scale) if weights.input_scale is not None
+                            else None)
 
     @property
     def group_size(self) -> int:

@@ -39,7 +39,7 @@ from flax import nnx
 from decodelab import optional
 from decodelab.checks import check_bool, check_one_of, is_int
 from decodelab.compress.qlinear import (ACTIVATIONS, BLOCK_ELEMENTS, QuantizedEinsum,
-                                        QuantizedEmbed, contracted_axes)
+                                        QuantizedEmbed, QuantizedWeights, contracted_axes)
 from decodelab.model import Transformer
 
 WEIGHTS = {"int8": jnp.int8, "int4": jnp.int4}
@@ -268,13 +268,12 @@ def quantize(model: Transformer, weights: str = "int8", group_size: int | None =
         w, equation, kernel_shape = as_matrix(module)
         embed = isinstance(module, nnx.Embed)
         how = "rtn" if embed else method
-        qvalue, scale, offset, input_scale = _quantize_matrix(
-            w, qtype, group_size, scheme, how, stats.get(path))
+        weights = QuantizedWeights(*_quantize_matrix(w, qtype, group_size, scheme, how,
+                                                     stats.get(path)))
         bias = None if embed or module.bias is None else module.bias[...]
         cls = QuantizedEmbed if embed else QuantizedEinsum
-        set_module(out, path, cls(equation, kernel_shape, qvalue, scale, offset, bias,
-                                   input_scale, dtype=module.dtype or jnp.float32,
-                                   activations=activations))
+        set_module(out, path, cls(equation, kernel_shape, weights, bias,
+                                   dtype=module.dtype or jnp.float32, activations=activations))
     return out
 
 
@@ -317,10 +316,11 @@ def restructure(model: Transformer, description: dict[str, dict[str, Any]]) -> T
             bias = None if embed or module.bias is None else jnp.zeros(module.bias.shape,
                                                                         module.bias.dtype)
             cls = QuantizedEmbed if embed else QuantizedEinsum
-            return cls(equation, kernel_shape, jnp.zeros((In, Out), _DTYPES[spec["qvalue"]]),
-                       jnp.ones((G, Out), _DTYPES[spec["scale"]]), offset, bias,
-                       jnp.ones((In,), jnp.float32) if spec["input_scale"] else None,
-                       dtype=module.dtype or jnp.float32,
+            weights = QuantizedWeights(
+                jnp.zeros((In, Out), _DTYPES[spec["qvalue"]]),
+                jnp.ones((G, Out), _DTYPES[spec["scale"]]), offset,
+                jnp.ones((In,), jnp.float32) if spec["input_scale"] else None)
+            return cls(equation, kernel_shape, weights, bias, dtype=module.dtype or jnp.float32,
                        activations=spec.get("activations"),
                        block_elements=spec.get("block_elements", BLOCK_ELEMENTS))
 

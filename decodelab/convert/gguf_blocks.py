@@ -74,7 +74,7 @@ def load_kept(cfg, tensors, source: str, read_float, rows_to_rotate_half):
     """The Transformer of a Llama GGUF whose Q8_0 / Q4_0 / Q4_1 projections (and embedding table
     or head) are ``QuantizedEinsum`` / ``QuantizedEmbed`` holding the file's blocks; other tensors
     are read as float32 by ``read_float(tensor)``."""
-    from decodelab.compress.qlinear import QuantizedEinsum, QuantizedEmbed
+    from decodelab.compress.qlinear import QuantizedEinsum, QuantizedEmbed, QuantizedWeights
     from decodelab.compress.quantization import layout, set_module
     from decodelab.convert import llama
     from decodelab.convert.weights import TensorSource, build_transformer
@@ -105,8 +105,8 @@ def load_kept(cfg, tensors, source: str, read_float, rows_to_rotate_half):
         bias = None if embed or module.bias is None else module.bias[...]
         dtype = jnp.int8 if tensor.tensor_type.name == "Q8_0" else jnp.int4
         cls = QuantizedEmbed if embed else QuantizedEinsum
-        set_module(model, path, cls(
-            equation, kernel_shape, jnp.asarray(q.T, dtype), jnp.asarray(scale.T),
-            None if offset is None else jnp.asarray(offset.T), bias,
-            dtype=module.dtype or jnp.float32))
+        weights = QuantizedWeights(jnp.asarray(q.T, dtype), jnp.asarray(scale.T),
+                                   None if offset is None else jnp.asarray(offset.T))
+        set_module(model, path, cls(equation, kernel_shape, weights, bias,
+                                    dtype=module.dtype or jnp.float32))
     return model
