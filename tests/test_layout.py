@@ -1,5 +1,6 @@
 """The house by layer: decodelab's packages follow the data flow, and each imports only from the
-layers below it (or its own).
+layers below it (or its own); and no public function takes more than 8 parameters (the rarer
+ones come grouped in a small frozen dataclass, such as ``decode.DecodeOptions``).
 
 The import graph is read from the source with ``ast``; nothing is imported. Every import counts,
 the ones inside functions and under ``TYPE_CHECKING`` too: a lazy import is still a dependency.
@@ -29,6 +30,8 @@ LAYERS = {
 }
 TOP = max(LAYERS.values()) + 1
 MAX_LINES = 400
+# Parameters of a public function or method, self and cls aside, positional and keyword-only.
+MAX_PARAMETERS = 8
 
 
 def modules_of(package: pathlib.Path) -> dict[str, pathlib.Path]:
@@ -114,6 +117,30 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def parameter_counts(source: str) -> list[tuple[int, str, int]]:
+    """``(line, name, parameters)`` of every public function and method of a module (a name not
+    starting with ``_``, and ``__init__``); functions nested in functions are not counted. Every
+    positional and keyword-only parameter counts, a method's ``self`` or ``cls`` aside."""
+    found = []
+
+    def visit(node: ast.AST, in_class: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if not child.name.startswith("_") or child.name == "__init__":
+                    args = child.args
+                    names = [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs]
+                    if in_class and names[:1] in (["self"], ["cls"]):
+                        names = names[1:]
+                    found.append((child.lineno, child.name, len(names)))
+            elif isinstance(child, ast.ClassDef):
+                visit(child, True)
+            else:  # module- or class-level blocks (if, try) hold definitions too
+                visit(child, in_class)
+
+    visit(ast.parse(source), False)
+    return found
+
+
 def test_every_package_has_a_layer():
     assert sorted({m.split(".")[1] for m in MODULES if "." in m} - set(LAYERS)) == []
 
@@ -160,6 +187,29 @@ def test_the_checks_see_a_circle_an_upward_import_and_an_underscore_name(tmp_pat
     assert [(target, line) for target, _, line in imports("decodelab.text.a", modules)
             if layer(target) > layer("decodelab.text.a")] == [("decodelab.train.t", 2)]
     assert imports("decodelab.train.t", modules) == [("decodelab.text", "_hidden", 1)]
+
+
+def test_no_public_function_takes_more_than_8_parameters():
+    wide = [f"{path.relative_to(ROOT)}:{line} {name} {count}"
+            for folder in (PACKAGE, ROOT / "experiments") for path in sorted(folder.rglob("*.py"))
+            for line, name, count in parameter_counts(path.read_text(encoding="utf-8"))
+            if count > MAX_PARAMETERS]
+    assert wide == []
+
+
+def test_the_parameter_count_sees_methods_and_keyword_only_parameters_but_not_nested_functions():
+    source = ("def public(a, b, *args, c, d=1, **kwargs):\n"
+              "    def nested(a, b, c, d, e, f, g, h, i): pass\n"
+              "def _private(a, b, c, d, e, f, g, h, i): pass\n"
+              "class Engine:\n"
+              "    def __init__(self, a, /, b, *, c): pass\n"
+              "    @classmethod\n"
+              "    def make(cls, a): pass\n"
+              "    def _helper(self, a, b, c, d, e, f, g, h, i): pass\n"
+              "if True:\n"
+              "    def guarded(a): pass\n")
+    assert parameter_counts(source) == [(1, "public", 4), (5, "__init__", 3), (7, "make", 1),
+                                        (10, "guarded", 1)]
 
 
 def test_no_package_exports_a_name_that_hides_one_of_its_modules():
