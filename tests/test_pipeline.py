@@ -224,3 +224,15 @@ def test_load_or_train_refuses_a_pretrained_model_section(tmp_path):
     with pytest.raises(ValueError, match="model_cfg_section must be an architecture to train, got "
                                          "the pretrained model 'smollm2-135m'"):
         pipeline.load_or_train(TOKENIZER, section, TRAIN, tmp_path, progress=False)
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(model_cfg_section="tiny"), "teacher.model_cfg_section must be a ConfigDict section or "
+                                     "a dict, got str"),
+    (dict(train_cfg=[4]), "teacher.train_cfg must be a ConfigDict section or a dict, got list"),
+    (dict(temperature=0.0), r"temperature must be a finite number > 0, got 0.0"),
+    (dict(temperature=float("nan")), r"temperature must be a finite number > 0, got nan"),
+])
+def test_a_bad_teacher_is_refused_before_anything_is_trained(fields, message):
+    with pytest.raises(ValueError, match=message):
+        pipeline.Teacher(**{"model_cfg_section": model_section(), "train_cfg": TRAIN, **fields})

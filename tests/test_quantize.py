@@ -329,3 +329,27 @@ def test_gptq_and_awq_lower_the_calibration_output_error_of_round_to_nearest(mod
 def test_bad_arguments_name_the_argument_and_what_is_allowed(model, kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         dl.quantize(model, **kwargs)
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(qvalue=(4,)), "qvalue must be a matrix [In, Out], got shape (4,)"),
+    (dict(scale=(3, 6)), "scale must be [G, 6] with G dividing In = 8, got shape (3, 6)"),
+    (dict(scale=(2, 5)), "scale must be [G, 6] with G dividing In = 8, got shape (2, 5)"),
+    (dict(offset=(1, 6)), "offset must be None or of the scale's shape (2, 6), got shape (1, 6)"),
+    (dict(input_scale=(6,)), "input_scale must be None or [8], got shape (6,)"),
+])
+def test_quantized_weights_reject_bad_shapes_by_name(changes, message):
+    shapes = {"qvalue": (8, 6), "scale": (2, 6), **changes}  # In = 8, Out = 6, G = 2
+    arrays = {name: jnp.zeros(shape, jnp.int8 if name == "qvalue" else jnp.float32)
+              for name, shape in shapes.items()}
+    with pytest.raises(ValueError, match=re.escape(message)):
+        qlinear.QuantizedWeights(**arrays)
+
+
+def test_a_quantized_einsum_refuses_weights_of_another_kernel_shape():
+    weights = qlinear.QuantizedWeights(jnp.zeros((8, 6), jnp.int8), jnp.ones((1, 6)))
+    with pytest.raises(ValueError, match=re.escape("qvalue must be [8, 4] (kernel_shape (8, 4) "
+                                                   "as [In, Out]), got (8, 6)")):
+        QuantizedEinsum("BTD,DF->BTF", (8, 4), weights)
+    with pytest.raises(ValueError, match="weights must be a QuantizedWeights, got tuple"):
+        QuantizedEinsum("BTD,DF->BTF", (8, 6), (weights.qvalue, weights.scale))

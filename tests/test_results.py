@@ -292,3 +292,19 @@ def test_a_page_holds_text_tables_and_images_under_its_provenance(rows, tmp_path
     assert page.index("Regenerate") < page.index("What the numbers") < page.index("| rope |")
     assert "CSV: [ppl.csv](ppl.csv)" in page and "![perplexity against length](ppl.png)" in page
     assert (tmp_path / "ppl.csv").exists()
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(logx="yes"), "logx must be a bool, got 'yes'"),
+    (dict(logy=1), "logy must be a bool, got 1"),
+    (dict(title=3), "title must be None or a str, got 3"),
+])
+def test_plot_axes_reject_bad_fields_by_name(fields, message):
+    with pytest.raises(ValueError, match=message):
+        report.Axes(**fields)
+
+
+def test_line_plot_refuses_axes_that_are_not_axes(rows, tmp_path):
+    with pytest.raises(ValueError, match=r"axes must be a report.Axes, got \{'logx': True\}"):
+        report.line_plot(rows, tmp_path / "x.png", x="eval.length", y="perplexity",
+                         axes={"logx": True})

@@ -299,3 +299,24 @@ def test_save_checkpoint_refuses_a_tokenizer_of_another_vocabulary(model_cfg, to
     with pytest.raises(ValueError, match="tokenizer must have the model's vocabulary, got a "
                                          "tokenizer of vocab_size=512 for a model of vocab_size=600"):
         dl.save_checkpoint(tmp_path / "ckpt", model, tokenizer)
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(checkpoint_dir=3), "checkpoint_dir must be None or a path, got 3"),
+    (dict(checkpoint_dir="ckpt"), r"tokenizer must be given with checkpoint_dir"),
+    (dict(resume="yes"), "resume must be a bool, got 'yes'"),
+    (dict(progress=1), "progress must be a bool, got 1"),
+    (dict(stop_after=0), "stop_after must be an int >= 1, got 0"),
+    (dict(extra_meta={1: "a"}), r"extra_meta must be None or a dict with str keys, got \{1: 'a'\}"),
+])
+def test_run_options_reject_bad_fields_by_name(fields, message):
+    with pytest.raises(ValueError, match=message):
+        RunOptions(**fields)
+
+
+def test_train_refuses_a_stop_after_past_the_run_and_options_that_are_not_run_options(
+        model_cfg, stream):
+    with pytest.raises(ValueError, match=r"stop_after must be in \[1, steps=4\], got 5"):
+        train.train(model_cfg, small_run(steps=4), stream, run=RunOptions(stop_after=5))
+    with pytest.raises(ValueError, match="run must be a train.RunOptions, got"):
+        train.train(model_cfg, small_run(steps=4), stream, run={"progress": False})
