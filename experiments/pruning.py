@@ -87,20 +87,9 @@ def recovery_targets(rows) -> list[Target]:
 
 def forms(rows) -> list[report.Form]:
     """One page per reference model: ``pruning`` (trained) or ``pruning_<model>``."""
-    pages = []
-    for pretrained, group in compression.by_model(rows).items():
-        targets = compression.page_targets([*TARGETS, *recovery_targets(group)], pretrained)
-        pages.append(report.Form(
-            name=compression.page_name("pruning", pretrained),
-            question=tables.question(group), claims=[t.claim(pretrained) for t in targets],
-            answer=lambda judged, rows, targets=targets: compression.answer(targets, judged),
-            table=compression.scoped(tables.main_table, pretrained), method=tables.method(group),
-            caveats=tables.caveats(group), plot=compression.scoped(tables.plot, pretrained),
-            plot_caption="mean KL divergence and perplexity against unstructured sparsity",
-            csvs={key: compression.scoped(make, pretrained)
-                  for key, make in tables.csv_tables(group).items()},
-            command=compression.COMMAND))
-    return pages
+    return compression.model_forms(
+        "pruning", rows, lambda group: [*TARGETS, *recovery_targets(group)], tables,
+        tables.csv_tables, "mean KL divergence and perplexity against unstructured sparsity")
 
 
 def main(argv) -> None:

@@ -96,19 +96,10 @@ TARGETS = (
 
 def forms(rows) -> list[report.Form]:
     """One page per reference model: ``quantization`` (trained) or ``quantization_<model>``."""
-    pages = []
-    for pretrained, group in compression.by_model(rows).items():
-        targets = compression.page_targets(TARGETS, pretrained)
-        pages.append(report.Form(
-            name=compression.page_name("quantization", pretrained),
-            question=tables.question(group), claims=[t.claim(pretrained) for t in targets],
-            answer=lambda judged, rows, targets=targets: compression.answer(targets, judged),
-            table=compression.scoped(tables.main_table, pretrained), method=tables.method(group),
-            caveats=tables.caveats(group), plot=compression.scoped(tables.plot, pretrained),
-            plot_caption="mean KL divergence against parameter bytes, per KV cache",
-            csvs={"scoreboard": compression.scoped(tables.scoreboard_table, pretrained)},
-            command=compression.COMMAND))
-    return pages
+    return compression.model_forms(
+        "quantization", rows, lambda group: TARGETS, tables,
+        lambda group: {"scoreboard": tables.scoreboard_table},
+        "mean KL divergence against parameter bytes, per KV cache")
 
 
 def main(argv) -> None:

@@ -24,7 +24,7 @@ import numpy as np
 from decodelab.measure import stats
 from decodelab.measure.stats import Interval
 from decodelab.report.claims import Claim, Judged
-from decodelab.report.form import tally
+from decodelab.report.form import Form, tally
 from decodelab.report.tables import Where, select
 
 Rows = Sequence[Mapping[str, Any]]
@@ -226,3 +226,24 @@ def answer(targets: Sequence[Target], judged: Sequence[Judged]) -> str:
         parts.append(f"{subject}: met on {met} of {len(group)}"
                      + (f" ({undecided} undecided or not measured)" if undecided else ""))
     return f"{tally(list(judged))}; " + "; ".join(parts) + "."
+
+
+def model_forms(study: str, rows: Rows, targets: Callable[[Rows], Sequence[Target]], tables: Any,
+                csvs: Callable[[Rows], Mapping[str, Callable]], plot_caption: str) -> list[Form]:
+    """One page per reference model of a compression study: ``<study>`` (the trained model) or
+    ``<study>_<pretrained>``. ``targets(group)`` and ``csvs(group)`` give a model's targets and
+    its every-column tables; ``tables`` is the study's table module (``question``, ``main_table``,
+    ``method``, ``caveats``, ``plot``)."""
+    pages = []
+    for pretrained, group in by_model(rows).items():
+        chosen = page_targets(targets(group), pretrained)
+        pages.append(Form(
+            name=page_name(study, pretrained), question=tables.question(group),
+            claims=[t.claim(pretrained) for t in chosen],
+            answer=lambda judged, rows, chosen=chosen: answer(chosen, judged),
+            table=scoped(tables.main_table, pretrained), method=tables.method(group),
+            caveats=tables.caveats(group), plot=scoped(tables.plot, pretrained),
+            plot_caption=plot_caption,
+            csvs={key: scoped(make, pretrained) for key, make in csvs(group).items()},
+            command=COMMAND))
+    return pages
