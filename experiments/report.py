@@ -21,7 +21,7 @@ import pathlib
 from absl import app, flags
 
 from decodelab import experiment, report
-from experiments import study_forms, study_report
+from experiments import study_forms
 
 _WORKDIR = flags.DEFINE_multi_string("workdir", None, "Folder holding rows.jsonl; repeat to merge "
                                      "shards.")
@@ -38,8 +38,7 @@ def render_rows(rows: list[dict], out_dir: pathlib.Path) -> tuple[list[report.Re
     """The study's pages of ``rows`` (its ``forms``), or the generic table: (rendered, paths)."""
     forms = study_forms(rows[0]["experiment"])
     if forms is None:
-        legacy = study_report(rows[0]["experiment"])
-        return [], list(legacy(rows, out_dir) if legacy else report.generic_report(rows, out_dir))
+        return [], report.generic_report(rows, out_dir)
     rendered = [report.render(form, rows, out_dir) for form in forms(rows)]
     return rendered, [path for done in rendered for path in done.written]
 

@@ -266,16 +266,16 @@ def test_the_library_never_imports_the_experiment_programs():
             assert not any(n.split(".")[0] == "experiments" for n in names), path
 
 
-def test_a_study_module_report_function_is_found(tmp_path, monkeypatch):
+def test_a_study_module_forms_function_is_found(tmp_path, monkeypatch):
     package = tmp_path / "studies"
     package.mkdir()
-    (package / "with_report.py").write_text("def report(rows, out_dir):\n    return ['done']\n")
-    (package / "without_report.py").write_text("")
+    (package / "with_forms.py").write_text("def forms(rows):\n    return ['done']\n")
+    (package / "without_forms.py").write_text("")
     monkeypatch.syspath_prepend(str(tmp_path))
-    assert experiments.study_report("with_report", package="studies")([], tmp_path) == ["done"]
-    assert experiments.study_report("without_report", package="studies") is None
-    assert experiments.study_report("absent", package="studies") is None
-    assert experiments.study_report("absent", package="no_such_package") is None
+    assert experiments.study_forms("with_forms", package="studies")([]) == ["done"]
+    assert experiments.study_forms("without_forms", package="studies") is None
+    assert experiments.study_forms("absent", package="studies") is None
+    assert experiments.study_forms("absent", package="no_such_package") is None
 
 
 def test_a_page_holds_text_tables_and_images_under_its_provenance(rows, tmp_path):
