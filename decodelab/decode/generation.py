@@ -11,10 +11,11 @@ Conventions (every caller relies on them):
   input (sampling parameters, seeds, prompt lengths within a bucket) is an array value, so the
   programs compile once per (batch size, prompt bucket, ``max_new_tokens``, ``max_len``, number
   and width of stop sequences, output options).
-- What sampling runs is the static ``sampling.Plan`` of the parameters (in ``RowParams``): the
-  processors no row enables are not in the program, greedy is an argmax, and the counts the
-  penalties read are carried in the state and updated by each sampled token. A sweep over values
-  compiles once; a new set of enabled processors compiles once more.
+- Sampling is one program for every setting: every processor is traced and skipped at run time
+  when no row enables it, and a step whose running rows are all greedy takes the argmax path (no
+  softmax, no random numbers) by a ``lax.cond``, in the same program. The counts the penalties
+  read are carried in the state and updated by each kept token (one scatter per step), never
+  recounted from the token buffer.
 - The token at position p of row b is drawn with ``fold_in(request key b, p)``
   (``sampling.row_keys``; the request keys come from the seeds, see ``request``).
 - A row stops at the first of: an EOS id ("eos"), the end of a stop sequence ("stop"),
@@ -63,7 +64,7 @@ class DecodeState(RowState):
 
     cache: KVCache  # lengths = self.lengths for running rows
     logits: jax.Array  # [B, V] float32, the model's logits for each row's next token
-    # Carried only when the plan has a penalty that reads them (else None: see `carried_counts`).
+    # What the penalties read, updated by each kept token (``carried_counts`` at the prefill).
     output_counts: jax.Array | None = None  # [B, V] int32, occurrences in the output
     seen: jax.Array | None = None  # [B, V] bool, occurs in the prompt or the output
 
@@ -73,59 +74,57 @@ class DecodeState(RowState):
             output_counts=self.output_counts, seen=self.seen)
 
 
-def carried_counts(history: sampling.History, plan: sampling.Plan,
-                   vocab_size: int) -> dict[str, jax.Array | None]:
-    """The counts a loop under ``plan`` carries, from ``history``: output occurrences when
-    frequency or presence penalties are on, the seen tokens when the repetition penalty is;
-    None for the others (and for every field under ``Plan.ANY``)."""
-    output = plan.carries("frequency_penalty") or plan.carries("presence_penalty")
-    return dict(
-        output_counts=history.output_occurrences(vocab_size) if output else None,
-        seen=history.seen_tokens(vocab_size) if plan.carries("repetition_penalty") else None)
+def carried_counts(history: sampling.History, vocab_size: int) -> dict[str, jax.Array]:
+    """The counts a decode loop carries for the penalties, from ``history``'s tokens: each
+    token's occurrences in the output (frequency and presence penalties) and whether it occurs
+    in the prompt or the output (repetition penalty)."""
+    return dict(output_counts=history.output_occurrences(vocab_size),
+                seen=history.seen_tokens(vocab_size))
+
+
+def _choose(state: DecodeState, with_distribution: bool):
+    """``(token, its log-probability, bad logits, no allowed token, distribution or None)`` for
+    each row, from ``state.logits``: when every running row is greedy, the argmax of the scores
+    before temperature (``sampling.greedy_choice``: no softmax, no random numbers, a one-token
+    distribution with log-probability 0); otherwise the processed distribution and its draw. A
+    run-time ``lax.cond``, so both are one program."""
+    logits, params, history = state.logits, state.params, state.history
+    B, V = logits.shape
+    vocab = jnp.arange(V, dtype=jnp.int32)[None, :]  # [1, V]
+
+    def greedy():
+        token, bad, none = sampling.greedy_choice(logits, params, history)
+        one_hot = jnp.where(vocab == token[:, None], 0.0, -jnp.inf) if with_distribution else None
+        return token, jnp.zeros((B,), jnp.float32), bad, none, one_hot
+
+    def sampled():
+        logprobs = sampling.processed_logprobs(logits, params, history)  # [B, V]
+        token = sampling.draw(logprobs, sampling.row_keys(state.keys, state.lengths))
+        chosen = jnp.take_along_axis(logprobs, token[:, None], axis=-1)[:, 0]
+        return (token, chosen, sampling.bad_logits(logits),
+                ~jnp.any(logprobs > -jnp.inf, axis=-1), logprobs if with_distribution else None)
+
+    return jax.lax.cond(sampling.all_greedy(params, skip=state.done), greedy, sampled)
 
 
 def _sample_and_record(state: DecodeState) -> DecodeState:
-    """Sample each running row's next token from ``state.logits`` and record it.
-
-    What runs depends on ``state.params.plan``: a greedy plan is the argmax of the scores before
-    temperature (``sampling.greedy_choice``), whose processed distribution is that one token with
-    log-probability 0, so no softmax and no random numbers; otherwise the processed distribution
-    is formed and sampled."""
+    """Sample each running row's next token from ``state.logits`` (``_choose``) and record it,
+    with the counts the penalties read."""
     B, S = state.tokens.shape
     N = state.max_new_tokens
     running = ~state.done
-    logits = state.logits
-    plan = state.params.plan
-    vocab = jnp.arange(logits.shape[-1], dtype=jnp.int32)[None, :]  # [1, V]
-    if plan.greedy:
-        token, bad_logits, no_token = sampling.greedy_choice(logits, state.params, state.history)
-        chosen = jnp.zeros((B,), jnp.float32)
-        distribution = lambda: jnp.where(vocab == token[:, None], 0.0, -jnp.inf)  # noqa: E731
-    else:
-        logprobs = sampling.processed_logprobs(logits, state.params, state.history)  # [B, V]
-        bad_logits = sampling.bad_logits(logits)
-        no_token = ~jnp.any(logprobs > -jnp.inf, axis=-1)
-        keys = sampling.row_keys(state.keys, state.lengths)
-        # A finished row's token is discarded: it never forces the vocabulary-wide draw.
-        sample = lambda: sampling.draw(logprobs, state.params, keys, skip=state.done)  # noqa: E731
-        if plan.active is None:
-            # A greedy row's distribution is one token, so argmax draws it too; when every row is
-            # greedy this skips generating B x V random numbers per step.
-            token = jax.lax.cond(jnp.all(state.params.temperature == 0.0),
-                                 lambda: sampling.argmax(logprobs), sample)  # [B]
-        else:
-            token = sample()  # [B]
-        chosen = jnp.take_along_axis(logprobs, token[:, None], axis=-1)[:, 0]
-        distribution = lambda: logprobs  # noqa: E731
+    V = state.logits.shape[-1]
+    with_distribution = bool(state.top_logprobs.shape[-1] or state.entropy.shape[-1])
+    token, chosen, bad_logits, no_token, logprobs = _choose(state, with_distribution)
     write = running & ~bad_logits & ~no_token
 
     rows = jnp.arange(B)
     slot = jnp.where(write, state.lengths, S)  # out of range: dropped
     out = jnp.where(write, state.num_generated, N)
     tokens = state.tokens.at[rows, slot].set(token, mode="drop")
-    record = state.recorded((rows, out), chosen, distribution)
+    record = state.recorded((rows, out), chosen, lambda: logprobs)
 
-    counted = jnp.where(write, token, logits.shape[-1])  # out of range: dropped
+    counted = jnp.where(write, token, V)  # out of range: dropped
     if state.output_counts is not None:
         record.update(output_counts=state.output_counts.at[rows, counted].add(1, mode="drop"))
     if state.seen is not None:
@@ -167,8 +166,7 @@ def prefill(weights, block, rows: RowInputs, *, graphdef, max_len: int, outputs:
     last = jnp.take_along_axis(logits, (rows.prompt_lengths - 1)[:, None, None],
                                axis=1)[:, 0]  # [B, V]
     state = DecodeState.start(block, rows, max_len, outputs, cache=cache, logits=last)
-    return state.replace(**carried_counts(state.history, rows.params.plan,
-                                          model.config.vocab_size))
+    return state.replace(**carried_counts(state.history, model.config.vocab_size))
 
 
 def _body(weights, state: DecodeState, *, graphdef) -> DecodeState:

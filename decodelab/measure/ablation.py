@@ -49,7 +49,7 @@ def no_processors(logits, params, history):
     return logits
 
 
-def draw_argmax(logprobs, params, keys, *, skip=None):
+def draw_argmax(logprobs, keys):
     """No random draw: the most probable token."""
     return sampling.argmax(logprobs)
 

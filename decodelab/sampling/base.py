@@ -4,6 +4,9 @@ A processor maps ``[B, V]`` float32 logits to ``[B, V]`` logits, ``-inf`` markin
 it reads its per-row setting from ``RowParams`` (``processors``) under its ``Parameter``'s name.
 ``remove``, ``probs``, ``entropy``, ``keep_top_mass`` and ``keep_above`` are the shared steps the
 truncations are written in; ``logprob_entropy`` is also the entropy the decode loops record.
+A processor is in every compiled program; one that no row enables is skipped at run time (a
+``lax.cond`` on its ``[B]`` enabled flags), so the parameter values, which processors are on
+included, are data and never a new trace.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from decodelab.sampling import select
 from decodelab.sampling.inputs import History, Parameter
 
 # ``RowParams`` (``processors``) is built from the registry of the processors defined on this
@@ -48,16 +52,16 @@ def exclusive_cumsum(x: jax.Array) -> jax.Array:
     return jnp.concatenate([jnp.zeros_like(inclusive[..., :1]), inclusive[..., :-1]], axis=-1)
 
 
-def keep_top_mass(logits: jax.Array, order_key: jax.Array, mass: jax.Array) -> jax.Array:
-    """Keep the smallest set of tokens, taken in ascending ``order_key``, whose probability mass
+def keep_top_mass(logits: jax.Array, order: jax.Array, mass: jax.Array,
+                  active: jax.Array) -> jax.Array:
+    """Keep the smallest set of tokens, taken in descending ``order``, whose probability mass
     reaches ``mass[b]``: a token stays if the mass before it is < mass (so with probabilities
-    0.5 / 0.4 / 0.1 and mass 0.9 exactly two stay). Ties with the last kept token's key stay
-    too. ``order_key`` of removed tokens must be +inf."""
-    key_sorted, p_sorted = jax.lax.sort((order_key, probs(logits)), dimension=-1, num_keys=1)
-    before = exclusive_cumsum(p_sorted)  # [B, V] mass before each token
-    n_keep = jnp.sum(before < mass[:, None], axis=-1)  # [B], >= 1 since before[0] = 0 < mass
-    cutoff = jnp.take_along_axis(key_sorted, (n_keep - 1)[:, None], axis=-1)  # [B, 1]
-    return remove(logits, order_key <= cutoff)
+    0.5 / 0.4 / 0.1 and mass 0.9 exactly two stay). Ties with the last kept token's order stay
+    too. ``order`` of removed tokens must be -inf; rows not ``active`` pass unchanged. Found
+    without sorting (``select.keep_top_weight``): the mass sums run in another order than a
+    sorted prefix sum, so a boundary within float32 rounding of ``mass`` can fall either way."""
+    keep = select.keep_top_weight(select.sortable(order), probs(logits), mass, active)
+    return remove(logits, keep)
 
 
 def keep_above(logits: jax.Array, threshold: jax.Array) -> jax.Array:
@@ -72,7 +76,7 @@ class LogitsProcessor(abc.ABC):
 
     ``parameter`` is the per-row setting it owns (None for one that reads only ``logit_bias``).
     ``enabled`` says which rows it acts on (by default: those whose setting is not neutral); the
-    others pass through unchanged. ``params.plan`` says whether it is in the program at all.
+    others pass through unchanged, and when no row is enabled it does no work.
     """
 
     parameter: ClassVar[Parameter | None] = None
@@ -97,18 +101,12 @@ class LogitsProcessor(abc.ABC):
         """The processed logits of every row (only enabled rows are kept)."""
 
     def __call__(self, logits: jax.Array, params: RowParams, history: History) -> jax.Array:
-        plan = params.plan
-        if plan.active is not None and self.name in plan.uniform:
-            return self.apply(logits, params, history)
         on = self.enabled(params)  # [B]
 
         def run(logits):
             return jnp.where(on[:, None], self.apply(logits, params, history), logits)
 
-        if plan.active is None:
-            return jax.lax.cond(jnp.any(on), run, lambda logits: logits, logits)
-        return run(logits)
-
+        return jax.lax.cond(jnp.any(on), run, lambda logits: logits, logits)
 
 
 def argmax(x: jax.Array) -> jax.Array:

@@ -1,11 +1,9 @@
-"""What a logits processor reads: its per-row ``Parameter``, the ``History`` of the tokens so far,
-and the ``Plan`` that says which processors a compiled program contains (see ``processors``).
-"""
+"""What a logits processor reads: its per-row ``Parameter`` and the ``History`` of the tokens so
+far."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 from typing import Any, Callable
 
 import jax
@@ -79,7 +77,7 @@ class History:
     lengths: jax.Array  # [B] int32, prompt + output tokens
     eos_mask: jax.Array  # [V] bool, the ids min_new_tokens suppresses
     # What the decode loop carries instead of counting `tokens` every step (None: count them,
-    # as speculative decoding does, whose rounds rewind, and the serving engine's Plan.ANY).
+    # as speculative decoding does, whose rounds rewind).
     output_counts: jax.Array | None = None  # [B, V] int32, occurrences in the output
     seen: jax.Array | None = None  # [B, V] bool, occurs in prompt or output
 
@@ -109,63 +107,3 @@ class History:
         rows = jnp.broadcast_to(jnp.arange(B)[:, None], (B, S))
         return jnp.zeros((B, vocab_size), jnp.int32).at[rows, self.tokens].add(
             valid.astype(jnp.int32), mode="drop")
-
-
-# --- Which processors a program contains ----------------------------------------------------------
-
-CANDIDATES = 256  # Plan.candidates' default
-
-
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    """The processors a compiled program contains, decided on the host from the parameter values:
-    a static (hashable) part of ``RowParams``, so one plan is one program.
-
-    ``active``: the names (``LogitsProcessor.name``) of the processors enabled in some row, or
-    None for every processor, each skipped at run time when no row enables it. ``uniform``: those
-    enabled in every row (applied without the per-row ``where``). ``greedy``: every row has
-    temperature 0. ``candidates``: how many of the largest logits top-k and top-p look at before
-    falling back to a full sort.
-    """
-
-    active: tuple[str, ...] | None
-    uniform: tuple[str, ...] = ()
-    greedy: bool = False
-    candidates: int = CANDIDATES
-
-    @classmethod
-    def of(cls, enabled: dict[str, np.ndarray], greedy: bool,
-           candidates: int = CANDIDATES) -> Plan:
-        """The plan for ``enabled``: processor name -> ``[B]`` bool (host arrays)."""
-        return cls(active=tuple(name for name, on in enabled.items() if on.any()),
-                   uniform=tuple(name for name, on in enabled.items() if on.all()),
-                   greedy=greedy, candidates=candidates)
-
-    def covers(self, other: Plan) -> bool:
-        """Whether a program under this plan serves rows that ``other`` serves: it contains every
-        processor ``other`` does, and is not greedy unless ``other`` is (a sampled plan draws a
-        greedy row's one token; a greedy plan cannot draw)."""
-        if self.candidates != other.candidates or (self.greedy and not other.greedy):
-            return False
-        if self.active is None:
-            return True
-        return other.active is not None and set(other.active) <= set(self.active)
-
-    def carries(self, name: str) -> bool:
-        """Whether a decode loop under this plan carries the counts processor ``name`` reads
-        (``Plan.ANY`` carries none: its rows change parameters, so it counts every step)."""
-        return self.active is not None and name in self.active
-
-    def select(self, processors: Sequence[Any]) -> tuple[Any, ...]:
-        """Those of ``processors`` (in pipeline order, each with a ``name``) in the program; a
-        greedy plan stops at temperature."""
-        chosen = []
-        for processor in processors:
-            if self.active is None or processor.name in self.active:
-                chosen.append(processor)
-            if self.greedy and processor.name == "temperature":
-                break
-        return tuple(chosen)
-
-
-Plan.ANY = Plan(active=None)

@@ -6,16 +6,14 @@ Conventions (every caller relies on them):
   are the parameters of the registered processors (``processors.PROCESSORS``, which also fixes
   their order; see that module) plus ``logit_bias`` and ``banned_tokens``. It is validated when
   built; ``per_row(B, V)`` turns it into ``RowParams``, a pytree of ``[B]`` arrays (and a
-  ``[B, V]`` bias) plus a static ``Plan`` of the processors the values enable. A sweep over the
-  values of the enabled processors is a sweep over array contents and never recompiles; a
-  different set of enabled processors (one switched on or off in every row, or greedy against
-  sampled) is a different plan and compiles once more (see ``processors``).
+  ``[B, V]`` bias) with nothing static: a sweep over any settings, processors switched on and
+  off and greedy against sampled included, is a sweep over array contents and compiles one
+  program (see ``processors``).
 - ``processed_logprobs`` is the distribution that is sampled from, reported as the token's logprob,
   and used by speculative decoding's accept/reject test: one function, so the three never disagree.
-- ``draw`` samples a row whose kept set is known to fit in ``Plan.candidates`` tokens (greedy,
-  top-k in ``[1, C]``, or a top-p nucleus that fits) among its C most probable tokens: Gumbel noise
-  over C values, not the vocabulary. The same distribution, drawn from another stream than a
-  vocabulary-wide draw with the same key (for a greedy row, the same token).
+- ``draw`` samples exactly from a row's processed distribution with one uniform per row (the
+  inverse of its distribution function in token-id order, ``select.draw``): no sort and no
+  vocabulary of random numbers. A greedy row's distribution is one token, which it draws.
 - Randomness is per request. A request has a key: ``key(seed_r)`` for per-request seeds
   (``seed_keys``), and ``fold_in(key(seed), r)`` for row r of a batch under one int seed
   (``batch_keys``), so no (seed, row) pair shares a stream with another. The token at sequence
@@ -26,7 +24,6 @@ Conventions (every caller relies on them):
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -35,14 +32,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from decodelab.checks import check_size, is_int
+from decodelab.checks import is_int
+from decodelab.sampling import select
 from decodelab.sampling.base import argmax
-from decodelab.sampling.inputs import CANDIDATES, History, Plan
-from decodelab.sampling.processors import PARAMETERS, PROCESSORS, RowParams, planned
+from decodelab.sampling.inputs import History
+from decodelab.sampling.processors import PARAMETERS, PROCESSORS, RowParams
 
-__all__ = ["SamplingParams", "bad_logits", "batch_keys", "draw", "greedy_choice", "greedy_scores",
-           "process_logits", "processed_logprobs", "row_keys", "sample_tokens", "seed_keys",
+__all__ = ["SamplingParams", "all_greedy", "bad_logits", "batch_keys", "draw", "greedy_choice",
+           "greedy_scores", "process_logits", "processed_logprobs", "row_keys", "seed_keys",
            "usable"]
+
+# The processors before temperature: what a greedy row's argmax is taken over.
+_BEFORE_TEMPERATURE = PROCESSORS[:[p.name for p in PROCESSORS].index("temperature")]
 
 _FLOAT32_MAX = np.finfo(np.float32).max
 
@@ -136,13 +137,9 @@ class SamplingParams:
     def replace(self, **changes: Any) -> SamplingParams:
         return dataclasses.replace(self, **changes)
 
-    def per_row(self, batch_size: int, vocab_size: int, *,
-                candidates: int = CANDIDATES) -> RowParams:
-        """The traced form: one value per row for each field, plus a ``[B, V]`` additive bias and
-        the ``Plan`` of the processors these values enable (top-k and top-p look at the
-        ``candidates`` largest logits before sorting the whole vocabulary)."""
+    def per_row(self, batch_size: int, vocab_size: int) -> RowParams:
+        """The traced form: one value per row for each field, plus a ``[B, V]`` additive bias."""
         B, V = batch_size, vocab_size
-        check_size("candidates", candidates, 1)
         values = {}
         for name, parameter in PARAMETERS.items():
             array = parameter.values(getattr(self, name))
@@ -154,11 +151,8 @@ class SamplingParams:
                 array = np.where(array >= V, parameter.neutral, array)
             values[name] = array.astype(parameter.dtype)  # in NumPy: nothing is traced
         bias = self._bias(B, V)  # the last check
-        enabled = {p.name: p.enabled_on_host({**values, "logit_bias": bias}) for p in PROCESSORS}
-        plan = Plan.of(enabled, greedy=bool(np.all(values["temperature"] == 0.0)),
-                       candidates=candidates)
         return RowParams(**{name: jnp.asarray(a) for name, a in values.items()},
-                         logit_bias=jnp.asarray(bias), plan=plan)
+                         logit_bias=jnp.asarray(bias))
 
     def _bias(self, B: int, V: int) -> np.ndarray:
         bias = np.zeros((B, V), np.float32)  # [B, V]
@@ -193,26 +187,29 @@ class SamplingParams:
 
 
 def process_logits(logits: jax.Array, params: RowParams, history: History) -> jax.Array:
-    """``[B, V]`` model logits -> processed logits, through the processors of ``params.plan``
-    in pipeline order. A greedy plan stops at temperature: the truncations after it keep the one
-    token greedy keeps."""
+    """``[B, V]`` model logits -> processed logits, through every processor in pipeline order
+    (each skipped at run time when no row enables it)."""
     logits = logits.astype(jnp.float32)
-    for processor in planned(params.plan):
+    for processor in PROCESSORS:
         logits = processor(logits, params, history)
     return logits
 
 
 def greedy_scores(logits: jax.Array, params: RowParams, history: History) -> jax.Array:
-    """``[B, V]`` model logits -> the scores a greedy plan takes the argmax of: the logits through
-    the processors before temperature (penalties, bans, min-new-tokens). The processed
-    distribution is the argmax alone, with log-probability 0."""
-    if not params.plan.greedy:
-        raise ValueError(f"greedy_scores needs a greedy plan (temperature 0 in every row), got "
-                         f"{params.plan}")
+    """``[B, V]`` model logits -> the scores a greedy row takes the argmax of: the logits through
+    the processors before temperature (penalties, bans, min-new-tokens). A greedy row's
+    processed distribution is that argmax alone, with log-probability 0."""
     logits = logits.astype(jnp.float32)
-    for processor in planned(params.plan)[:-1]:  # the last one is temperature
+    for processor in _BEFORE_TEMPERATURE:
         logits = processor(logits, params, history)
     return logits
+
+
+def all_greedy(params: RowParams, skip: jax.Array | None = None) -> jax.Array:
+    """``[]`` bool: every row (but those in ``skip``, ``[B]`` bool) has temperature 0, so a
+    decode step can take the argmax path (``greedy_choice``) at run time, in the same program."""
+    greedy = params.temperature == 0.0
+    return jnp.all(greedy if skip is None else greedy | skip)
 
 
 def processed_logprobs(logits: jax.Array, params: RowParams, history: History) -> jax.Array:
@@ -249,50 +246,11 @@ def row_keys(keys: jax.Array, positions: jax.Array) -> jax.Array:
         keys, positions)
 
 
-def sample_tokens(logprobs: jax.Array, keys: jax.Array) -> jax.Array:
-    """``[B, V]`` log-probabilities and ``[B]`` keys -> ``[B]`` int32 draws, exactly from them."""
-    return jax.vmap(jax.random.categorical)(keys, logprobs).astype(jnp.int32)
-
-
-def draw(logprobs: jax.Array, params: RowParams, keys: jax.Array, *,
-         skip: jax.Array | None = None) -> jax.Array:
-    """``[B, V]`` processed log-probabilities -> ``[B]`` int32 draws, exactly from them, drawing
-    among candidates where the kept set is known to fit.
-
-    A row keeps at most C = ``params.plan.candidates`` tokens when it is greedy (one token),
-    has top-k in ``[1, C]``, or has top-p and at most C tokens left (its nucleus fits; otherwise
-    top-p fell back to the full sort). Such a row holds all its probability in its C largest
-    log-probabilities, so it draws among those (``lax.top_k``, Gumbel noise over C values, not
-    V); any other row draws over the whole vocabulary. The rule reads only the row's own
-    parameters and distribution, never the plan or its batch-mates, so a request draws the same
-    token in any batch and under any plan that serves it. The vocabulary-wide draw runs only
-    when some row needs it, the candidates' only when some row fits. Rows in ``skip`` ([B] bool,
-    finished rows whose token is discarded) count as fitting."""
-    plan = params.plan
-    C, V = plan.candidates, logprobs.shape[-1]
-    rules = {"temperature": lambda: params.temperature == 0.0,
-             "top_k": lambda: (params.top_k >= 1) & (params.top_k <= C),
-             "top_p": lambda: (params.top_p < 1.0)
-             & (jnp.sum(logprobs > -jnp.inf, axis=-1) <= C)}
-    fitting = [rule() for name, rule in rules.items()
-               if plan.active is None or name in plan.active]
-    if C >= V or not fitting:
-        return sample_tokens(logprobs, keys)
-    fits = functools.reduce(jnp.logical_or, fitting if skip is None else [*fitting, skip])  # [B]
-
-    def among_candidates():
-        top, ids = jax.lax.top_k(logprobs, C)  # [B, C]
-        pick = sample_tokens(top, keys)  # [B] in [0, C)
-        return jnp.take_along_axis(ids, pick[:, None], axis=-1)[:, 0].astype(jnp.int32)
-
-    def over_vocabulary():
-        return sample_tokens(logprobs, keys)
-
-    def per_row():
-        return jnp.where(fits, among_candidates(), over_vocabulary())
-
-    branch = jnp.any(fits).astype(jnp.int32) + jnp.all(fits).astype(jnp.int32)  # none/some/all
-    return jax.lax.switch(branch, (over_vocabulary, per_row, among_candidates))
+def draw(logprobs: jax.Array, keys: jax.Array) -> jax.Array:
+    """``[..., V]`` log-probabilities (normalised or not) and ``[...]`` keys -> ``[...]`` int32
+    draws, exactly from them (``select.draw``: one uniform per row, no sort). A row's draw reads
+    only its own distribution and key, never its batch-mates."""
+    return select.draw(logprobs, keys)
 
 
 # --- Greedy choices and usable rows (the decode loops and the drafters share them) ----------
@@ -305,17 +263,15 @@ def bad_logits(logits: jax.Array) -> jax.Array:
 
 def greedy_choice(logits: jax.Array, params: RowParams,
                   history: History) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """``[..., V]`` logits of a greedy plan -> ``([...] argmax, [...] bad logits, [...] no
+    """``[..., V]`` logits of greedy rows -> ``([...] argmax, [...] bad logits, [...] no
     allowed token)``: the argmax of the scores before temperature (``greedy_scores``), with no
     softmax; a row is usable where neither flag is set."""
     shape, V = logits.shape[:-1], logits.shape[-1]
     flat = logits.reshape(-1, V)
     scores = greedy_scores(flat, params, history)  # [B', V]
-    best = jnp.max(scores, axis=-1)  # NaN if the row holds NaN
-    if len(planned(params.plan)) == 1:  # temperature alone: the scores are the logits
-        bad = jnp.isnan(best) | (best == jnp.inf)
-    else:  # a ban may have hidden a NaN
-        bad = bad_logits(flat)
+    best = jnp.max(scores, axis=-1)
+    raw = jnp.max(flat, axis=-1)  # NaN if the row holds NaN (a ban may hide it in the scores)
+    bad = jnp.isnan(raw) | (raw == jnp.inf)
     return (argmax(scores).reshape(shape), bad.reshape(shape),
             ~(best > -jnp.inf).reshape(shape))
 

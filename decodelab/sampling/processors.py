@@ -8,19 +8,14 @@ Conventions (every processor relies on them):
 - A processor reads its per-row setting from ``RowParams`` (defined here) under its
   ``Parameter``'s name. The parameter's neutral value makes the processor exactly the identity for
   that row.
-- What a compiled program contains is decided on the host, from the values, by ``Plan``: a
-  processor neutral in every row is not in the program at all; one enabled in every row is applied
-  to every row; one enabled in some rows is applied and its rows selected with ``where``. When
-  every row is greedy (temperature 0) the truncations after temperature are left out (they keep
-  the one token greedy keeps). The plan is static: a sweep over the *values* of the enabled
-  processors runs one program, and a different *set* (a processor switched on or off in every row,
-  greedy against sampled) compiles one more. A state whose rows change parameters (the serving
-  engine) runs under the ``union`` of the plans its rows may hold: every processor any of them
-  enables, each applied with the per-row ``where``. ``Plan.ANY`` traces every processor and skips
-  one that no row enables at run time (``lax.cond``).
-- Top-k and top-p look at the ``Plan.candidates`` largest logits (``lax.top_k``) and fall back to
-  sorting the whole vocabulary only when some row needs more (``lax.cond``); both give exactly
-  the kept set of the full sort.
+- Every compiled program contains every processor (one program for every setting): which
+  processors a row enables is data, like their values. A processor that no row of the batch
+  enables is skipped at run time (a ``lax.cond`` on its enabled flags), one that some rows enable
+  is applied and its rows selected with ``where``. The decode loops choose between the argmax
+  (every running row greedy) and the sampled draw the same way, at run time.
+- Top-k, top-p and typical-p find their cut without sorting the vocabulary (``select``: a
+  bounded search of masked sums over the integer image of the float32 values), exactly the set
+  the sort-based definition keeps, ties included.
 - Adding a processor is one class (its ``parameter`` and its ``apply``) plus one line in
   ``PROCESSORS``: ``SamplingParams`` and ``RowParams`` take their fields, defaults, validation and
   storage dtype from the registry.
@@ -49,14 +44,11 @@ with the last one kept.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Sequence
-
 import jax
 from flax import struct
 
 from decodelab.sampling.base import LogitsProcessor
-from decodelab.sampling.inputs import Parameter, Plan
+from decodelab.sampling.inputs import Parameter
 from decodelab.sampling.penalties import (FrequencyPenalty, LogitBias, MinNewTokens, NoRepeatNgram,
                                           PresencePenalty, RepetitionPenalty)
 from decodelab.sampling.truncation import (EpsilonCutoff, EtaCutoff, MinP, Temperature, TopK,
@@ -82,28 +74,6 @@ PROCESSORS: tuple[LogitsProcessor, ...] = (
 )
 
 
-def planned(plan: Plan) -> tuple[LogitsProcessor, ...]:
-    """The processors a program under ``plan`` contains, in pipeline order."""
-    return plan.select(PROCESSORS)
-
-
-def union(plans: Sequence[Plan]) -> Plan:
-    """The plan of a state whose rows may hold what any of ``plans`` serves: every processor one
-    of them contains, in pipeline order, none applied without the per-row ``where`` (a row may
-    enable it or not), greedy only if all are. ``union(plans).covers(p)`` for each ``p``."""
-    if not plans:
-        raise ValueError("plans must hold at least one Plan, got none")
-    candidates = {plan.candidates for plan in plans}
-    if len(candidates) > 1:
-        raise ValueError(f"plans must share one candidate cap, got {sorted(candidates)}")
-    greedy = all(plan.greedy for plan in plans)
-    if any(plan.active is None for plan in plans):
-        return dataclasses.replace(Plan.ANY, greedy=greedy, candidates=candidates.pop())
-    names = {name for plan in plans for name in plan.active}
-    return Plan(active=tuple(p.name for p in PROCESSORS if p.name in names), greedy=greedy,
-                candidates=candidates.pop())
-
-
 # name -> Parameter, in pipeline order.
 PARAMETERS: dict[str, Parameter] = {p.parameter.name: p.parameter for p in PROCESSORS
                                     if p.parameter is not None}
@@ -124,16 +94,8 @@ def _row_fields(cls: type) -> type:
 class RowParams:
     """``SamplingParams`` as arrays, one value per row: the form the decode loop traces.
 
-    Fields: ``logit_bias``, ``plan`` (static: which processors the program contains) and one
-    per registered parameter:
+    Fields: ``logit_bias`` and one per registered parameter (every one an array: no value is
+    static, so no setting compiles a program of its own):
     """
 
     logit_bias: jax.Array  # [B, V] float32, -inf for a banned token; read only if LogitBias is on
-    plan: Plan = struct.field(pytree_node=False, default=Plan.ANY)
-
-    def with_plan(self, plan: Plan) -> RowParams:
-        """These values under ``plan``, which must serve them (``Plan.covers``): a wider plan for
-        a state whose rows change parameters (``processors.union``), or ``Plan.ANY``."""
-        if not plan.covers(self.plan):
-            raise ValueError(f"plan must cover the plan of these values, {self.plan}, got {plan}")
-        return self.replace(plan=plan)

@@ -1,6 +1,7 @@
 """Temperature and the truncations: top-n-sigma, top-k, top-p, min-p, typical-p, epsilon and eta.
-Each keeps at least the most probable token. Their order in the pipeline is
-``processors.PROCESSORS``'s.
+Each keeps at least the most probable token, and none sorts the vocabulary: top-k, top-p and
+typical-p find their cut with ``select``'s bounded search, the others are one or two reductions.
+Their order in the pipeline is ``processors.PROCESSORS``'s.
 """
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from decodelab.sampling.base import (LogitsProcessor, argmax, entropy, exclusive_cumsum, keep_above,
-                                     keep_top_mass, probs, remove)
+from decodelab.sampling import select
+from decodelab.sampling.base import (LogitsProcessor, argmax, entropy, keep_above, keep_top_mass,
+                                     probs, remove)
 from decodelab.sampling.inputs import Parameter
 
 
@@ -65,24 +67,8 @@ class TopK(LogitsProcessor):
         vocab_sized=True)
 
     def apply(self, logits, params, history):
-        k = params.top_k[:, None]  # [B, 1]
-        C, V = params.plan.candidates, logits.shape[-1]
-
-        def kth(descending):  # [B, C or V] -> [B, 1]
-            return jnp.take_along_axis(descending, jnp.maximum(k - 1, 0), axis=-1)
-
-        def from_sort():
-            return kth(-jnp.sort(-logits, axis=-1))
-
-        if C >= V:
-            kth = from_sort()
-        else:  # the C largest hold the k-th largest of every row with k <= C
-            kth = jax.lax.cond(jnp.any(k > C), from_sort,
-                               lambda: kth(jax.lax.top_k(logits, C)[0]))
-        above = logits > kth
-        tied = logits == kth
-        room = k - jnp.sum(above, axis=-1, keepdims=True)  # tied tokens that still fit, >= 1
-        return remove(logits, above | (tied & (jnp.cumsum(tied, axis=-1) <= room)))
+        k = jnp.where(params.top_k > 0, params.top_k, logits.shape[-1])
+        return remove(logits, select.keep_exactly(select.sortable(logits), k, self.enabled(params)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,20 +82,7 @@ class TopP(LogitsProcessor):
             "sampling): a token stays if the mass before it is < p."))
 
     def apply(self, logits, params, history):
-        C, V = params.plan.candidates, logits.shape[-1]
-        mass = params.top_p
-        if C >= V:
-            return keep_top_mass(logits, -logits, mass)
-        # The C most probable tokens, with the probabilities softmax gives them over all V.
-        top = jax.lax.top_k(logits, C)[0]  # [B, C] descending
-        best = jnp.max(logits, axis=-1, keepdims=True)  # [B, 1]
-        total = jnp.sum(jnp.exp(logits - best), axis=-1, keepdims=True)  # [B, 1]
-        before = exclusive_cumsum(jnp.exp(top - best) / total)  # [B, C]
-        n_keep = jnp.sum(before < mass[:, None], axis=-1)  # [B], in [1, C]
-        cutoff = jnp.take_along_axis(top, (n_keep - 1)[:, None], axis=-1)  # [B, 1]
-        # A row that keeps all C candidates may need more: then sort the whole vocabulary.
-        return jax.lax.cond(jnp.any(n_keep >= C), lambda: keep_top_mass(logits, -logits, mass),
-                            lambda: remove(logits, logits >= cutoff))
+        return keep_top_mass(logits, logits, params.top_p, self.enabled(params))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,8 +112,8 @@ class TypicalP(LogitsProcessor):
     def apply(self, logits, params, history):
         logp = jax.nn.log_softmax(logits, axis=-1)
         distance = jnp.abs(-logp - entropy(logits)[:, None])
-        distance = jnp.where(logits > -jnp.inf, distance, jnp.inf)
-        return keep_top_mass(logits, distance, params.typical_p)
+        closeness = jnp.where(logits > -jnp.inf, -distance, -jnp.inf)
+        return keep_top_mass(logits, closeness, params.typical_p, self.enabled(params))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,14 +21,10 @@ Conventions (every caller relies on them):
   power-of-two number of rows that shares the page pool (``advance_rows``), so a step's cost
   follows the requests running, not ``num_slots``. Rows that have finished, and free slots, are
   carried without advancing, so ``step(n)`` gives the same tokens as ``n`` calls of ``step(1)``.
-- The step contains the processors the engine serves and no other (``sampling.Plan``): the
-  ``sampling.union`` of the plans of the requests it admits, each processor applied to the slots
-  that enable it. An engine built with ``serves`` (``EngineOptions``) fixes that set (and
-  refuses a request outside it); by default the set grows with the requests admitted, so an
-  engine that has served only greedy requests runs an argmax. A request that adds to the set
-  compiles the engine's programs once more (once per new set, never more: the set only grows),
-  the rows already decoding are carried over unchanged; values within the set compile nothing.
-  Penalty counts are carried in the state when the set holds a penalty, as in ``generate``.
+- The step is one program for every mix of requests (``sampling``'s one-program rule): every
+  processor is in it, skipped at run time when no running slot enables it, and the argmax path
+  is taken when every running slot is greedy; admitting a request with other processors
+  compiles nothing. Penalty counts are carried in the state, as in ``generate``.
 - Request ids are unique among the requests an engine holds: ``insert`` refuses an id that is
   decoding, and ``run`` refuses a list with a repeated id before anything runs.
 - The token at position p of a request is drawn with ``fold_in(key(seed), p)``, so a request's
@@ -67,7 +63,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from decodelab import sampling
 from decodelab.cache import check_kind
 from decodelab.checks import (check_memory, check_model, check_size, is_int, kv_cache_bytes, nbytes,
                               position_limit)
@@ -75,7 +70,7 @@ from decodelab.decode.generation import DecodeState
 from decodelab.decode.request import LENGTH, bucket_length, check_eos, decode_buffers, token_ids
 from decodelab.serving import slot_prefill
 from decodelab.serving.engine_programs import (ADVANCE, advance_rows, collect, empty_state,
-                                               harvest, plans_of, replan)
+                                               harvest)
 from decodelab.serving.options import EngineOptions
 from decodelab.serving.pool import PagedMemory, PagePool
 from decodelab.serving.requests import Completion, Request, StepResult
@@ -100,10 +95,6 @@ class SlotEngine:
       options: the rarer arguments, an ``EngineOptions``:
         eos_ids: ids that end any request (finish reason "eos"): the model's, shared by all slots.
         max_stop_sequences, max_stop_width: room for each request's own stop sequences.
-        serves: the sampling parameters the engine serves (one ``SamplingParams`` per kind of
-          request): its step contains the processors any of them enables and no other, and it
-          refuses a request that enables another. Default: decide from the requests admitted,
-          starting from greedy and compiling once more for each new set of processors.
         prefill_chunk: None (default) prefills each prompt whole in the engine call after its
           insert; an int C (at most ``max_len``) prefills at most C tokens of each waiting prompt
           per engine call, the rest in later calls, each chunk followed by that call's decode
@@ -145,8 +136,6 @@ class SlotEngine:
             self._memory = PagedMemory(kv_tokens, page_size, self.num_slots, self.max_len)
         self.vocab_size = model.config.vocab_size
         eos_mask = check_eos(options.eos_ids, self.vocab_size)
-        self._fixed_plan = options.serves is not None
-        self._plan = sampling.union(plans_of(options.serves, self.vocab_size))
         # The shared state holds max_len output columns per slot; a prefill is up to every slot.
         buffers = decode_buffers(model.config, self.num_slots, self.max_len, self.max_len, 0)
         if self._memory is not None:  # the pool instead of num_slots x max_len slots
@@ -157,19 +146,13 @@ class SlotEngine:
                                              "max_len": self.max_len})
         self._graphdef, self._weights = nnx.split(model)
         self._state = empty_state(model.config, self.num_slots, self.max_len, options, eos_mask,
-                                  self._plan, kv_cache, None if self._memory is None else
+                                  kv_cache, None if self._memory is None else
                                   (self._memory.num_pages, self._memory.page_size))
         self._slots: list[Slot | None] = [None] * self.num_slots
         # Preempted requests' slots (their output so far), by id, until inserted again.
         self._resume: dict[int | str, Slot] = {}
         self._preempted: list[Request] = []  # since the last StepResult
         self._lookahead = 1  # decode rounds of the last call: what ``room`` reserves for the next
-
-    @property
-    def plan(self) -> sampling.Plan:
-        """The processors the engine's step contains (grows with the requests admitted unless
-        the engine was built with ``serves``)."""
-        return self._plan
 
     # --- Slots ------------------------------------------------------------------------------
 
@@ -222,14 +205,9 @@ class SlotEngine:
             except ValueError as error:
                 return str(error)
         try:
-            plan = request.params.per_row(1, self.vocab_size).plan
+            request.params.per_row(1, self.vocab_size)
         except ValueError as error:
             return f"params: {error}"
-        if self._fixed_plan and not self._plan.covers(plan):
-            extra = [name for name in plan.active if name not in (self._plan.active or ())]
-            what = f"enable {extra}" if extra else "are sampled"
-            return (f"params {what}, which the engine does not serve (its plan is fixed by "
-                    f"serves: {self._plan})")
         return None
 
     def room(self, waiting: Sequence[Request]) -> int:
@@ -307,9 +285,6 @@ class SlotEngine:
         elif not is_int(slot) or slot not in free:
             raise ValueError(f"slot must be a free slot, one of {free}, got {slot!r}")
         params = request.params.per_row(1, self.vocab_size)
-        if not self._plan.covers(params.plan):  # a new set of processors: compiles once more
-            self._plan = sampling.union([self._plan, params.plan])
-            self._state = replan(self._state, plan=self._plan)
         slot = int(slot)
         resumed = self._resumed(request) and self._resume.pop(request.id)
         self._slots[slot] = Slot.admit(request, params, resumed)
@@ -328,7 +303,7 @@ class SlotEngine:
         if not waiting:
             return 0
         chunk, reach = slot_prefill.next_chunk(
-            waiting, self._plan, num_slots=self.num_slots, max_len=self.max_len,
+            waiting, num_slots=self.num_slots, max_len=self.max_len,
             prefill_chunk=self.options.prefill_chunk,
             stop_shape=(self.options.max_stop_sequences, self.options.max_stop_width))
         self._state = slot_prefill.prefill_rows(self._weights, self._state, chunk,

@@ -25,13 +25,13 @@ from decodelab.serving.slots import Slot
 
 
 def empty_state(config, num_slots: int, max_len: int, options: EngineOptions,
-                eos_mask: np.ndarray, plan: sampling.Plan, kv_cache: str | None = None,
+                eos_mask: np.ndarray, kv_cache: str | None = None,
                 pages: tuple[int, int] | None = None) -> DecodeState:
     """The engine's state of ``num_slots`` free slots of ``max_len`` cache slots each, with room
     for ``options``' stop sequences; a paged cache of ``pages = (count, page size)`` if given."""
     B, S, V = num_slots, max_len, config.vocab_size
-    # A free slot's parameters: any the plan serves (a free slot never advances).
-    free = SamplingParams.greedy() if plan.greedy else SamplingParams()
+    # A free slot's parameters: any (a free slot never advances).
+    free = SamplingParams.greedy()
     state = DecodeState(
         step=jnp.zeros((), jnp.int32),
         tokens=jnp.zeros((B, S), jnp.int32),
@@ -42,23 +42,14 @@ def empty_state(config, num_slots: int, max_len: int, options: EngineOptions,
                paged.PagedKVCache.init(config, B, pages[0], pages[1], S // pages[1])),
         logits=jnp.zeros((B, V), jnp.float32),
         keys=sampling.seed_keys(np.zeros((B,), np.uint32)),
-        params=free.per_row(B, V).with_plan(plan),
+        params=free.per_row(B, V),
         eos_mask=jnp.asarray(eos_mask),
         stop_ids=jnp.full((B, options.max_stop_sequences, options.max_stop_width), -1,
                           jnp.int32),
         budgets=jnp.zeros((B,), jnp.int32),
         **OutputSpec(S).buffers(B),
     )
-    return state.replace(**decode.carried_counts(state.history, plan, V))
-
-
-@functools.partial(jax.jit, static_argnames=("plan",), donate_argnames=("state",))
-def replan(state: DecodeState, *, plan: sampling.Plan) -> DecodeState:
-    """The same rows under ``plan`` (which covers the state's plan), with the counts its
-    penalties read taken from the rows' tokens."""
-    vocab_size = state.logits.shape[-1]
-    return state.replace(params=state.params.with_plan(plan),
-                         **decode.carried_counts(state.history, plan, vocab_size))
+    return state.replace(**decode.carried_counts(state.history, V))
 
 
 @functools.partial(jax.jit, static_argnames=("n",))
@@ -145,16 +136,3 @@ def advance_rows(weights, state: DecodeState, rows: jax.Array, rounds: jax.Array
     cache = cache.replace(k=sub.cache.k, v=sub.cache.v,
                           lengths=cache.lengths.at[rows].set(sub.cache.lengths))
     return count, state.replace(step=sub.step, cache=cache, **merged)
-
-
-def plans_of(serves: Sequence[SamplingParams] | None, vocab_size: int) -> list[sampling.Plan]:
-    """The plans of the parameters an engine serves (``EngineOptions.serves``, checked there)."""
-    if serves is None:  # grown from greedy by the requests admitted
-        return [SamplingParams.greedy().per_row(1, vocab_size).plan]
-    plans = []
-    for i, params in enumerate(serves):
-        try:
-            plans.append(params.per_row(1, vocab_size).plan)
-        except ValueError as error:
-            raise ValueError(f"serves[{i}] must be one request's parameters: {error}") from None
-    return plans

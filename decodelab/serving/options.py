@@ -1,5 +1,5 @@
 """The slot engine's rarer arguments, grouped: what every request shares, the room the engine
-keeps for what each request brings, the processors it serves and how it prefills (``engine``
+keeps for what each request brings and how it prefills (``engine``
 module docstring)."""
 
 from __future__ import annotations
@@ -10,19 +10,17 @@ from collections.abc import Sequence
 import numpy as np
 
 from decodelab.checks import check_size, is_int
-from decodelab.sampling.params import SamplingParams
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EngineOptions:
     """The rarer arguments of ``SlotEngine`` (``SlotEngine`` says what each does), checked here;
     each ValueError names the field. What depends on the model is the engine's to check: the
-    ids within its vocabulary, ``prefill_chunk`` within ``max_len``, ``serves`` per row."""
+    ids within its vocabulary, ``prefill_chunk`` within ``max_len``."""
 
     eos_ids: int | Sequence[int] = ()  # ids that end any request (finish reason "eos")
     max_stop_sequences: int = 4  # room for each request's own stop sequences ...
     max_stop_width: int = 8  # ... of at most this many ids each
-    serves: Sequence[SamplingParams] | None = None  # None: grown from the requests admitted
     prefill_chunk: int | None = None  # None: whole prompts; C: at most C tokens per call
 
     def __post_init__(self) -> None:
@@ -37,15 +35,6 @@ class EngineOptions:
                            check_size("max_stop_sequences", self.max_stop_sequences, 0))
         object.__setattr__(self, "max_stop_width",
                            check_size("max_stop_width", self.max_stop_width, 1))
-        if self.serves is not None:
-            if (isinstance(self.serves, SamplingParams) or not isinstance(self.serves, Sequence)
-                    or not self.serves):
-                raise ValueError(f"serves must be a non-empty list of SamplingParams (one per "
-                                 f"kind of request), got {self.serves!r}")
-            for i, params in enumerate(self.serves):
-                if not isinstance(params, SamplingParams):
-                    raise ValueError(f"serves[{i}] must be a SamplingParams, got {params!r}")
-            object.__setattr__(self, "serves", tuple(self.serves))
         chunk = self.prefill_chunk
         if chunk is not None and (not is_int(chunk) or chunk < 1):
             raise ValueError(f"prefill_chunk must be None (whole prompts) or an int >= 1, got "

@@ -45,19 +45,19 @@ class PrefillChunk:
     ends: jax.Array  # [R] int32, tokens the slot prefills in all: the prompt, then the tokens a
     # preempted request had generated (paged memory's recompute); the prompt length otherwise
     keys: jax.Array  # [R, ...] uint32, each request's key data
-    params: tuple[sampling.RowParams, ...]  # R one-row values, under the engine's plan
+    params: tuple[sampling.RowParams, ...]  # R one-row values
     stop_ids: jax.Array  # [R, M, W] int32
     budgets: jax.Array  # [R] int32
 
 
-def next_chunk(waiting: Sequence[tuple[int, Slot]], plan: sampling.Plan, *, num_slots: int,
+def next_chunk(waiting: Sequence[tuple[int, Slot]], *, num_slots: int,
                max_len: int, prefill_chunk: int | None, stop_shape: tuple[int, int]
                ) -> tuple[PrefillChunk, int]:
     """The next chunk of the ``waiting`` slots (``(slot, Slot)`` pairs, slots increasing): at
     most ``prefill_chunk`` tokens of each one's sequence (None: the rest), in a block of ``R``
     rows (the count rounded up to a power of two; padding rows repeat the first request's fields
     and write nothing) and ``T`` columns (the longest count rounded up, at most
-    ``prefill_chunk`` and ``max_len``), with each request's fields under ``plan``; and the
+    ``prefill_chunk`` and ``max_len``), with each request's fields; and the
     chunk's ``reach`` (``prefill_rows``). ``stop_shape``: ``(M, W)``, the engine's room for
     stop sequences."""
     R = bucket_length(len(waiting), minimum=1)
@@ -86,7 +86,7 @@ def next_chunk(waiting: Sequence[tuple[int, Slot]], plan: sampling.Plan, *, num_
         prompt_lengths=np.asarray([len(r.prompt) for r in requests], np.int32),
         ends=np.asarray([len(s.sequence) for _, s in waiting] + [1] * pad, np.int32),
         keys=sampling.seed_keys(np.asarray([r.seed for r in requests], np.uint32)),
-        params=tuple(s.params.with_plan(plan) for s in slots), stop_ids=stops,
+        params=tuple(s.params for s in slots), stop_ids=stops,
         budgets=np.asarray([r.max_new_tokens for r in requests], np.int32)), reach
 
 
@@ -160,7 +160,7 @@ def prefill_rows(weights, state: DecodeState, chunk: PrefillChunk, *, graphdef,
         entropy=jnp.zeros((R,) + state.entropy.shape[1:], jnp.float32))
     history = sampling.History(tokens=tokens, prompt_lengths=chunk.prompt_lengths,
                                lengths=lengths, eos_mask=state.eos_mask)
-    fields.update(decode.carried_counts(history, state.params.plan, V))
+    fields.update(decode.carried_counts(history, V))
     put = lambda big, one: big.at[rows].set(one.astype(big.dtype), mode="drop")  # noqa: E731
     updated = {name: jax.tree.map(put, getattr(state, name), fields[name])
                for name in ROW_FIELDS if fields.get(name) is not None}

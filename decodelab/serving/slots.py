@@ -34,7 +34,7 @@ class Slot:
     """One occupied slot: its request and the host's view of its progress."""
 
     request: Request
-    params: sampling.RowParams  # the request's one-row parameters (its own plan)
+    params: sampling.RowParams  # the request's one-row parameters
     sequence: tuple[int, ...]  # what the slot prefills: the prompt, then tokens of a preemption
     tokens: list[int]  # output tokens received so far
     logprobs: list[float]  # their log-probs

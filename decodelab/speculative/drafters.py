@@ -33,8 +33,8 @@ class Drafter(abc.ABC):
     """Proposes up to ``gamma`` tokens per row, with the probability each was drawn with.
 
     A drafter is a hashable frozen dataclass (it is a static argument of the compiled loop); what
-    it learns (weights) comes in as the traced ``weights`` pytree. What it draws follows
-    ``state.params.plan``: under a greedy plan every proposal is an argmax (``logq`` 0).
+    it learns (weights) comes in as the traced ``weights`` pytree. When every running row is
+    greedy (``sampling.all_greedy``, at run time) every proposal is an argmax (``logq`` 0).
     """
 
     @abc.abstractmethod
@@ -51,7 +51,7 @@ class Drafter(abc.ABC):
                       ) -> tuple[jax.Array, KVCache | None]:
         """``[B, V]`` log q_n, the distribution proposal ``n[b]`` was drawn from, for the rows in
         ``rejected`` (``[B]`` bool; other rows' values are ignored), and the cache after it.
-        Called only for sampled plans, after the target rejected proposal ``n``. The default is a
+        Called only in a round with a sampled row, after the target rejected proposal ``n``. The default is a
         one-hot ``q`` at the proposal (a model-free drafter's)."""
         del weights
         V = state.eos_mask.shape[0]
@@ -92,17 +92,21 @@ class ModelDrafter(Drafter):
 
         def sample(j, carry):  # d_j and log q_j(d_j) from the logits for position L + j
             history = state.history_at(carry["buffer"], L + j)
-            if state.params.plan.greedy:
+
+            def greedy():
                 token, bad, none = sampling.greedy_choice(carry["logits"], state.params, history)
-                ok = ~bad & ~none
-                logq = jnp.zeros((B,), jnp.float32)
-            else:
+                return token, jnp.zeros((B,), jnp.float32), ~bad & ~none
+
+            def sampled():
                 scores = sampling.process_logits(carry["logits"], state.params, history)
                 normaliser = jax.nn.logsumexp(scores, axis=-1)  # [B]
-                token = sampling.sample_tokens(scores - normaliser[:, None],
-                                               stream_keys(state.keys, L + j, DRAFT_STREAM))
+                token = sampling.draw(scores - normaliser[:, None],
+                                      stream_keys(state.keys, L + j, DRAFT_STREAM))
                 logq = jnp.take_along_axis(scores, token[:, None], axis=1)[:, 0] - normaliser
-                ok = sampling.usable(carry["logits"], normaliser)
+                return token, logq, sampling.usable(carry["logits"], normaliser)
+
+            token, logq, ok = jax.lax.cond(sampling.all_greedy(state.params, skip=state.done),
+                                           greedy, sampled)
             return token, dict(carry, buffer=carry["buffer"].at[rows, L + j].set(token,
                                                                                 mode="drop"),
                                tokens=carry["tokens"].at[:, j].set(token),

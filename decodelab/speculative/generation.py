@@ -18,8 +18,9 @@ Conventions (every caller relies on them):
 - ``p`` and ``q`` are ``sampling.processed_logprobs`` of the target's and the drafter's logits with
   the same parameters and the history including the proposals before them: the distributions that
   are sampled from. At temperature 0 both are one-hot, so a proposal is accepted iff it is the
-  target's argmax, and the output equals greedy ``generate``'s. When every row is greedy (the
-  plan's static ``greedy``) a round compares argmaxes and forms no distribution at all.
+  target's argmax, and the output equals greedy ``generate``'s. When every running row is greedy
+  (a run-time check: one program serves both) a round compares argmaxes and forms no
+  distribution at all.
 - A round holds nothing vocabulary-wide per proposal: the drafter returns each proposal's
   probability ``q_j(d_j)``, and the ``q`` row at a rejection only when a sampled row rejects
   (``Drafter.rejected_logq``); the target's rows are normalised once (one logsumexp each).

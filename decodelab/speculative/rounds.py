@@ -36,8 +36,8 @@ def _accepts(u: jax.Array, p: jax.Array, q: jax.Array) -> jax.Array:
 # proposals in one pass (``verify``), judges them (``_judge_greedy`` or ``_judge_sampled``: how
 # many it accepts and its own next token), the row keeps what the budget, an EOS or a stop
 # sequence let it (``_keep``), and one pass records the kept tokens and rewinds both caches
-# (``_commit``). Whether every row is greedy is the plan's (static) ``greedy``: a greedy round
-# compares argmaxes and forms no distribution.
+# (``_commit``). When every running row is greedy (checked at run time, in the same program) a
+# round compares argmaxes and forms no distribution.
 
 
 @struct.dataclass(kw_only=True)
@@ -154,7 +154,7 @@ def _judge_sampled(drafter: Drafter, draft_weights: Any, draft_cache: KVCache | 
     total = jnp.sum(residual, axis=-1, keepdims=True)
     # total = 0 only if p_n = q_n up to rounding, where a rejection has probability ~0.
     log_residual = jnp.where(total > 0, jnp.log(residual) - jnp.log(total), log_p_n)
-    y = sampling.sample_tokens(log_residual, stream_keys(state.keys, L + n, TARGET_STREAM))
+    y = sampling.draw(log_residual, stream_keys(state.keys, L + n, TARGET_STREAM))
 
     at_y = jnp.take_along_axis(log_p_n, y[:, None], axis=1)  # [B, 1]
     logp = jnp.where(jnp.arange(T)[None, :] < n[:, None], logp_block, at_y)  # [B, T]
@@ -231,10 +231,10 @@ def speculative_round(target: nnx.Module, drafter: Drafter, draft_weights: Any,
     (Public, with ``verify`` and ``Drafter.propose``, so a study can time each part alone.)"""
     proposal, draft_cache = drafter.propose(draft_weights, state)
     logits, target_cache = verify(target, state, proposal)
-    if state.params.plan.greedy:
-        verdict = _judge_greedy(state, proposal, logits)
-    else:
-        verdict, draft_cache = _judge_sampled(drafter, draft_weights, draft_cache, state,
-                                              proposal, logits)
+    verdict, draft_cache = jax.lax.cond(
+        sampling.all_greedy(state.params, skip=state.done),
+        lambda cache: (_judge_greedy(state, proposal, logits), cache),
+        lambda cache: _judge_sampled(drafter, draft_weights, cache, state, proposal, logits),
+        draft_cache)
     kept = _keep(state, proposal, verdict)
     return _commit(state, drafter, proposal, verdict, kept, target_cache, draft_cache)

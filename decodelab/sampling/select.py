@@ -1,0 +1,180 @@
+"""Exact cuts and draws without sorting the vocabulary: a fixed, bounded number of ``O(V)`` passes.
+
+A truncation that keeps "the largest tokens until a count or a mass is reached" (top-k, top-p,
+typical-p) needs one number per row, its cut: the smallest key that is kept. ``largest_cut``
+finds it by a bracketed search over the integer image of the float32 keys (``sortable``: integer
+order is float order, ties map to one integer), each pass one masked sum over ``[B, V]``:
+
+- the bracket ``[lo, hi)`` always holds the cut: the weight at or above ``lo`` reaches the
+  target (or ``lo`` is the row's smallest key), the weight at or above ``hi`` does not;
+- a pass tries a pivot inside the bracket and moves one end to it; every other pass the pivot is
+  the secant guess from the two ends' weights (in float value, where counts and masses are smooth),
+  the others bisect the integer range, so at most 2 x 32 passes are needed and a smooth row needs
+  a handful;
+- a row stops when its bracket holds one integer (``hi = lo + 1``), so the cut is a key of the
+  row, found exactly, ties included; the loop ends when every row has stopped.
+
+``draw`` samples from ``[..., V]`` log-probabilities with one uniform per row: the inverse of the
+distribution function in token-id order, summed in two levels (blocks, then within one block), so
+a draw reads the row twice and never generates ``V`` random numbers.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+_INT_MAX = jnp.iinfo(jnp.int32).max
+MAX_PASSES = 64  # 32 bisections of a 32-bit range, interleaved with as many secant passes
+
+
+def sortable(x: jax.Array) -> jax.Array:
+    """float32 -> int32 with the same order (``-inf`` lowest, ``+inf`` highest) and ``-0.0`` and
+    ``0.0`` one integer; NaN maps somewhere (callers never pass it a row they keep)."""
+    x = jnp.where(x == 0.0, 0.0, x).astype(jnp.float32)
+    bits = jax.lax.bitcast_convert_type(x, jnp.int32)
+    return jnp.where(bits < 0, bits ^ jnp.int32(_INT_MAX), bits)
+
+
+def unsortable(key: jax.Array) -> jax.Array:
+    """The inverse of ``sortable``: int32 -> float32."""
+    bits = jnp.where(key < 0, key ^ jnp.int32(_INT_MAX), key)
+    return jax.lax.bitcast_convert_type(bits, jnp.float32)
+
+
+def _midpoint(lo: jax.Array, top: jax.Array) -> jax.Array:
+    """``floor((lo + top) / 2) + 1`` without overflow: in ``(lo, top]`` when ``top > lo``."""
+    return (lo & top) + ((lo ^ top) >> 1) + 1
+
+
+def largest_cut(keys: jax.Array, weights: jax.Array | None, target: jax.Array,
+                active: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The largest key ``c`` of each row whose weight at or above it reaches the target:
+    ``c = max{keys[b, j] : sum(weights[b] where keys[b] >= keys[b, j]) >= target[b]}``, or the
+    row's smallest key when no key qualifies (the weights sum to less than the target).
+
+    Args:
+      keys: ``[B, V]`` int32 (``sortable`` of the values that order the tokens, largest first).
+      weights: ``[B, V]`` float32 >= 0 (probabilities, to sum mass), or None to count tokens.
+      target: ``[B]`` float32 > 0.
+      active: ``[B]`` bool; an inactive row is not searched (its cut is its smallest key).
+
+    Returns ``([B] int32 cut, [] int32 passes)``.
+
+    The bracket ``[lo, top]`` (integer keys) holds the cut: the weight at or above ``lo`` reaches
+    the target, the weight above ``top`` does not. A row stops when one token's key lies in it
+    (the counts at both ends differ by one) or it is one integer wide. Two passes in three try
+    a pivot in value space (the secant of the weights at the ends, then the midpoint), the third
+    bisects the integer range, so 3 x 32 passes bound any row (ties need the integer bisection:
+    a tied group never splits) and a smooth row stops after a handful.
+    """
+    counting = weights is None
+    target = target.astype(jnp.float32)
+    ones = jnp.ones(keys.shape, jnp.float32)
+    weights = ones if counting else weights
+    lo, top = jnp.min(keys, axis=-1), jnp.max(keys, axis=-1)
+    n_lo = jnp.full(lo.shape, keys.shape[-1], jnp.float32)  # tokens at or above lo
+    n_hi = jnp.zeros_like(n_lo)  # tokens above top
+    w_lo, w_hi = (n_lo if counting else jnp.sum(weights, axis=-1)), jnp.zeros_like(n_lo)
+
+    def open_rows(lo, top, n_lo, n_hi):
+        return active & (top > lo) & (n_lo - n_hi > 1)
+
+    def running(carry):
+        lo, top, n_lo, n_hi, _, _, passes = carry
+        return jnp.any(open_rows(lo, top, n_lo, n_hi)) & (passes < 3 * 32)
+
+    def one_pass(carry):
+        lo, top, n_lo, n_hi, w_lo, w_hi, passes = carry
+        open_ = open_rows(lo, top, n_lo, n_hi)
+        v_lo, v_top = unsortable(lo), unsortable(top)
+        finite = jnp.isfinite(v_lo) & jnp.isfinite(v_top)
+        share = jnp.where(passes % 3 == 0,
+                          jnp.clip((w_lo - target) / jnp.maximum(w_lo - w_hi, 1e-30), 0.05, 0.95),
+                          0.5)
+        in_value = sortable(v_lo + (v_top - v_lo) * share)
+        pivot = jnp.where(finite & (passes % 3 != 2), in_value, _midpoint(lo, top))
+        pivot = jnp.clip(pivot, lo + 1, jnp.maximum(top, lo + 1))
+        at_or_above = keys >= pivot[:, None]
+        n = jnp.sum(jnp.where(at_or_above, 1.0, 0.0), axis=-1)
+        w = n if counting else jnp.sum(jnp.where(at_or_above, weights, 0.0), axis=-1)
+        up = open_ & (w >= target)  # the cut is at or above the pivot
+        down = open_ & ~up  # the cut is below the pivot
+        return (jnp.where(up, pivot, lo), jnp.where(down, pivot - 1, top),
+                jnp.where(up, n, n_lo), jnp.where(down, n, n_hi),
+                jnp.where(up, w, w_lo), jnp.where(down, w, w_hi), passes + 1)
+
+    lo, *_, passes = jax.lax.while_loop(
+        running, one_pass, (lo, top, n_lo, n_hi, w_lo, w_hi, jnp.zeros((), jnp.int32)))
+    # The cut is the bracket's one token (or its tied group): the smallest key at or above lo.
+    cut = jnp.min(jnp.where(keys >= lo[:, None], keys, _INT_MAX), axis=-1)
+    return cut, passes
+
+
+def keep_exactly(keys: jax.Array, k: jax.Array, active: jax.Array) -> jax.Array:
+    """``[B, V]`` bool: the ``k[b]`` largest keys of each active row, the lowest ids among those
+    tied with the k-th largest (all True in an inactive row). ``k`` in ``[1, V]``."""
+    V = keys.shape[-1]
+    cut, _ = largest_cut(keys, None, k.astype(jnp.float32), active)
+    above = keys > cut[:, None]
+    tied = keys == cut[:, None]
+    room = k - jnp.sum(above, axis=-1)  # [B], how many tied tokens still fit, >= 1
+    ids = jnp.arange(V, dtype=jnp.int32)[None, :]
+
+    def lowest_tied():  # the room-th smallest tied id: a cut over -id, counting tied tokens
+        crowded = active & (jnp.sum(tied, axis=-1) > room)
+        last, _ = largest_cut(jnp.broadcast_to(-ids, keys.shape), tied.astype(jnp.float32),
+                              room.astype(jnp.float32), crowded)
+        return tied & ((-ids >= last[:, None]) | ~crowded[:, None])
+
+    crowded = active & (jnp.sum(tied, axis=-1) > room)
+    fits = jax.lax.cond(jnp.any(crowded), lowest_tied, lambda: tied)
+    return above | fits | ~active[:, None]
+
+
+def keep_top_weight(keys: jax.Array, weights: jax.Array, target: jax.Array,
+                    active: jax.Array) -> jax.Array:
+    """``[B, V]`` bool: the smallest set of largest keys whose weight reaches ``target[b]``, and
+    every token tied with the last one kept (all True in an inactive row)."""
+    cut, _ = largest_cut(keys, weights, target, active)
+    return (keys >= cut[:, None]) | ~active[:, None]
+
+
+# --- The draw ---------------------------------------------------------------------------------
+
+
+def _block_size(V: int) -> int:
+    block = 16
+    while block * block < V:
+        block *= 2
+    return block
+
+
+def draw(logprobs: jax.Array, keys: jax.Array) -> jax.Array:
+    """``[..., V]`` log-probabilities (normalised or not; ``-inf`` = never) and ``[...]`` typed keys ->
+    ``[...]`` int32 draws, exactly from them: the first token whose cumulative probability, in id
+    order, passes ``u`` times the total, ``u`` one uniform from the row's key. A row with no
+    allowed token gives 0 (the decode loops never keep it)."""
+    shape, V = logprobs.shape[:-1], logprobs.shape[-1]
+    flat = logprobs.reshape(-1, V)
+    R = flat.shape[0]
+    G = _block_size(V)
+    n_blocks = -(-V // G)
+    best = jnp.max(flat, axis=-1, keepdims=True)
+    p = jnp.exp(flat - jnp.where(best > -jnp.inf, best, 0.0))  # [R, V], in [0, 1]
+    p = jnp.pad(p, ((0, 0), (0, n_blocks * G - V))).reshape(R, n_blocks, G)
+    block_mass = jnp.sum(p, axis=-1)  # [R, n]
+    through = jnp.cumsum(block_mass, axis=-1)  # [R, n], inclusive
+    u = jax.vmap(lambda k: jax.random.uniform(k, ()))(keys.reshape(R))
+    point = u * through[:, -1]  # [R], in [0, total)
+    # The first block whose inclusive sum passes the point; one that adds nothing never does.
+    block = jnp.minimum(jnp.sum(through <= point[:, None], axis=-1), n_blocks - 1)
+    before = jnp.take_along_axis(through - block_mass, block[:, None], axis=-1)  # [R, 1]
+    inside = jnp.take_along_axis(p, block[:, None, None], axis=1)[:, 0]  # [R, G]
+    cumulative = jnp.cumsum(inside, axis=-1) + before
+    offset = jnp.sum(cumulative <= point[:, None], axis=-1)  # [R]
+    # Rounding can leave the point past the block's last sum: take its last token that can occur.
+    slots = jnp.arange(G, dtype=jnp.int32)[None, :]
+    last = jnp.max(jnp.where(inside > 0, slots, 0), axis=-1)
+    token = block * G + jnp.minimum(offset, last)
+    return token.astype(jnp.int32).reshape(shape)
