@@ -20,6 +20,15 @@ Two more sweeps write their own rows (`study`) into the same workdir:
     python -m experiments.bench_decode --config=configs/bench_decode.py:breakdown \
         --workdir=runs/bench_decode
 
+    python -m experiments.bench_decode --config=configs/bench_decode.py:sampling \
+        --workdir=runs/bench_decode
+    python -m experiments.bench_decode --config=configs/bench_decode.py:sampling:smollm2-135m \
+        --workdir=runs/bench_decode
+
+`sampling`: what sampling costs beside greedy, `tiny`, `small`, `medium` (and with
+`sampling:smollm2-135m` the pretrained model) at batch 1, 8 and 32: the greedy step and the step
+under each setting of `decodelab/measure/sampling_cost.py` (`SETTINGS`), on the same rows, and
+transformers sampling with the same processors.
 `max_len`: `small` at batch 8 with caches of 288 (the default, prompt + new tokens), 1024 and 4096
 slots, the same live tokens: a step should cost what the live rows hold, not the cache's size.
 `breakdown`: `small` at batch 1, 8 and 32, each step split into attention, MLP and projections,
@@ -42,12 +51,25 @@ PRETRAINED_BATCH_SIZES = (1, 8)
 # Cache slots of the max_len sweep (288 = prompt_len + new_tokens, the default) on small, batch 8.
 MAX_LENS = (288, 1024, 4096)
 # What the config argument names besides a preset: a sweep with its own rows.
-STUDIES = ("max_len", "breakdown")
+STUDIES = ("max_len", "breakdown", "sampling")
+# The sampling study's output tokens per row and timed runs (a pretrained model's: fewer).
+SAMPLING_NEW_TOKENS, SAMPLING_REPEATS = {"random": 128, "pretrained": 32}, {"random": 5,
+                                                                            "pretrained": 3}
+
+
+def _study(arg: str | None) -> tuple[str, str]:
+    """(study, preset) of the config argument: a preset, a study, or ``sampling:<preset>``."""
+    head, _, tail = (arg or "").partition(":")
+    if head not in STUDIES:
+        return "speed", arg or "tiny"
+    if tail and (head != "sampling" or tail not in PRETRAINED_MODELS):
+        raise ValueError(f"config argument {arg!r}: only sampling takes a pretrained preset "
+                         f"({sorted(PRETRAINED_MODELS)})")
+    return head, tail or ("tiny" if head == "sampling" else "small")
 
 
 def get_config(arg: str | None = None) -> config_dict.ConfigDict:
-    study = arg if arg in STUDIES else "speed"
-    preset = "small" if arg in STUDIES else arg or "tiny"
+    study, preset = _study(arg)
     config = config_dict.ConfigDict()
     # Experiment name: rows of other experiments are refused in the same workdir.
     config.experiment = "bench_decode"
@@ -65,12 +87,13 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
     # Vocabulary size of a random model (the size of the repo's tokenizer; a pretrained model
     # has its own).
     config.vocab_size = 4096
+    weights = "pretrained" if preset in PRETRAINED_MODELS else "random"
     # Rows decoded together; all rows share the prompt length.
     config.batch_size = 1
     # Prompt tokens per row (random ids).
     config.prompt_len = 32
     # Output tokens per row (>= 2: the first comes from the prefill, the rest from the loop).
-    config.new_tokens = 256
+    config.new_tokens = SAMPLING_NEW_TOKENS[weights] if study == "sampling" else 256
     # Cache slots per row; 0: prompt_len + new_tokens, the least that holds every row.
     config.max_len = 0
     config.sampled = config_dict.ConfigDict(dict(
@@ -88,7 +111,7 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
         repeats=3,
     ))
     # Timed runs of each measurement after one warm-up run; medians are reported.
-    config.repeats = 5
+    config.repeats = SAMPLING_REPEATS[weights] if study == "sampling" else 5
     config.roofline = config_dict.ConfigDict(dict(
         # Size of the float32 array the bandwidth probe sums (MiB; far beyond the CPU caches).
         bandwidth_mib=512,
@@ -108,8 +131,8 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
     ))
     config.peer = config_dict.ConfigDict(dict(
         # Time transformers' LlamaForCausalLM.generate (needs the `peer` extra; n/a without it;
-        # the max_len and breakdown sweeps skip it).
-        enabled=study == "speed",
+        # the max_len and breakdown sweeps skip it; the sampling study times it sampling).
+        enabled=study in ("speed", "sampling") and weights == "random",
         # Timed runs after a short warm-up call.
         repeats=3,
     ))
@@ -128,8 +151,10 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
 
 
 def get_sweep(arg: str | None = None) -> list[dict]:
-    if arg in PRETRAINED_MODELS:
-        return product({"batch_size": list(PRETRAINED_BATCH_SIZES)})
+    study, preset = _study(arg)
+    if preset in PRETRAINED_MODELS:
+        sizes = BATCH_SIZES if study == "sampling" else PRETRAINED_BATCH_SIZES
+        return product({"batch_size": list(sizes)})
     small = {"preset": "small", **{f"model.{k}": v for k, v in MODEL_PRESETS["small"].items()}}
     if arg == "max_len":
         return cross([small], product({"batch_size": [8], "max_len": list(MAX_LENS)}))

@@ -1,13 +1,10 @@
-"""Decode speed: dl.generate against the roofline, the no-cache baseline, transformers, llama.cpp.
-
-    python -m experiments.bench_decode --config=configs/bench_decode.py --workdir=runs/bench_decode
-    python -m experiments.bench_decode --config=configs/bench_decode.py:smollm2-135m \
-        --workdir=runs/bench_decode
-    python -m experiments.report --workdir=runs/bench_decode --out=results
+"""Decode speed: dl.generate against the roofline, the no-cache baseline, transformers, llama.cpp;
+and what sampling costs beside greedy. The commands of each sweep: ``configs/bench_decode.py``.
 
 One point = one preset (random weights, or a pretrained preset's own) and batch size: exactly
 ``new_tokens`` per row after ``prompt_len`` random ids. Its metrics: ``decodelab.measure.timing``
-(decodelab, no cache, roofline), ``.ablation`` (breakdown), ``.peers`` (``hf_*``, ``llama*``).
+(decodelab, no cache, roofline), ``.ablation`` (breakdown), ``.peers`` (``hf_*``, ``llama*``),
+``.sampling_cost`` (the sampling study).
 """
 
 from __future__ import annotations
@@ -19,8 +16,9 @@ from absl import app
 from flax import nnx
 
 from decodelab import experiment, report
+from decodelab.checks import check_size
 from decodelab.experiment import artefacts, presets
-from decodelab.measure import ablation, peers, roofline, timing
+from decodelab.measure import ablation, peers, roofline, sampling_cost, timing
 from decodelab.model import Transformer
 from decodelab.report import speed, speed_tables
 from decodelab.sampling.params import SamplingParams
@@ -31,16 +29,21 @@ _FLAGS = experiment.define_flags("configs/bench_decode.py")
 def benchmark(config, ctx) -> dict:
     """One preset and batch size: every measurement of the module docstring."""
     B, P, N = config.batch_size, config.prompt_len, config.new_tokens
-    for name, value, minimum in (("batch_size", B, 1), ("prompt_len", P, 1), ("new_tokens", N, 2),
-                                 ("repeats", config.repeats, 1)):
-        if value < minimum:
-            raise ValueError(f"config.{name} must be >= {minimum}, got {value}")
+    for name, value, least in (("batch_size", B, 1), ("prompt_len", P, 1), ("new_tokens", N, 2),
+                               ("repeats", config.repeats, 1)):
+        check_size(f"config.{name}", value, least)
     load, pretrained = os.getloadavg()[0], presets.is_pretrained(config.model)
     model = (artefacts.pretrained_model(config.model)[0] if pretrained else Transformer(
         presets.build_model_config(config.model, config.vocab_size), rngs=nnx.Rngs(config.seed)))
     cfg, S = model.config, config.max_len or P + N
     prompts = np.random.default_rng(config.seed).integers(0, cfg.vocab_size, (B, P),
                                                           dtype=np.int32)  # [B, P]
+    common = {"preset": config.preset, "study": config.study, "batch_size": B, "max_len": S,
+              "params": cfg.num_params(), "threads": timing.threads(), "load_avg_1min": load,
+              "vocab_size": cfg.vocab_size, "weights": "pretrained" if pretrained else "random"}
+    if config.study == "sampling":  # greedy and each sampling setting, nothing else
+        return {**common, **sampling_cost.time_settings(model, prompts, N, config.repeats, S,
+                                                        peer=config.peer.enabled)}
     ctx.status("roofline probes")
     machine = timing.Machine.measure(config.roofline.bandwidth_mib << 20, config.roofline.matmul_n,
                                      config.roofline.repeats)
@@ -76,10 +79,7 @@ def benchmark(config, ctx) -> dict:
                                  extra_buffers=config.llama.extra_buffers,
                                  status=ctx.status) if run_llama else {}
     return {
-        "preset": config.preset, "study": config.study, "batch_size": B, "max_len": S,
-        "params": cfg.num_params(), "threads": timing.threads(), "vocab_size": cfg.vocab_size,
-        "weights": "pretrained" if pretrained else "random", "load_avg_1min": load,
-        "bandwidth_gb_s": machine.bandwidth / 1e9, "matmul_gflop_s": machine.flops_per_s / 1e9,
+        **common, "bandwidth_gb_s": machine.bandwidth / 1e9, "matmul_gflop_s": machine.flops_per_s / 1e9,
         **ours, "roofline_step_ms": 1e3 * roof_step, "roofline_tokens_per_s": B / roof_step,
         "roofline_bound": machine.bound(middle),
         "roofline_ratio": roof_step * 1e3 / ours["step_ms"] if ours["step_ms"] > 0 else None,
@@ -125,7 +125,7 @@ TARGETS = (
                  1.25, at_least=False, covers=lambda m: m["batch_size"] == 8),
     speed.Target("KV cache >= 10x recompute", "KV cache speed-up over recompute, the lowest row",
                  speed.lowest_cache_speedup, 10.0, per_row=False),
-)
+) + speed.sampling_targets()
 
 
 def forms(rows) -> list[report.Form]:

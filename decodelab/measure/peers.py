@@ -30,6 +30,8 @@ from decodelab.config import ModelConfig
 from decodelab.measure import llama_cpp, roofline
 from decodelab.measure.timing import Machine, threads
 from decodelab.model import Transformer
+from decodelab.sampling.params import SamplingParams
+from decodelab.sampling.processors import PARAMETERS
 
 # Tokens of the transformers warm-up call.
 HF_WARMUP_TOKENS = 16
@@ -79,13 +81,31 @@ def llama_state_dict(model: Transformer) -> dict[str, np.ndarray]:
     return state
 
 
+def hf_sampling(params: SamplingParams) -> dict:
+    """transformers' ``generate`` arguments for the same processors as ``params`` (one value per
+    field; temperature, top-k, top-p, min-p, typical-p, repetition penalty): ``do_sample`` and
+    each processor set, top-k 0 where decodelab's is off (transformers' default is 50)."""
+    fields = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "typical_p": 1.0,
+              "repetition_penalty": 1.0}
+    values = {name: np.asarray(getattr(params, name)).item() for name in fields}
+    others = [name for name, p in PARAMETERS.items() if name not in fields
+              and np.any(np.asarray(getattr(params, name)) != p.neutral)]
+    if others or params.logit_bias or params.banned_tokens:
+        raise ValueError(f"params must use only {sorted(fields)} for a transformers peer, got "
+                         f"{others or 'a logit bias or banned tokens'}")
+    if values["temperature"] == 0.0:
+        return {"do_sample": False, "repetition_penalty": values["repetition_penalty"]}
+    values["min_p"] = values["min_p"] or None
+    return {"do_sample": True, **values}
+
+
 def time_hf_generate(model: Transformer, prompts: np.ndarray, new_tokens: int,
-                     repeats: int) -> dict:
-    """Median seconds of transformers' greedy ``generate`` with ``model``'s shapes and weights
-    and the same prompt ids (``[B, P]``), after a short warm-up call (eager PyTorch compiles
-    nothing; the warm-up only starts its thread pool and allocator): ``hf_generate_s``,
-    ``hf_tokens_per_s``, ``hf_generate_reps_s`` (every timed run) and ``hf_version``; ``{}`` if
-    torch or transformers is not installed."""
+                     repeats: int, params: SamplingParams | None = None) -> dict:
+    """Median seconds of transformers' ``generate`` (greedy, or the processors of ``params``:
+    ``hf_sampling``) with ``model``'s shapes and weights and the same prompt ids (``[B, P]``),
+    after a short warm-up call (eager PyTorch compiles nothing; the warm-up only starts its
+    thread pool and allocator): ``hf_generate_s``, ``hf_tokens_per_s``, ``hf_generate_reps_s``
+    (every timed run) and ``hf_version``; ``{}`` if torch or transformers is not installed."""
     try:
         torch = optional.require("torch")
         transformers = optional.require("transformers")
@@ -106,10 +126,13 @@ def time_hf_generate(model: Transformer, prompts: np.ndarray, new_tokens: int,
                            f"{missing}, unexpected {unexpected}")
     input_ids = torch.as_tensor(prompts, dtype=torch.long)
 
+    sampling = hf_sampling(params) if params is not None else {"do_sample": False}
+    torch.manual_seed(0)
+
     def run(n: int):
         return peer.generate(input_ids, attention_mask=torch.ones_like(input_ids),
-                             do_sample=False, num_beams=1, max_new_tokens=n, min_new_tokens=n,
-                             pad_token_id=0)
+                             num_beams=1, max_new_tokens=n, min_new_tokens=n, pad_token_id=0,
+                             **sampling)
 
     with torch.inference_mode():
         run(min(new_tokens, HF_WARMUP_TOKENS))

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from decodelab.measure import stats
+from decodelab.measure import sampling_cost, stats
 from decodelab.measure.stats import Interval
 from decodelab.report.claims import Claim, Judged
 from decodelab.report.form import tally
@@ -234,3 +234,41 @@ def answer(groups: Sequence[tuple[Target, Sequence[Claim]]], judged: Sequence[Ju
         parts.append(f"{target.label} on {met} of {len(group)} rows"
                      + (f" ({undecided} undecided)" if undecided else ""))
     return f"{tally(list(judged))}: " + "; ".join(parts) + "."
+
+
+# --- what sampling costs beside greedy (the "sampling" study) ------------------------------------
+
+
+def setting_over_greedy(name: str) -> Callable[[Mapping[str, Any]], Interval | None]:
+    """The row's step under sampling setting ``name`` over its greedy step."""
+    return lambda m: step_ratio(m, m, f"{name}_")
+
+
+def over_peer_sampled(m: Mapping[str, Any]) -> Interval | None:
+    """decodelab's tokens/s over transformers' with the same processors (``PEER_SETTING``)."""
+    setting = sampling_cost.PEER_SETTING
+    ours = repetitions(m, f"{setting}_generate_reps_s")
+    peer = repetitions(m, f"hf_{setting}_generate_reps_s")
+    if ours is None or peer is None:
+        return None
+    return stats.bootstrap_ratio(stats.median, peer, ours)
+
+
+def sampling_targets() -> tuple[Target, ...]:
+    """The sampling study's targets: each sampled setting's step within 25% of greedy on every
+    row; the history processors within 10% of greedy at SmolLM2 batch 8; and decodelab sampled
+    >= 2x transformers sampled (same processors) for small and medium at batch 8 and 32."""
+    labels = sampling_cost.LABELS
+    per_setting = tuple(
+        Target(f"{labels[name]} step within 25% of greedy", f"{labels[name]} step / greedy step",
+               setting_over_greedy(name), 1.25, at_least=False, study="sampling")
+        for name in sampling_cost.SETTINGS if name != "history")
+    return per_setting + (
+        Target("history processors within 10% of greedy at smollm2-135m batch 8",
+               f"{labels['history']} step / greedy step", setting_over_greedy("history"), 1.10,
+               at_least=False, study="sampling",
+               covers=lambda m: m["preset"] == "smollm2-135m" and m["batch_size"] == 8),
+        Target(">= 2x transformers, both sampling, for small and medium at batch 8 and 32",
+               f"decodelab / transformers, both sampling with {labels['all']}",
+               over_peer_sampled, 2.0, study="sampling",
+               covers=lambda m: m["preset"] in ("small", "medium") and m["batch_size"] >= 8))

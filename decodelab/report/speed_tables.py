@@ -13,7 +13,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from decodelab.measure import ablation, timing
+from decodelab.measure import ablation, sampling_cost, timing
 from decodelab.measure.peers import HF_WARMUP_TOKENS
 from decodelab.measure.stats import Interval
 from decodelab.report import speed
@@ -146,7 +146,22 @@ def csv_tables(rows: Rows) -> dict:
         tables["max_len"] = max_len_table
     if speed.metric_rows(rows, "breakdown"):
         tables["breakdown"] = breakdown_table
+    if speed.metric_rows(rows, "sampling"):
+        tables["sampling"] = sampling_table
     return tables
+
+
+def sampling_table(rows: Rows) -> Table:
+    """Each sampling setting's step over the greedy step of the same row (the sampling study),
+    with the greedy step and decodelab / transformers with the same processors."""
+    settings = list(sampling_cost.SETTINGS)
+    columns = ["preset", "batch", "greedy step ms",
+               *[f"{sampling_cost.LABELS[name]} / greedy" for name in settings],
+               "decodelab / transformers (both sampling)"]
+    body = [[m["preset"], m["batch_size"], m["step_ms"],
+             *[speed.setting_over_greedy(name)(m) for name in settings],
+             speed.over_peer_sampled(m)] for m in speed.metric_rows(rows, "sampling")]
+    return Table(columns, body)
 
 
 def plot(rows: Rows, path: pathlib.Path) -> pathlib.Path:

@@ -1,0 +1,52 @@
+"""What sampling costs beside greedy: one ``generate`` per setting on the same rows and model.
+
+``SETTINGS`` are the sampling settings the decode-speed page judges (issue "sampling at the cost
+of greedy"): temperature 1.0 alone; top-p 0.95 at temperature 1.0 (on a flat distribution it keeps
+thousands of tokens); top-k 50; min-p 0.05; all four together; and the history processors
+(repetition penalty 1.2 plus frequency penalty 0.5, greedy, so the difference is their cost).
+``time_settings`` times greedy and each setting with ``timing.time_generate`` (the same rows, the
+same compiled program: parameters are data) and keeps each one's repetitions under its own
+prefix (``<setting>_generate_reps_s``, ``<setting>_prefill_reps_s``), from which the page's
+step ratios and their intervals are formed (``report.speed.step_ratio``). With the ``peer``
+extra it also times transformers on ``PEER_SETTING`` with the same processors.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from decodelab.measure import peers, timing
+from decodelab.model import Transformer
+from decodelab.sampling.params import SamplingParams
+
+SETTINGS: dict[str, dict] = {
+    "temperature": dict(temperature=1.0),
+    "top_p": dict(temperature=1.0, top_p=0.95),
+    "top_k": dict(top_k=50),
+    "min_p": dict(min_p=0.05),
+    "all": dict(temperature=1.0, top_k=50, top_p=0.95, min_p=0.05),
+    "history": dict(temperature=0.0, repetition_penalty=1.2, frequency_penalty=0.5),
+}
+# Words for each setting on the page.
+LABELS = {"temperature": "temperature 1.0", "top_p": "top-p 0.95", "top_k": "top-k 50",
+          "min_p": "min-p 0.05", "all": "all four together",
+          "history": "repetition 1.2 + frequency 0.5 (greedy)"}
+# The setting timed against transformers' sampling with the same processors.
+PEER_SETTING = "all"
+
+
+def time_settings(model: Transformer, prompts: np.ndarray, new_tokens: int, repeats: int,
+                  max_len: int, *, peer: bool) -> dict:
+    """Greedy's timings (unprefixed, ``timing.time_generate``'s keys) and each setting's under
+    ``<setting>_``; with ``peer``, transformers' on ``PEER_SETTING`` under ``hf_<setting>_``
+    (absent without the extra). Every call generates ``new_tokens`` per row."""
+    found = dict(timing.time_generate(model, prompts, new_tokens, repeats, max_len=max_len))
+    for name, fields in SETTINGS.items():
+        timed = timing.time_generate(model, prompts, new_tokens, repeats,
+                                     SamplingParams(**fields), max_len)
+        found.update({f"{name}_{key}": value for key, value in timed.items()})
+    if peer:
+        hf = peers.time_hf_generate(model, prompts, new_tokens, repeats,
+                                    SamplingParams(**SETTINGS[PEER_SETTING]))
+        found.update({f"hf_{PEER_SETTING}_{key[3:]}": value for key, value in hf.items()})
+    return found
