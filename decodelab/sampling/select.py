@@ -5,13 +5,13 @@ typical-p) needs one number per row, its cut: the smallest key that is kept. ``l
 finds it by a bracketed search over the integer image of the float32 keys (``sortable``: integer
 order is float order, ties map to one integer), each pass one masked sum over ``[B, V]``:
 
-- the bracket ``[lo, hi)`` always holds the cut: the weight at or above ``lo`` reaches the
-  target (or ``lo`` is the row's smallest key), the weight at or above ``hi`` does not;
-- a pass tries a pivot inside the bracket and moves one end to it; every other pass the pivot is
-  the secant guess from the two ends' weights (in float value, where counts and masses are smooth),
-  the others bisect the integer range, so at most 2 x 32 passes are needed and a smooth row needs
-  a handful;
-- a row stops when its bracket holds one integer (``hi = lo + 1``), so the cut is a key of the
+- the bracket ``[lo, top]`` always holds the cut: the weight at or above ``lo`` reaches the
+  target (or ``lo`` is the row's smallest key), the weight above ``top`` does not;
+- a pass tries a pivot in ``(lo, top]`` and moves one end to it; of every three passes the first
+  pivot is the secant guess from the two ends' weights and the second the midpoint, both in float
+  value (where counts and masses are smooth), and the third bisects the integer range, so at most
+  ``MAX_PASSES = 3 x 32`` passes are needed and a smooth row needs a handful;
+- a row stops when its bracket holds one token or one tied group, so the cut is a key of the
   row, found exactly, ties included; the loop ends when every row has stopped.
 
 ``draw`` samples from ``[..., V]`` log-probabilities with one uniform per row: the inverse of the
@@ -25,14 +25,17 @@ import jax
 import jax.numpy as jnp
 
 _INT_MAX = jnp.iinfo(jnp.int32).max
-MAX_PASSES = 64  # 32 bisections of a 32-bit range, interleaved with as many secant passes
+_INT_MIN = jnp.iinfo(jnp.int32).min
+MAX_PASSES = 96  # 32 bisections of a 32-bit range, each after two passes in value space
 
 
 def sortable(x: jax.Array) -> jax.Array:
     """float32 -> int32 with the same order (``-inf`` lowest, ``+inf`` highest) and ``-0.0`` and
     ``0.0`` one integer; NaN maps somewhere (callers never pass it a row they keep)."""
-    x = jnp.where(x == 0.0, 0.0, x).astype(jnp.float32)
-    bits = jax.lax.bitcast_convert_type(x, jnp.int32)
+    bits = jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.int32)
+    # Integer operations only: XLA on CPU flushes subnormals to zero in float compares, so
+    # ``x == 0.0`` would tie every subnormal with 0. -0.0 is the bit pattern of INT_MIN.
+    bits = jnp.where(bits == jnp.int32(_INT_MIN), 0, bits)
     return jnp.where(bits < 0, bits ^ jnp.int32(_INT_MAX), bits)
 
 
@@ -82,7 +85,7 @@ def largest_cut(keys: jax.Array, weights: jax.Array | None, target: jax.Array,
 
     def running(carry):
         lo, top, n_lo, n_hi, _, _, passes = carry
-        return jnp.any(open_rows(lo, top, n_lo, n_hi)) & (passes < 3 * 32)
+        return jnp.any(open_rows(lo, top, n_lo, n_hi)) & (passes < MAX_PASSES)
 
     def one_pass(carry):
         lo, top, n_lo, n_hi, w_lo, w_hi, passes = carry
@@ -134,9 +137,12 @@ def keep_exactly(keys: jax.Array, k: jax.Array, active: jax.Array) -> jax.Array:
 
 def keep_top_weight(keys: jax.Array, weights: jax.Array, target: jax.Array,
                     active: jax.Array) -> jax.Array:
-    """``[B, V]`` bool: the smallest set of largest keys whose weight reaches ``target[b]``, and
-    every token tied with the last one kept (all True in an inactive row)."""
-    cut, _ = largest_cut(keys, weights, target, active)
+    """``[B, V]`` bool: the smallest set of largest keys whose weight reaches the fraction
+    ``target[b]`` (in ``(0, 1]``) of the row's total weight, and every token tied with the last
+    one kept (all True in an inactive row). The fraction is of the float32 total, so a target
+    just below 1 is always reached, however the row's float32 probabilities round."""
+    total = jnp.sum(weights, axis=-1)  # [B]
+    cut, _ = largest_cut(keys, weights, target.astype(jnp.float32) * total, active)
     return (keys >= cut[:, None]) | ~active[:, None]
 
 
@@ -150,11 +156,23 @@ def _block_size(V: int) -> int:
     return block
 
 
+def _first_passing(through: jax.Array, mass: jax.Array, point: jax.Array) -> jax.Array:
+    """``[R, n]`` inclusive sums and the ``[R, n]`` masses they sum, ``[R]`` points -> ``[R]``:
+    the first entry with mass whose sum passes the point, else the last entry with mass (0 if
+    none has mass). An entry without mass is never chosen, however the sums round."""
+    slots = jnp.arange(through.shape[-1], dtype=jnp.int32)[None, :]
+    end = jnp.int32(through.shape[-1])
+    first = jnp.min(jnp.where((through > point[:, None]) & (mass > 0), slots, end), axis=-1)
+    last = jnp.max(jnp.where(mass > 0, slots, 0), axis=-1)
+    return jnp.where(first < end, first, last)
+
+
 def draw(logprobs: jax.Array, keys: jax.Array) -> jax.Array:
-    """``[..., V]`` log-probabilities (normalised or not; ``-inf`` = never) and ``[...]`` typed keys ->
-    ``[...]`` int32 draws, exactly from them: the first token whose cumulative probability, in id
-    order, passes ``u`` times the total, ``u`` one uniform from the row's key. A row with no
-    allowed token gives 0 (the decode loops never keep it)."""
+    """``[..., V]`` log-probabilities (normalised or not; ``-inf`` = never) and ``[...]`` typed
+    keys -> ``[...]`` int32 draws, exactly from them: the first token whose cumulative
+    probability, in id order, passes ``u`` times the total, ``u`` one uniform from the row's key.
+    A token whose float32 probability is 0 is never drawn, however the sums round; a row with
+    no allowed token gives 0 (the decode loops never keep it)."""
     shape, V = logprobs.shape[:-1], logprobs.shape[-1]
     flat = logprobs.reshape(-1, V)
     R = flat.shape[0]
@@ -166,15 +184,14 @@ def draw(logprobs: jax.Array, keys: jax.Array) -> jax.Array:
     block_mass = jnp.sum(p, axis=-1)  # [R, n]
     through = jnp.cumsum(block_mass, axis=-1)  # [R, n], inclusive
     u = jax.vmap(lambda k: jax.random.uniform(k, ()))(keys.reshape(R))
-    point = u * through[:, -1]  # [R], in [0, total)
-    # The first block whose inclusive sum passes the point; one that adds nothing never does.
-    block = jnp.minimum(jnp.sum(through <= point[:, None], axis=-1), n_blocks - 1)
-    before = jnp.take_along_axis(through - block_mass, block[:, None], axis=-1)  # [R, 1]
+    point = u * through[:, -1]  # [R], in [0, total]
+    # The first block with mass whose inclusive sum passes the point (rounding can leave the point
+    # at the total: then the last block with mass). The sum before it is the previous inclusive
+    # sum itself, never a difference, which can round past the point.
+    block = _first_passing(through, block_mass, point)  # [R]
+    before = jnp.take_along_axis(through, jnp.maximum(block - 1, 0)[:, None], axis=-1)[:, 0]
+    before = jnp.where(block > 0, before, 0.0)  # [R]
     inside = jnp.take_along_axis(p, block[:, None, None], axis=1)[:, 0]  # [R, G]
-    cumulative = jnp.cumsum(inside, axis=-1) + before
-    offset = jnp.sum(cumulative <= point[:, None], axis=-1)  # [R]
-    # Rounding can leave the point past the block's last sum: take its last token that can occur.
-    slots = jnp.arange(G, dtype=jnp.int32)[None, :]
-    last = jnp.max(jnp.where(inside > 0, slots, 0), axis=-1)
-    token = block * G + jnp.minimum(offset, last)
+    offset = _first_passing(jnp.cumsum(inside, axis=-1) + before[:, None], inside, point)
+    token = block * G + offset
     return token.astype(jnp.int32).reshape(shape)
