@@ -17,7 +17,7 @@ from decodelab import experiment, report, serving
 from decodelab.measure import compiles, replays, stats
 from decodelab.report import serving_rows
 
-PROGRAMS = ("prefill_rows", "_advance_loop", "harvest", "replan")
+PROGRAMS = ("prefill_rows", "_advance_loop", "harvest")
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from decodelab import experiment, report, serving
 from decodelab.measure import compiles, paged_roofline, replays
 from decodelab.report import paged as paged_report
 
-PROGRAMS = ("prefill_rows", "_advance_loop", "advance_rows", "harvest", "replan")
+PROGRAMS = ("prefill_rows", "_advance_loop", "advance_rows", "harvest")
 TINY = {"model.d_model": 32, "model.n_layers": 2, "model.n_heads": 2, "model.n_kv_heads": 2,
         "model.d_ff": 64, "model.max_seq_len": 128, "vocab_size": 256, "memory_tokens": 256,
         "page_size": 8, "paged_slots": 16, "replays": 2, "trace.num_requests": 12,

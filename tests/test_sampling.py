@@ -123,14 +123,6 @@ def test_top_p_boundary_uses_the_exclusive_mass_not_a_rounded_difference():
     assert np.count_nonzero(got) == 2
 
 
-def test_exclusive_cumsum_is_the_inclusive_sum_shifted_bit_for_bit():
-    x = np.float32([0.1, 0.2, 0.3, 0.4])
-    inclusive = np.cumsum(x, dtype=np.float32)
-    got = np.asarray(sampling.exclusive_cumsum(jnp.asarray(x)))
-    np.testing.assert_array_equal(got, np.r_[np.float32(0), inclusive[:-1]])
-    assert (inclusive - x)[1] != inclusive[0]  # the difference would not be
-
-
 @pytest.mark.parametrize("k, expected_kept", [(1, [1]), (2, [1, 2]), (3, [1, 2, 3]), (4, [0, 1, 2, 3])])
 def test_top_k_keeps_exactly_k_taking_the_lowest_ids_among_ties(k, expected_kept):
     logits = np.array([1.0, 3.0, 3.0, 3.0, 0.0], np.float32)
@@ -269,7 +261,7 @@ def draws():
     R = 4000
     keys = sampling.row_keys(sampling.seed_keys(jnp.arange(R, dtype=jnp.uint32)),
                              jnp.full((R,), 7, jnp.int32))
-    sample = jax.jit(sampling.sample_tokens)
+    sample = jax.jit(sampling.draw)
 
     def get(setting):
         lp = logprobs(dl.SamplingParams(**setting), STAT_LOGITS)  # [1, V]

@@ -1,12 +1,14 @@
-"""Sampling costs what is enabled: the compiled decode step of a greedy plan is an argmax (no
-sort, no other reduction over the vocabulary, no branch), a top-p step sorts only in its
-fallback branch, a penalised step updates carried counts instead of recounting the history, the
-candidate-capped top-k and top-p keep exactly the full sort's tokens (the fallback included), a
-row whose kept set fits in the candidates (top-k, or a top-p nucleus) draws among them from the
-same distribution and only a row that does not fit draws over the vocabulary, a plan's outputs
-equal those of ``Plan.ANY``, which traces every processor, and a serving engine's step contains
-only what its requests enable. The step is read as its jaxpr (``programs.equations``).
+"""One program for every sampling setting, and sampling costs what is enabled: a sweep over 22
+mixed settings compiles ``generate``'s, ``speculative_generate``'s and the serving engine's
+programs once each; every processor is in the step, under a ``cond`` that skips it when no row
+enables it; greedy runs by the argmax branch; nothing sorts the vocabulary and a draw takes one
+uniform per row; greedy rows beside sampled ones give the greedy-only batch's outputs; the
+penalty counts carried in the state are those recounted from the tokens, updated by one token
+per row and step; top-k and top-p keep exactly the sort-based sets and draw exactly from them.
+The step is read as its jaxpr (``programs.equations``) and the loop as its lowered text.
 """
+
+import re
 
 import jax
 import jax.numpy as jnp
@@ -21,13 +23,33 @@ import decodelab as dl
 from decodelab import sampling
 from decodelab.decode import generation as decode
 from decodelab.decode.request import OutputSpec, RowInputs
-from decodelab.serving import EngineOptions, Request, SlotEngine, engine_programs
+from decodelab.measure import compiles
+from decodelab.sampling import processors
+from decodelab.serving import Request, SlotEngine
 
 B = 3
 MAX_LEN = 32
+S = dl.SamplingParams
 
-
-# --- The step's program ---------------------------------------------------------------------------
+# Greedy, each processor alone, all together, and per-row mixes (two rows).
+SETTINGS = [
+    S.greedy(), S(), S(temperature=0.7), S(top_k=5), S(top_p=0.9), S(min_p=0.1),
+    S(typical_p=0.8), S(epsilon=0.01), S(eta=0.01), S(top_n_sigma=1.0),
+    S(repetition_penalty=1.2), S(frequency_penalty=0.5), S(presence_penalty=0.5),
+    S(no_repeat_ngram_size=2), S(min_new_tokens=3), S(logit_bias={3: 2.0}), S(banned_tokens=[1, 2]),
+    S(temperature=0.7, top_k=50, top_p=0.9, min_p=0.05, typical_p=0.95, epsilon=0.001,
+      eta=0.001, top_n_sigma=3.0, repetition_penalty=1.1, frequency_penalty=0.2,
+      presence_penalty=0.2, no_repeat_ngram_size=3, min_new_tokens=1, logit_bias={5: -1.0},
+      banned_tokens=[7]),
+    S(temperature=[0.0, 1.0]), S(top_k=[0, 3]), S(temperature=[0.0, 0.5], top_p=[1.0, 0.5]),
+    S(temperature=[0.0, 0.9], repetition_penalty=[1.3, 1.0], min_p=[0.0, 0.2]),
+]
+# The settings one request can have (one value per field).
+PER_REQUEST = [p for p in SETTINGS
+               if all(np.ndim(getattr(p, name)) == 0 for name in processors.PARAMETERS)]
+# The processors before temperature: what greedy takes the argmax of.
+BEFORE_TEMPERATURE = [p.name for p in processors.PROCESSORS].index("temperature")
+PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8]]
 
 
 @pytest.fixture(scope="module")
@@ -35,27 +57,70 @@ def tiny(tiny_config):
     return dl.Transformer(tiny_config, rngs=nnx.Rngs(0))
 
 
-def initial_state(model, params: dl.SamplingParams, *, top_n=0, with_entropy=False,
-                  any_plan=False):
+@pytest.fixture(scope="module")
+def fresh(tiny_config):
+    """A model of a structure no other test compiles for (one layer, 48 positions), so its
+    programs' first compile happens here."""
+    return dl.Transformer(tiny_config.replace(n_layers=1, max_seq_len=48), rngs=nnx.Rngs(2))
+
+
+# --- One program for every setting ----------------------------------------------------------------
+
+
+def test_twenty_mixed_settings_compile_generate_once(fresh):
+    assert len(SETTINGS) >= 20
+    with compiles.count_compiles() as counts:
+        for params in SETTINGS:
+            dl.generate(fresh, PROMPTS, params, 7, seed=0)
+    assert (counts["prefill"], counts["_decode_loop"]) == (1, 1), counts
+
+
+def test_twenty_mixed_settings_compile_speculative_generate_once(fresh, tiny_config):
+    draft = dl.Transformer(tiny_config.replace(n_layers=1, max_seq_len=48, d_model=32, n_heads=2,
+                                               n_kv_heads=1, d_ff=64), rngs=nnx.Rngs(3))
+    with compiles.count_compiles() as counts:
+        for params in SETTINGS:
+            dl.speculative_generate(fresh, draft, PROMPTS, params, 2, 7, seed=0)
+    assert counts["_speculative_loop"] == 1, counts
+    assert counts["prefill"] == 1 and counts["initial_state"] == 1, counts
+
+
+def test_an_engine_admitting_any_mix_of_requests_compiles_its_programs_once(fresh):
+    """Requests enabling different processors, two at a time (one prefill of two prompts of one
+    bucket each time), the pairs mixing a setting with the next: one compile of each program."""
+    assert len(PER_REQUEST) >= 15
+    engine = SlotEngine(fresh, 2, 40)
+    with compiles.count_compiles() as counts:
+        for i, params in enumerate(PER_REQUEST):
+            mate = PER_REQUEST[(i + 1) % len(PER_REQUEST)]
+            engine.run([Request(id=2 * i, prompt=[1, 2, 3], max_new_tokens=5, params=params,
+                                seed=i),
+                        Request(id=2 * i + 1, prompt=[4, 5], max_new_tokens=4, params=mate,
+                                seed=100 + i)])
+    programs_run = ("prefill_rows", "_advance_loop", "harvest")
+    assert {name: counts[name] for name in programs_run} == dict.fromkeys(programs_run, 1), counts
+
+
+# --- The step's program ---------------------------------------------------------------------------
+
+
+def initial_state(model, params: dl.SamplingParams, *, top_n=0, with_entropy=False):
     V = model.config.vocab_size
-    row_params = params.per_row(B, V)
-    if any_plan:
-        row_params = row_params.with_plan(sampling.Plan.ANY)
     block = np.zeros((B, 16), np.int32)
     block[:, :4] = [[5, 17, 300, 2], [9, 9, 9, 9], [40, 41, 42, 43]]
     block %= V
     graphdef, weights = nnx.split(model)
     rows = RowInputs(prompt_lengths=np.asarray([4, 1, 4], np.int32),
-                     keys=sampling.batch_keys(0, B), params=row_params,
+                     keys=sampling.batch_keys(0, B), params=params.per_row(B, V),
                      eos_mask=np.zeros((V,), bool), stop_ids=np.zeros((0, 1), np.int32))
     state = decode.prefill(weights, block, rows, graphdef=graphdef, max_len=MAX_LEN,
                            outputs=OutputSpec(8, top_n, with_entropy))
     return graphdef, weights, state
 
 
-def step_equations(model, params: dl.SamplingParams, **kwargs) -> list[programs.Equation]:
+def step_equations(model, params: dl.SamplingParams) -> list[programs.Equation]:
     """The equations of one compiled decode step (``DECODE_LOOP.step``) under ``params``."""
-    graphdef, weights, state = initial_state(model, params, **kwargs)
+    graphdef, weights, state = initial_state(model, params)
     return programs.equations(decode.DECODE_LOOP.step, weights, state, graphdef=graphdef)
 
 
@@ -63,95 +128,128 @@ def named(found: list[programs.Equation], primitive: str) -> list[programs.Equat
     return [e for e in found if e.primitive == primitive]
 
 
-def test_a_greedy_step_is_an_argmax_without_a_sort(tiny):
+def choice(found: list[programs.Equation]) -> int:
+    """The number of the step's one top-level cond: the choice between the sampled draw (branch
+    0) and the argmax (branch 1, taken when every running row is greedy)."""
+    (number,) = [n for n, c in enumerate(programs.conds(found)) if not c.branches]
+    return number
+
+
+def processors_scope(found: list[programs.Equation], branch: int) -> tuple[tuple[int, int], ...]:
+    """Where the processors' conds sit in a branch of the step's choice: straight under the
+    sampled branch (0); in the argmax branch (1), under its one group cond's branch 1 (the
+    processors before temperature, run only when some row enables one of them)."""
+    top = choice(found)
+    if branch == 0:
+        return ((top, 0),)
+    numbers = {id(c): n for n, c in enumerate(programs.conds(found))}
+    (group,) = [numbers[id(c)] for c in programs.conds(found) if c.branches == ((top, 1),)]
+    return ((top, 1), (group, 1))
+
+
+def processor_conds(found: list[programs.Equation], branch: int) -> dict[str, int]:
+    """The number of each processor's cond in a branch of the step's choice, by name: they are
+    met in pipeline order."""
+    scope = processors_scope(found, branch)
+    numbers = [n for n, c in enumerate(programs.conds(found)) if c.branches == scope]
+    return {p.name: n for p, n in zip(processors.PROCESSORS, numbers)}
+
+
+def test_every_processor_is_in_the_step_under_a_cond_that_skips_it(tiny):
+    """Under the sampled branch, one cond per processor whose branch 0 (no row enables it) has
+    no equation; every search (a while loop) sits in a branch 1. The argmax branch holds one
+    group cond, and under its branch 1 one such cond per processor before temperature (what
+    greedy takes the argmax of); its branch 0 (none enabled) holds no processor."""
     found = step_equations(tiny, dl.SamplingParams.greedy())
-    assert named(found, "sort") == [] and named(found, "top_k") == []
-    # The argmax: the max of the scores (f32) and the min of the ids holding it (s32); nothing
-    # else reduces a [B, V] array (the NaN check reuses the max).
-    assert programs.reductions_over(found, tiny.config.vocab_size) == [
+    conds = programs.conds(found)
+    for branch, count in ((0, len(processors.PROCESSORS)), (1, BEFORE_TEMPERATURE)):
+        skips = [c for c in conds if c.branches == processors_scope(found, branch)]
+        assert len(skips) == count
+        assert all(len(c.params["branches"][0].jaxpr.eqns) == 0 for c in skips)
+    plain = processors_scope(found, 1)[:1] + ((processors_scope(found, 1)[1][0], 0),)
+    assert not [c for c in conds if c.branches[:2] == plain]
+    numbers = {id(c): n for n, c in enumerate(conds)}
+    skipping = {numbers[id(c)] for c in conds if c.branches in
+                (processors_scope(found, 0), processors_scope(found, 1))}
+    for search in named(found, "while"):
+        assert any((n, 1) in search.branches for n in skipping), search.branches
+
+
+def test_the_argmax_branch_reduces_the_vocabulary_for_the_argmax_alone(tiny):
+    """When no processor before temperature is on, the greedy branch reduces ``[B, V]`` arrays
+    only for the argmax (a max and the min of the ids holding it; the NaN check's max of the raw
+    logits is that same max), and draws no random numbers: the logit bias's flag is set once,
+    when the parameters are made, not every step."""
+    found = step_equations(tiny, dl.SamplingParams.greedy())
+    top, group = processors_scope(found, 1)
+    plain = [e for e in found if e.branches in ((top,), (top, (group[0], 0)))]
+    assert programs.reductions_over(plain, tiny.config.vocab_size) == [
         ("reduce_max", "float32"), ("reduce_min", "int32")]
+    greedy = [e for e in found if e.branches[:1] == (top,)]
+    assert named(greedy, "random_bits") == []
 
 
-def test_a_greedy_draw_has_no_branch_and_no_softmax():
-    """A greedy step of a stand-in model (a one-hot of its cache: no branch, no exponential and
-    no logarithm of its own) runs none either: the draw is an argmax."""
+def test_the_argmax_branch_of_a_stand_in_model_has_no_exponential():
+    """A stand-in model (a one-hot of its cache: no exponential or logarithm of its own): its
+    greedy branch, processors aside, has no softmax: the argmax needs none."""
     found = step_equations(NextToken(), dl.SamplingParams.greedy())
-    assert {"cond", "exp", "exp2", "log", "log1p", "logistic"}.isdisjoint(
-        e.primitive for e in found)
+    greedy = [e for e in found if e.branches == ((choice(found), 1),)]
+    assert {"exp", "exp2", "log", "log1p", "logistic"}.isdisjoint(e.primitive for e in greedy)
 
 
-def test_a_top_p_step_sorts_only_in_its_fallback_branch(tiny):
-    found = step_equations(tiny, dl.SamplingParams(temperature=0.8, top_p=0.95))
-    sorts = named(found, "sort")
-    assert sorts  # the fallback is traced in
-    # Never outside a branch, and always in a cond's branch 1: lax.cond's branch when the
-    # predicate holds, the fallback.
-    assert all(any(index == 1 for _, index in e.branches) for e in sorts)
-    # The fallback's and the draw's (vocabulary, per row, candidates); no branch per processor.
-    assert sorted(len(c.params["branches"]) for c in programs.conds(found)) == [2, 3]
+def test_nothing_in_the_step_sorts_and_a_draw_takes_one_uniform_per_row(tiny):
+    found = step_equations(tiny, dl.SamplingParams(temperature=0.8, top_k=40, top_p=0.95))
+    assert named(found, "sort") == [] and named(found, "top_k") == []
+    assert {e.output_types[0].shape for e in named(found, "random_bits")} == {(B,)}
 
 
-def random_bits(found: list[programs.Equation], where) -> set[tuple[int, ...]]:
-    """The shapes of the random bits made by the equations whose enclosing branches satisfy
-    ``where``."""
-    return {e.output_types[0].shape for e in named(found, "random_bits") if where(e.branches)}
-
-
-def test_a_top_p_step_draws_over_the_vocabulary_only_when_a_row_does_not_fit(tiny):
-    """The draw's cond: branch 0 (no row fits in the candidates) and branch 1 (some do) make
-    B x V random bits; branch 2 (every row fits: its nucleus within the candidates) makes B x C
-    and no B x V; nothing outside the branches makes either."""
-    V, C = tiny.config.vocab_size, sampling.Plan(active=()).candidates
-    assert C < V
-    found = step_equations(tiny, dl.SamplingParams(temperature=0.8, top_p=0.95))
-    (draw,) = [n for n, c in enumerate(programs.conds(found)) if len(c.params["branches"]) == 3]
-    vocabulary, per_row, candidates = (random_bits(found, lambda inside, b=b: (draw, b) in inside)
-                                       for b in range(3))
-    assert (B, V) in vocabulary and (B, C) not in vocabulary
-    assert (B, V) in per_row and (B, C) in per_row
-    assert (B, C) in candidates and (B, V) not in candidates
-    assert random_bits(found, lambda inside: not inside).isdisjoint({(B, V), (B, C)})
+def test_the_decode_loop_is_one_program_without_a_sort(tiny):
+    """The lowered loop is the same text for greedy and for every processor on, and it holds no
+    sort and no top-k operation (top-k and top-p cut by a search, not a sort)."""
+    texts = []
+    for params in (SETTINGS[0], SETTINGS[17]):
+        graphdef, weights, state = initial_state(tiny, params)
+        texts.append(decode.DECODE_LOOP.loop.lower(weights, state, graphdef=graphdef).as_text())
+    assert texts[0] == texts[1]
+    assert not re.search(r"stablehlo\.sort|chlo\.top_k", texts[0])
 
 
 def test_a_penalised_step_updates_the_carried_counts_by_one_token_per_row(tiny):
-    """Every scatter into a ``[B, V]`` array writes B updates (the sampled tokens), not B x S
-    (the counts rebuilt from the history, as ``Plan.ANY`` does)."""
+    """Outside the processors, every scatter into a ``[B, V]`` array writes B updates (the
+    sampled tokens into the carried counts), never B x S (counts rebuilt from the token buffer);
+    inside them only no-repeat-n-gram scatters the history, in the branch that runs when a row
+    enables it."""
     V = tiny.config.vocab_size
-    params = dl.SamplingParams(temperature=0.7, repetition_penalty=1.2, frequency_penalty=0.3)
-    for any_plan, updates in ((False, B), (True, B * MAX_LEN)):
-        found = step_equations(tiny, params, any_plan=any_plan)
-        into_counts = {programs.elements(e.input_types[2]) for e in found
-                       if e.primitive.startswith("scatter") and e.input_types[0].shape == (B, V)}
-        assert into_counts == {updates}
+    found = step_equations(tiny, dl.SamplingParams(temperature=0.7, repetition_penalty=1.2,
+                                                   frequency_penalty=0.3))
+    into_counts = [e for e in found
+                   if e.primitive.startswith("scatter") and e.input_types[0].shape == (B, V)]
+    assert {programs.elements(e.input_types[2]) for e in into_counts if not e.branches} == {B}
+    ngram = {processor_conds(found, branch)["no_repeat_ngram_size"] for branch in (0, 1)}
+    inside = [e for e in into_counts if e.branches]
+    assert inside and all(any((n, 1) in e.branches for n in ngram) for e in inside)
 
 
-def engine_step_equations(model, engine) -> list[programs.Equation]:
-    """The equations of one round of the engine's step over its current state."""
-    graphdef, weights = nnx.split(model)
-    operands = (weights, jnp.asarray(1, jnp.int32))
-    carry = (jnp.zeros((), jnp.int32), engine.state)
-    return programs.equations(engine_programs.ADVANCE.step, operands, carry, graphdef=graphdef)
+# --- What the loop records ------------------------------------------------------------------------
 
 
-def test_an_engine_serving_greedy_requests_steps_with_an_argmax(tiny):
-    """The engine's plan is what its requests enable: greedy requests give a step with no sort,
-    no top-k and no reduction over the vocabulary but the argmax's two, as ``generate``'s greedy
-    step. An engine that serves top-p has the candidates' top-k in its step."""
-    V = tiny.config.vocab_size
-    engine = SlotEngine(tiny, 2, MAX_LEN)
-    engine.insert(Request(id=0, prompt=[5, 17, 300], max_new_tokens=4))
-    engine.insert(Request(id=1, prompt=[9], max_new_tokens=4, seed=3))
-    assert engine.plan.greedy
-    found = engine_step_equations(tiny, engine)
-    assert named(found, "sort") == [] and named(found, "top_k") == []
-    assert programs.reductions_over(found, V) == [("reduce_max", "float32"),
-                                                  ("reduce_min", "int32")]
-    sampled = SlotEngine(tiny, 2, MAX_LEN, options=EngineOptions(
-        serves=[dl.SamplingParams(temperature=0.8, top_p=0.95)]))
-    assert named(engine_step_equations(tiny, sampled), "top_k")
+def run_loop(model, params: dl.SamplingParams):
+    graphdef, weights, state = initial_state(model, params, top_n=3, with_entropy=True)
+    return decode.DECODE_LOOP.run(weights, state, graphdef=graphdef)
 
 
-# --- Outputs equal those of the plan that traces every processor ----------------------------------
+def test_greedy_rows_beside_sampled_rows_record_what_a_greedy_batch_records(tiny):
+    """Rows 0 and 2 greedy (row 0 with a presence penalty) beside a sampled row 1: their tokens,
+    log-probabilities, top log-probabilities and entropies equal, bit for bit, those of the
+    batch whose every row is greedy (which takes the argmax branch at every step)."""
+    mixed = run_loop(tiny, dl.SamplingParams(temperature=[0.0, 0.9, 0.0], top_p=[1.0, 0.8, 1.0],
+                                             presence_penalty=[0.5, 0.0, 0.0]))
+    greedy = run_loop(tiny, dl.SamplingParams(temperature=0.0, presence_penalty=[0.5, 0.0, 0.0]))
+    rows = np.asarray([0, 2])
+    for field in ("tokens", "lengths", "finish", "logprobs", "top_logprobs", "top_ids", "entropy"):
+        np.testing.assert_array_equal(np.asarray(getattr(mixed, field))[rows],
+                                      np.asarray(getattr(greedy, field))[rows], err_msg=field)
+    assert not np.array_equal(np.asarray(mixed.tokens)[1], np.asarray(greedy.tokens)[1])
 
 
 @pytest.mark.parametrize("params", [
@@ -160,29 +258,23 @@ def test_an_engine_serving_greedy_requests_steps_with_an_argmax(tiny):
     dl.SamplingParams(temperature=[0.8, 0.0, 1.2], top_p=[0.9, 1.0, 0.5], top_k=[0, 5, 40],
                       frequency_penalty=[0.5, 0.0, 0.3], presence_penalty=0.2),
 ], ids=["greedy", "greedy-penalised", "mixed"])
-def test_a_plan_records_exactly_what_the_any_plan_records(tiny, params):
-    """Same tokens, log-probabilities, top log-probabilities and entropies, bit for bit: the
-    greedy fast path reports what the processed distribution gives, and the penalty counts the
-    plan's loop carries are those ``Plan.ANY`` counts from the tokens every step."""
-    outputs = []
-    for any_plan in (False, True):
-        graphdef, weights, state = initial_state(tiny, params, top_n=3, with_entropy=True,
-                                                 any_plan=any_plan)
-        assert (state.params.plan.active is None) == any_plan
-        penalised = "penalty" in " ".join(state.params.plan.active or ())
-        assert (state.seen is not None or state.output_counts is not None) == penalised
-        final = decode.DECODE_LOOP.run(weights, state, graphdef=graphdef)
-        outputs.append(jax.device_get((final.tokens, final.lengths, final.finish, final.logprobs,
-                                       final.top_logprobs, final.top_ids, final.entropy)))
-    for planned, traced_all in zip(*outputs):
-        np.testing.assert_array_equal(planned, traced_all)
+def test_the_carried_counts_are_the_counts_of_the_tokens(tiny, params):
+    """After the loop, the output counts and seen tokens carried step by step equal those
+    recounted from the final token buffer (``carried_counts``)."""
+    final = run_loop(tiny, params)
+    recounted = decode.carried_counts(final.history_at(final.tokens, final.lengths),
+                                      tiny.config.vocab_size)
+    assert int(final.output_counts.sum()) == int((final.lengths - final.prompt_lengths).sum())
+    for name, counts in recounted.items():
+        np.testing.assert_array_equal(getattr(final, name), counts, err_msg=name)
 
 
-# --- Top-k and top-p through a capped candidate set -----------------------------------------------
+# --- Top-k and top-p: the sort-based sets, and draws from them ------------------------------------
 
 V = 512
-CAP = 16
 _process = jax.jit(sampling.process_logits)
+_logprobs = jax.jit(sampling.processed_logprobs)
+_draw = jax.jit(sampling.draw)
 
 
 def empty_history(rows: int) -> sampling.History:
@@ -191,139 +283,114 @@ def empty_history(rows: int) -> sampling.History:
                             lengths=zeros, eos_mask=jnp.zeros((V,), bool))
 
 
-def kept(params: dl.SamplingParams, logits: np.ndarray, candidates: int) -> np.ndarray:
+def kept(params: dl.SamplingParams, logits: np.ndarray) -> np.ndarray:
     """``[B, V]`` bool: the tokens the processed logits keep."""
     rows = logits.shape[0]
-    row_params = params.per_row(rows, V, candidates=candidates)
-    return np.asarray(_process(jnp.asarray(logits), row_params, empty_history(rows))) > -np.inf
+    out = _process(jnp.asarray(logits), params.per_row(rows, V), empty_history(rows))
+    return np.asarray(out) > -np.inf
+
+
+def sorted_reference(logits: np.ndarray, top_k: int, top_p: float) -> np.ndarray:
+    """``[V]`` bool by the sort-based definitions: top-k keeps the k largest (a stable sort:
+    the lowest ids among ties), then top-p keeps, in that order, each token while the mass
+    before it is below p (float64 sums), with every token tied with the last one kept."""
+    keep = np.ones(V, bool)
+    order = np.argsort(-logits, kind="stable")
+    if top_k:
+        keep[order[top_k:]] = False
+    if top_p < 1.0:
+        z = np.where(keep, logits.astype(np.float64), -np.inf)
+        p = np.exp(z - z.max())
+        p /= p.sum()
+        order = np.argsort(-z, kind="stable")
+        before = np.concatenate([[0.0], np.cumsum(p[order])[:-1]])
+        last = z[order][before < top_p].min()
+        keep &= z >= last
+    return keep
 
 
 def random_logits(rows: int, seed: int) -> np.ndarray:
     logits = 4.0 * np.random.default_rng(seed).standard_normal((rows, V)).astype(np.float32)
-    logits[:, 100:110] = logits[:, 7:8]  # ties with a token inside the candidates
+    logits[:, 100:110] = logits[:, 7:8]  # ties with a large token
     return logits
 
 
-@pytest.mark.parametrize("params", [
-    dl.SamplingParams(top_p=[0.3, 0.6, 0.2, 1.0]),
-    dl.SamplingParams(top_k=[1, 5, CAP, 0]),
-    dl.SamplingParams(top_k=[3, 12, 8, 16], top_p=[0.5, 0.7, 0.9, 0.4]),
-    dl.SamplingParams(temperature=2.0, top_p=[0.99, 0.5, 0.95, 0.8]),  # 0.99: needs the fallback
-    dl.SamplingParams(top_k=[3, 100, 2, 0]),  # 100 > the cap: the fallback
-], ids=["top-p", "top-k", "both", "top-p-fallback", "top-k-fallback"])
-def test_capped_candidates_keep_exactly_what_the_full_sort_keeps(params):
+@pytest.mark.parametrize("top_k, top_p", [
+    ([0, 0, 0, 0], [0.3, 0.6, 0.2, 1.0]),
+    ([1, 5, 16, 0], [1.0] * 4),
+    ([3, 12, 8, 16], [0.5, 0.7, 0.9, 0.4]),
+    ([3, 100, 2, 0], [1.0, 0.99, 0.95, 0.999]),
+], ids=["top-p", "top-k", "both", "wide"])
+def test_top_k_and_top_p_keep_exactly_what_the_sort_based_definition_keeps(top_k, top_p):
     logits = random_logits(4, seed=1)
-    reference = kept(params, logits, candidates=V)  # candidates >= V: the full sort
-    np.testing.assert_array_equal(kept(params, logits, candidates=CAP), reference)
+    logits[:, 7] = np.sort(logits[0])[-3]  # the tied group: the third largest logit
+    got = kept(dl.SamplingParams(top_k=top_k, top_p=top_p), logits)
+    for r in range(4):
+        np.testing.assert_array_equal(got[r], sorted_reference(logits[r], top_k[r], top_p[r]))
 
 
-def test_a_nearly_flat_distribution_takes_the_fallback():
+def test_a_nearly_flat_distribution_keeps_its_whole_nucleus():
     """Logits -i/1000 (token i): the first n tokens hold (1 - r^n) / (1 - r^512) of the mass,
-    r = e^-0.001, which reaches 0.5 at n = 223.58, so top_p 0.5 keeps tokens 0..223: 224, more
-    than the 16 candidates, so the row falls back to the full sort. The peaked row beside it
-    keeps its two tokens of logit 40 (mass 0.5 before the second)."""
+    r = e^-0.001, which reaches 0.5 at n = 223.58, so top_p 0.5 keeps tokens 0..223. The peaked
+    row beside it keeps its two tokens of logit 40 (mass 0.5 before the second)."""
     logits = np.zeros((2, V), np.float32)
     logits[0] = -np.arange(V, dtype=np.float32) / 1000
     logits[1, [3, 9]] = 40.0
-    params = dl.SamplingParams(top_p=0.5)
-    out = kept(params, logits, candidates=CAP)
+    out = kept(dl.SamplingParams(top_p=0.5), logits)
     np.testing.assert_array_equal(np.flatnonzero(out[0]), np.arange(224))
     np.testing.assert_array_equal(np.flatnonzero(out[1]), [3, 9])
-    np.testing.assert_array_equal(out, kept(params, logits, candidates=V))
 
 
-# --- Drawing among candidates ---------------------------------------------------------------------
-
-_draw = jax.jit(sampling.draw)
-_logprobs = jax.jit(sampling.processed_logprobs)
-
-
-def test_a_draw_among_candidates_is_exactly_the_top_k_distribution():
-    """Chi-square at significance 1e-3 over 4000 rows (each its own key): top-k 4 of logits
-    log(0.4, 0.3, 0.2, 0.1, then 0.01 spread over the rest) draws among the 16 candidates, with
-    probabilities 0.4 / 0.3 / 0.2 / 0.1 renormalised over the four kept (total 1.0 of 1.01)."""
-    rows = 4000
-    p = np.full(V, 0.01 / (V - 4))
-    p[[10, 20, 30, 40]] = [0.4, 0.3, 0.2, 0.1]
-    params = dl.SamplingParams(top_k=4)
-    logits = np.tile(np.log(p).astype(np.float32), (rows, 1))
-    history = empty_history(rows)
-    row_params = params.per_row(rows, V, candidates=CAP)
-    logprobs = _logprobs(jnp.asarray(logits), row_params, history)
-    tokens = np.asarray(_draw(logprobs, row_params, sampling.batch_keys(0, rows)))
-    counts = np.bincount(tokens, minlength=V)
-    assert counts.sum() == counts[[10, 20, 30, 40]].sum()
-    expected = np.array([0.4, 0.3, 0.2, 0.1]) * rows
-    assert scipy.stats.chisquare(counts[[10, 20, 30, 40]], expected).pvalue > 1e-3
-
-
-_sample = jax.jit(sampling.sample_tokens)
-
-
-def draws(params: dl.SamplingParams, logits: np.ndarray, seed: int):
-    """``draw``'s tokens for each row (row r keyed by ``fold_in(key(seed), r)``) and the tokens
-    the vocabulary-wide draw (``sample_tokens``) gives with the same keys."""
+def draws(params: dl.SamplingParams, logits: np.ndarray, seed: int) -> np.ndarray:
+    """``draw``'s token for each row, row r keyed by ``fold_in(fold_in(key(seed), r), 0)``."""
     rows = logits.shape[0]
-    row_params = params.per_row(rows, V, candidates=CAP)
-    logprobs = _logprobs(jnp.asarray(logits), row_params, empty_history(rows))
-    keys = sampling.batch_keys(seed, rows)
-    return np.asarray(_draw(logprobs, row_params, keys)), np.asarray(_sample(logprobs, keys))
+    logprobs = _logprobs(jnp.asarray(logits), params.per_row(rows, V), empty_history(rows))
+    keys = sampling.row_keys(sampling.batch_keys(seed, rows), jnp.zeros((rows,), jnp.int32))
+    return np.asarray(_draw(logprobs, keys))
 
 
-def test_a_top_p_draw_among_candidates_is_exactly_the_nucleus_distribution():
-    """Chi-square at significance 1e-3 over 4000 rows: top-p 0.8 of the logits above keeps
-    tokens 10, 20 and 30 (mass before them 0, 0.4 / 1.01, 0.7 / 1.01 < 0.8; before token 40
-    0.9 / 1.01 >= 0.8), with probabilities 0.4 / 0.3 / 0.2 renormalised over 0.9. Three tokens
-    fit in the 16 candidates, so the rows draw among those: another stream than the
-    vocabulary-wide draw with the same keys (many rows differ), the same distribution."""
-    rows = 4000
+def four_tokens(rows: int) -> np.ndarray:
+    """Logits log(0.4, 0.3, 0.2, 0.1) at tokens 10, 20, 30, 40, 0.01 spread over the rest."""
     p = np.full(V, 0.01 / (V - 4))
     p[[10, 20, 30, 40]] = [0.4, 0.3, 0.2, 0.1]
-    logits = np.tile(np.log(p).astype(np.float32), (rows, 1))
-    tokens, over_vocabulary = draws(dl.SamplingParams(top_p=0.8), logits, seed=0)
-    counts = np.bincount(tokens, minlength=V)
-    assert counts.sum() == counts[[10, 20, 30]].sum()
-    expected = np.array([0.4, 0.3, 0.2]) / 0.9 * rows
-    assert scipy.stats.chisquare(counts[[10, 20, 30]], expected).pvalue > 1e-3
-    assert np.mean(tokens != over_vocabulary) > 0.3
+    return np.tile(np.log(p).astype(np.float32), (rows, 1))
 
 
-def test_a_top_p_row_whose_nucleus_does_not_fit_draws_over_the_vocabulary():
-    """The nearly flat row above keeps 224 tokens under top-p 0.5, more than the 16 candidates:
-    its draw is the vocabulary-wide draw, token for token, so exact (chi-square at significance
-    1e-3 over the 224 kept tokens, 2000 rows)."""
+@pytest.mark.parametrize("params, support, expected", [
+    # top-k 4: the four, renormalised over 1.0 of 1.01
+    (dl.SamplingParams(top_k=4), [10, 20, 30, 40], [0.4, 0.3, 0.2, 0.1]),
+    # top-p 0.8: mass before 10, 20, 30 is 0, 0.4 / 1.01, 0.7 / 1.01 < 0.8; before 40 0.9 / 1.01
+    (dl.SamplingParams(top_p=0.8), [10, 20, 30], np.array([0.4, 0.3, 0.2]) / 0.9),
+], ids=["top-k", "top-p"])
+def test_a_truncated_draw_is_exactly_the_kept_distribution(params, support, expected):
+    """Chi-square at significance 1e-3 over 4000 rows, each its own key; no other token."""
+    rows = 4000
+    counts = np.bincount(draws(params, four_tokens(rows), seed=0), minlength=V)
+    assert counts.sum() == counts[support].sum()
+    assert scipy.stats.chisquare(counts[support], np.asarray(expected) * rows).pvalue > 1e-3
+
+
+def test_a_wide_nucleus_draw_is_exactly_its_distribution():
+    """The nearly flat row above keeps 224 tokens under top-p 0.5 (chi-square at significance
+    1e-3 over them, 2000 rows)."""
     rows = 2000
     logits = np.tile(-np.arange(V, dtype=np.float32) / 1000, (rows, 1))
-    tokens, over_vocabulary = draws(dl.SamplingParams(top_p=0.5), logits, seed=1)
-    np.testing.assert_array_equal(tokens, over_vocabulary)
-    counts = np.bincount(tokens, minlength=V)
+    counts = np.bincount(draws(dl.SamplingParams(top_p=0.5), logits, seed=1), minlength=V)
     assert counts[224:].sum() == 0
     q = np.exp(logits[0, :224].astype(np.float64))
     assert scipy.stats.chisquare(counts[:224], q / q.sum() * rows).pvalue > 1e-3
 
 
-def test_the_draw_rule_is_per_row():
-    """A top-k row draws the same token whether its batch-mate also draws among candidates (the
-    vocabulary-wide draw skipped) or not (both draws, selected per row)."""
-    logits = random_logits(2, seed=3)
-    keys = sampling.batch_keys(5, 2)
-    history = empty_history(2)
-    tokens = []
-    for top_k in ([6, 9], [6, 0]):
-        row_params = dl.SamplingParams(top_k=top_k).per_row(2, V, candidates=CAP)
-        logprobs = _logprobs(jnp.asarray(logits), row_params, history)
-        tokens.append(np.asarray(_draw(logprobs, row_params, keys)))
-    assert tokens[0][0] == tokens[1][0]
-
-
-def test_the_top_p_draw_rule_is_per_row():
-    """Under top-p 0.5 a peaked row keeps 2 tokens (it fits in the candidates) and the nearly
-    flat row 224 (it does not). Each row draws the same token beside the other (both draws run,
-    selected per row) as beside a copy of itself (only its own kind of draw runs)."""
-    peaked, flat = random_logits(1, seed=4)[0], -np.arange(V, dtype=np.float32) / 1000
-    params = dl.SamplingParams(top_p=0.5)
-    assert kept(params, peaked[None], CAP).sum() == 2
-    mixed, _ = draws(params, np.stack([peaked, flat]), seed=6)
-    fitting, _ = draws(params, np.stack([peaked, peaked]), seed=6)
-    not_fitting, _ = draws(params, np.stack([flat, flat]), seed=6)
-    assert mixed[0] == fitting[0] and mixed[1] == not_fitting[1]
+@pytest.mark.parametrize("variants, first, mates", [
+    ([dl.SamplingParams(top_k=[6, 9]), dl.SamplingParams(top_k=[6, 0])],
+     random_logits(1, seed=3)[0], random_logits(3, seed=4)),
+    ([dl.SamplingParams(top_p=0.5)], random_logits(1, seed=4)[0],
+     np.stack([-np.arange(V, dtype=np.float32) / 1000, random_logits(1, seed=4)[0],
+               np.zeros(V, np.float32)])),
+], ids=["top-k", "top-p"])
+def test_a_draw_does_not_depend_on_the_batch_mate(variants, first, mates):
+    """Row 0 draws the same token whatever row 1 holds (a nearly flat row, a copy of row 0, a
+    flat row, ...) and whatever row 1's setting is (top-k 9 or none)."""
+    tokens = {int(draws(params, np.stack([first, mate]), seed=5)[0])
+              for params in variants for mate in mates}
+    assert len(tokens) == 1

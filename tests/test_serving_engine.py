@@ -1,7 +1,7 @@
 """SlotEngine: every request's tokens equal ``generate`` on that request alone, whatever its slot,
-batch-mates, steps per call or the processors the engine's plan held when it arrived; a reused
-slot holds nothing of its previous request; requests that cannot fit, or that enable processors
-an engine was built not to serve, are refused; the plan compiles once per new set."""
+batch-mates, steps per call or the processors of the requests before it; a reused slot holds
+nothing of its previous request; requests that cannot fit are refused, any valid parameters are
+served; one compiled step serves every mix of requests."""
 
 import collections
 
@@ -166,9 +166,6 @@ def test_insert_and_run_refuse_an_id_that_is_already_decoding(tiny):
     (dict(num_slots=2, max_len=1), "max_len must be an int >= 2, got 1"),
     (dict(num_slots=2, max_len=S, options=EngineOptions(eos_ids=[600])),
      "eos_ids must be token ids in"),
-    (dict(num_slots=2, max_len=S,
-          options=EngineOptions(serves=[dl.SamplingParams(top_k=[1, 2])])),
-     "serves\\[0\\] must be one request's parameters: top_k has 2 values but the batch has 1"),
     (dict(num_slots=2, max_len=S, options={"prefill_chunk": 8}),
      "options must be an EngineOptions, got \\{'prefill_chunk': 8\\}"),
 ])
@@ -182,9 +179,6 @@ def test_bad_engine_arguments(tiny, kwargs, match):
     (dict(eos_ids=[1, -1]), "eos_ids must be token ids \\(ints >= 0\\), got -1"),
     (dict(max_stop_sequences=-1), "max_stop_sequences must be an int >= 0, got -1"),
     (dict(max_stop_width=0), "max_stop_width must be an int >= 1, got 0"),
-    (dict(serves=GREEDY), "serves must be a non-empty list of SamplingParams"),
-    (dict(serves=[]), "serves must be a non-empty list"),
-    (dict(serves=[GREEDY, "greedy"]), "serves\\[1\\] must be a SamplingParams, got 'greedy'"),
     (dict(prefill_chunk=0), "prefill_chunk must be None \\(whole prompts\\) or an int >= 1, got 0"),
 ])
 def test_bad_engine_options(kwargs, match):
@@ -218,10 +212,10 @@ def test_bad_request_fields(kwargs, match):
 
 
 def test_new_requests_reuse_the_compiled_programs(tiny):
-    """Prompt lengths within a bucket, parameter values, seeds, budgets and stop sequences are
-    array values: serving more requests of the processors an engine serves compiles none of its
-    programs again (eager helper ops such as the gather of finished rows are not counted)."""
-    serves = [GREEDY, dl.SamplingParams(temperature=0.5, top_k=5)]
+    """Prompt lengths within a bucket, parameter values (which processors are on included),
+    seeds, budgets and stop sequences are array values: after a warm-up on greedy requests,
+    serving requests with any processors compiles none of the engine's programs again (eager
+    helper ops such as the gather of finished rows are not counted)."""
     counts = collections.Counter()
 
     def listen(event, duration, **kwargs):
@@ -229,60 +223,59 @@ def test_new_requests_reuse_the_compiled_programs(tiny):
             counts[kwargs.get("fun_name")] += 1
 
     # Warm: every program once (three requests in two slots: prefills of two prompts and of one).
-    SlotEngine(tiny, 2, S, options=EngineOptions(serves=serves)).run(
-        [*make_requests(2), Request(id=2, prompt=[3, 4], max_new_tokens=2)], n=3)
+    SlotEngine(tiny, 2, S).run(
+        [Request(id=i, prompt=[1 + i, 2], max_new_tokens=3) for i in range(2)]
+        + [Request(id=2, prompt=[3, 4], max_new_tokens=2)], n=3)
     jax.monitoring.register_event_duration_secs_listener(listen)
     try:
         rng = np.random.default_rng(5)
         requests = [Request(id=i, prompt=rng.integers(0, 512, int(rng.integers(1, 16))).tolist(),
                             max_new_tokens=int(rng.integers(1, 20)),
                             params=dl.SamplingParams(temperature=float(rng.uniform(0, 1.5)),
-                                                     top_k=int(rng.integers(0, 50))),
+                                                     top_k=int(rng.integers(0, 50)),
+                                                     top_p=(1.0, 0.9)[i % 2],
+                                                     min_p=(0.0, 0.1)[i // 3],
+                                                     repetition_penalty=(1.0, 1.2)[i // 2 % 2]),
                             seed=i, stop_sequences=[[int(rng.integers(0, 512))]] * (i % 2))
                     for i in range(6)]
-        SlotEngine(tiny, 2, S, options=EngineOptions(serves=serves)).run(
-            requests, n=int(rng.integers(1, 5)))
+        SlotEngine(tiny, 2, S).run(requests, n=int(rng.integers(1, 5)))
     finally:
         jax.monitoring.unregister_event_duration_listener(listen)
     programs = ("prefill_rows", "_advance_loop", "harvest")
     assert all(counts[name] == 0 for name in programs), counts
 
 
-def test_a_new_set_of_processors_compiles_once_and_the_plan_only_grows(tiny):
-    """By default the plan is what the admitted requests enable: greedy requests run the greedy
-    plan; the first top-k request compiles each program once more (the plan grows to
-    temperature + top-k, sampled); later requests within that set, greedy ones included,
-    compile nothing, and neither does another engine reaching the same set in another order.
-    (5 slots of 40: no other test compiles these programs; every run prefills two prompts of one
-    bucket together, so the prefill's shape is the same throughout.)"""
+def test_greedy_then_top_k_then_top_p_requests_run_one_program_and_equal_generate(tiny):
+    """One engine admits greedy requests, then top-k ones beside greedy, then top-p ones beside
+    top-k: each program compiles once (5 slots of 40: no other test compiles these programs;
+    every run prefills two prompts of one bucket together, so the prefill's shape is the same
+    throughout), and every request gets exactly the tokens and log-probabilities ``generate``
+    gives it alone."""
     def request(i, params):
-        return Request(id=i, prompt=[1 + i, 2, 3], max_new_tokens=3, params=params, seed=i)
+        return Request(id=i, prompt=[1 + i, 2, 3], max_new_tokens=6, params=params, seed=i)
 
-    programs = ("prefill_rows", "_advance_loop", "harvest", "replan")
     top_k = dl.SamplingParams(temperature=0.7, top_k=9)
-    with compiles.count_traces() as counts:
-        engine = SlotEngine(tiny, 5, 40)
-        engine.run([request(0, GREEDY), request(1, GREEDY)])
-        assert engine.plan == dl.sampling.Plan(active=("temperature",), greedy=True)
-        first = {name: counts[name] for name in programs}
-        assert first == dict(prefill_rows=1, _advance_loop=1, harvest=1, replan=0)
-        engine.run([request(2, top_k), request(8, GREEDY)])
-        assert engine.plan == dl.sampling.Plan(active=("temperature", "top_k"))
-        grown = {name: counts[name] for name in programs}
-        assert grown == dict(prefill_rows=2, _advance_loop=2, harvest=2, replan=1)
-        engine.run([request(3, top_k.replace(top_k=3)), request(4, GREEDY)])
-        engine.run([request(5, dl.SamplingParams(temperature=1.3)), request(9, GREEDY)])
-        other = SlotEngine(tiny, 5, 40)
-        other.run([request(6, top_k), request(7, GREEDY)])
-        assert other.plan == engine.plan
-        assert {name: counts[name] for name in programs} == grown
+    top_p = dl.SamplingParams(temperature=1.1, top_p=0.8)
+    runs = [[request(0, GREEDY), request(1, GREEDY)], [request(2, top_k), request(3, GREEDY)],
+            [request(4, top_p), request(5, top_k.replace(top_k=3))]]
+    programs = ("prefill_rows", "_advance_loop", "harvest")
+    engine, done = SlotEngine(tiny, 5, 40), {}
+    with compiles.count_compiles() as counts:
+        for run in runs:
+            done |= engine.run(run)
+    assert {name: counts[name] for name in programs} == dict.fromkeys(programs, 1), counts
+    for request in (r for run in runs for r in run):
+        ref = dl.generate(tiny, [list(request.prompt)], request.params, request.max_new_tokens,
+                          seed=[request.seed], max_len=40)
+        assert done[request.id].tokens == ref.token_lists()[0]
+        np.testing.assert_allclose(done[request.id].logprobs, ref.logprobs[0, :ref.lengths[0]],
+                                   rtol=0, atol=1e-5)
 
 
-def test_a_plan_that_grows_while_requests_decode_keeps_their_tokens(tiny):
-    """A greedy request with a presence penalty decodes 3 tokens under a greedy plan (output
-    counts carried); a sampled request with a repetition penalty and min-p joins, so the plan
-    grows and the seen tokens are counted from the first row's tokens. Both give the tokens
-    ``generate`` gives each alone."""
+def test_a_sampled_request_joining_a_greedy_one_keeps_both_their_tokens(tiny):
+    """A greedy request with a presence penalty decodes 3 tokens alone (its output counts carried
+    in the state: the counts of those tokens); a sampled request with a repetition penalty and
+    min-p joins. Both give the tokens ``generate`` gives each alone."""
     first = Request(id="greedy", prompt=[5, 17, 5, 300], max_new_tokens=12,
                     params=dl.SamplingParams(temperature=0.0, presence_penalty=0.8), seed=3)
     second = Request(id="sampled", prompt=[9, 9, 40], max_new_tokens=9, seed=4,
@@ -291,10 +284,12 @@ def test_a_plan_that_grows_while_requests_decode_keeps_their_tokens(tiny):
     engine = SlotEngine(tiny, 2, S)
     engine.insert(first)
     assert engine.step(3).generated == {"greedy": 3}
-    assert engine.plan.greedy and engine.state.seen is None
+    state = engine.state
+    output = np.asarray(state.tokens[0, len(first.prompt):int(state.lengths[0])])
+    np.testing.assert_array_equal(state.output_counts[0], np.bincount(output, minlength=512))
+    np.testing.assert_array_equal(
+        np.flatnonzero(state.seen[0]), np.unique([*first.prompt, *output.tolist()]))
     engine.insert(second)
-    assert engine.plan == dl.sampling.Plan(
-        active=("repetition_penalty", "presence_penalty", "temperature", "min_p"))
     done = engine.run([])
     for request in (first, second):
         ref = alone(tiny, request)
@@ -303,24 +298,15 @@ def test_a_plan_that_grows_while_requests_decode_keeps_their_tokens(tiny):
                                    rtol=0, atol=1e-5)
 
 
-def test_an_engine_built_to_serve_a_set_refuses_a_request_outside_it(tiny):
-    engine = SlotEngine(tiny, 2, S, options=EngineOptions(
-        serves=[GREEDY, dl.SamplingParams(temperature=0.8, top_p=0.9)]))
-    assert engine.plan == dl.sampling.Plan(active=("temperature", "top_p"))
-    assert engine.check(Request(id=0, prompt=[1], max_new_tokens=2, params=SAMPLED)) == (
-        f"params enable ['top_k'], which the engine does not serve (its plan is fixed by "
-        f"serves: {engine.plan})")
-    assert engine.check(Request(id=1, prompt=[1], max_new_tokens=2,
-                                params=dl.SamplingParams(top_p=0.5))) is None
-    greedy_only = SlotEngine(tiny, 2, S, options=EngineOptions(serves=[GREEDY]))
-    assert greedy_only.check(Request(id=2, prompt=[1], max_new_tokens=2,
-                                     params=dl.SamplingParams(temperature=0.5))) == (
-        f"params are sampled, which the engine does not serve (its plan is fixed by serves: "
-        f"{greedy_only.plan})")
-    with pytest.raises(ValueError, match="cannot be served: params enable"):
-        engine.insert(Request(id=0, prompt=[1], max_new_tokens=2, params=SAMPLED))
-    top_k_only = SlotEngine(tiny, 1, S,
-                            options=EngineOptions(serves=[dl.SamplingParams(top_k=5)]))
-    assert top_k_only.plan == dl.sampling.Plan(active=("top_k",))
-    assert top_k_only.check(Request(id=3, prompt=[1], max_new_tokens=2)).startswith(
-        "params enable ['temperature'], which the engine does not serve")
+def test_any_engine_serves_requests_with_any_processors(tiny):
+    """There is no set of processors an engine is built for: a greedy engine's check accepts a
+    sampled request (every processor on), and one with one value per processor but two rows'
+    worth of values is refused with the parameter's reason."""
+    engine = SlotEngine(tiny, 2, S)
+    engine.insert(Request(id=0, prompt=[1], max_new_tokens=2))
+    everything = dl.SamplingParams(temperature=0.8, top_k=5, top_p=0.9, min_p=0.05,
+                                   typical_p=0.9, repetition_penalty=1.2, no_repeat_ngram_size=2)
+    assert engine.check(Request(id=1, prompt=[1], max_new_tokens=2, params=everything)) is None
+    assert engine.check(Request(id=2, prompt=[1], max_new_tokens=2,
+                                params=dl.SamplingParams(top_k=[1, 2]))) == (
+        "params: top_k has 2 values but the batch has 1 rows; give one value or one per row")

@@ -2,10 +2,12 @@
 
 A round needs, per proposal, only the probability the drafter drew it with; a whole ``q`` row
 only at a sampled rejection. So no round holds a ``[B, gamma, V]`` block (a draft model's
-distributions, or a one-hot block for prompt lookup's), and a round in which every row is greedy
-compares argmaxes: no exponential or logarithm over the vocabulary at all, where a sampled round
-normalises the target's ``gamma + 1`` rows. These tests read the jaxpr of one round
-(``programs.equations``), as ``test_sampling_structure`` does for a decode step.
+distributions, or a one-hot block for prompt lookup's). A round is one program for greedy and
+sampled rows: when every row is greedy it takes the branches that compare argmaxes (branch 1 of
+each choice), which exponentiate nothing over the vocabulary, where the sampled branch
+normalises the target's ``gamma + 1`` rows; nothing outside those choices does either. These
+tests read the jaxpr of one round (``programs.equations``), as ``test_sampling_structure`` does
+for a decode step.
 """
 
 import numpy as np
@@ -44,10 +46,12 @@ def round_equations(cfg, drafter_kind: str, params: dl.SamplingParams) -> list:
                               drafter=drafter)
 
 
-def instructions(found: list[programs.Equation]) -> list[tuple[str, tuple[int, ...], str]]:
-    """``(element type, dims, primitive)`` of every array an equation makes."""
-    return [(str(t.dtype), t.shape, e.primitive) for e in found for t in e.output_types
-            if hasattr(t, "shape")]
+def instructions(found: list[programs.Equation], where=lambda branches: True
+                 ) -> list[tuple[str, tuple[int, ...], str]]:
+    """``(element type, dims, primitive)`` of every array made by an equation whose enclosing
+    cond branches satisfy ``where``."""
+    return [(str(t.dtype), t.shape, e.primitive) for e in found if where(e.branches)
+            for t in e.output_types if hasattr(t, "shape")]
 
 
 CASES = [(drafter, name) for drafter in ("draft model", "prompt lookup")
@@ -57,23 +61,34 @@ PARAMS = {"greedy": dl.SamplingParams.greedy(), "sampled": dl.SamplingParams(tem
 
 @pytest.fixture(scope="module")
 def rounds(tiny_config):
-    return {(drafter, name): instructions(round_equations(tiny_config, drafter, PARAMS[name]))
+    return {(drafter, name): round_equations(tiny_config, drafter, PARAMS[name])
             for drafter, name in CASES}
 
 
 @pytest.mark.parametrize("drafter, name", CASES)
 def test_no_round_holds_a_gamma_by_vocabulary_block(tiny_config, rounds, drafter, name):
     V = tiny_config.vocab_size
-    blocks = [i for i in rounds[drafter, name] if i[1] in ((B, GAMMA, V), (B * GAMMA, V))]
+    blocks = [i for i in instructions(rounds[drafter, name])
+              if i[1] in ((B, GAMMA, V), (B * GAMMA, V))]
     assert blocks == []
 
 
 @pytest.mark.parametrize("drafter", ["draft model", "prompt lookup"])
 def test_a_greedy_round_exponentiates_nothing_over_the_vocabulary(tiny_config, rounds, drafter):
+    """The round is the same program under greedy and sampled parameters. Its exponentials and
+    logarithms over the vocabulary all sit in branch 0 (the sampled one) of a choice between
+    sampled and greedy (a cond outside every other cond); none is outside the choices or in
+    their greedy branches."""
     V = tiny_config.vocab_size
-    over_vocabulary = lambda key: [  # noqa: E731
-        i for i in rounds[key] if i[2] in ("exp", "log") and i[1][-1:] == (V,)]
-    assert over_vocabulary((drafter, "greedy")) == []
-    # The count sees a softmax where there is one: the sampled round normalises the target's
+    greedy, sampled = rounds[drafter, "greedy"], rounds[drafter, "sampled"]
+    assert [e.primitive for e in greedy] == [e.primitive for e in sampled]
+
+    def over_vocabulary(where):
+        return [i for i in instructions(greedy, where)
+                if i[2] in ("exp", "log") and i[1][-1:] == (V,)]
+
+    assert over_vocabulary(lambda branches: not branches or branches[0][1] == 1) == []
+    # The count sees a softmax where there is one: the sampled branch normalises the target's
     # gamma + 1 rows.
-    assert ("float32", (B, GAMMA + 1, V), "exp") in over_vocabulary((drafter, "sampled"))
+    assert ("float32", (B, GAMMA + 1, V), "exp") in over_vocabulary(
+        lambda branches: bool(branches) and branches[0][1] == 0)

@@ -232,9 +232,10 @@ class BatchRequest:
         return OutputSpec(max_new_tokens, self.top_n, self.with_entropy)
 
     def row_inputs(self, prompt_lengths: np.ndarray, vocab_size: int) -> RowInputs:
-        """The per-row values on the device, the last step after every check has passed."""
-        return RowInputs(prompt_lengths=prompt_lengths, keys=self.keys(),
-                         params=self.params.per_row(len(self.rows), vocab_size),
+        """The per-row values on the device, the last step after every check has passed (the
+        parameters' per-row checks first: the keys run a compiled function)."""
+        params = self.params.per_row(len(self.rows), vocab_size)
+        return RowInputs(prompt_lengths=prompt_lengths, keys=self.keys(), params=params,
                          eos_mask=self.eos_mask, stop_ids=self.stop_block)
 
 

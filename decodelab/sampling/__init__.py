@@ -3,8 +3,7 @@ processor interface (``base``), the processors (``penalties``, ``truncation``) a
 (``processors``, with ``RowParams``); sort-free cuts and the draw (``select``); the exact
 distribution and draw (``params``)."""
 
-from decodelab.sampling.base import (LogitsProcessor, argmax, entropy, exclusive_cumsum,
-                                     logprob_entropy, probs)
+from decodelab.sampling.base import LogitsProcessor, argmax, entropy, logprob_entropy, probs
 from decodelab.sampling.inputs import History, Parameter
 from decodelab.sampling.params import (SamplingParams, all_greedy, bad_logits, batch_keys, draw,
                                        greedy_choice, greedy_scores, process_logits,
@@ -13,6 +12,5 @@ from decodelab.sampling.processors import HISTORY_PARAMETERS, PARAMETERS, PROCES
 
 __all__ = ["HISTORY_PARAMETERS", "History", "LogitsProcessor", "PARAMETERS", "PROCESSORS",
            "Parameter", "RowParams", "SamplingParams", "all_greedy", "argmax", "bad_logits",
-           "batch_keys", "draw", "entropy", "exclusive_cumsum", "greedy_choice", "greedy_scores",
-           "logprob_entropy", "probs", "process_logits", "processed_logprobs", "row_keys",
-           "seed_keys", "usable"]
+           "batch_keys", "draw", "entropy", "greedy_choice", "greedy_scores", "logprob_entropy",
+           "probs", "process_logits", "processed_logprobs", "row_keys", "seed_keys", "usable"]

@@ -16,7 +16,6 @@ from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from decodelab.sampling import select
 from decodelab.sampling.inputs import History, Parameter
@@ -42,14 +41,6 @@ def logprob_entropy(logprobs: jax.Array) -> jax.Array:
     (-inf) add 0."""
     p = jnp.exp(logprobs)
     return -jnp.sum(jnp.where(p > 0, p * logprobs, 0.0), axis=-1)
-
-
-def exclusive_cumsum(x: jax.Array) -> jax.Array:
-    """``[..., V]`` -> ``[..., V]``: the sum of the entries before each one (0 for the first),
-    formed as a shifted inclusive sum, so entry i is exactly the inclusive sum up to i - 1 (a
-    difference ``cumsum - x`` can round across a boundary)."""
-    inclusive = jnp.cumsum(x, axis=-1)
-    return jnp.concatenate([jnp.zeros_like(inclusive[..., :1]), inclusive[..., :-1]], axis=-1)
 
 
 def keep_top_mass(logits: jax.Array, order: jax.Array, mass: jax.Array,
@@ -92,10 +83,6 @@ class LogitsProcessor(abc.ABC):
         """``[B]`` bool."""
         return getattr(params, self.parameter.name) != self.parameter.neutral
 
-    def enabled_on_host(self, values: dict[str, np.ndarray]) -> np.ndarray:
-        """``[B]`` bool from the host arrays ``RowParams`` is built from (its fields by name)."""
-        return values[self.parameter.name] != self.parameter.neutral
-
     @abc.abstractmethod
     def apply(self, logits: jax.Array, params: RowParams, history: History) -> jax.Array:
         """The processed logits of every row (only enabled rows are kept)."""
@@ -109,13 +96,15 @@ class LogitsProcessor(abc.ABC):
         return jax.lax.cond(jnp.any(on), run, lambda logits: logits, logits)
 
 
-def argmax(x: jax.Array) -> jax.Array:
+def argmax(x: jax.Array, best: jax.Array | None = None) -> jax.Array:
     """``[..., V]`` -> ``[...]`` int32: the lowest index of the maximum along the last axis, as
-    ``jnp.argmax`` (a row holding NaN gives some index in range). Computed with two plain
-    reductions: XLA's CPU argmax (a variadic reduce) is ~20x slower at V = 4096, and greedy
-    decoding takes several per token."""
+    ``jnp.argmax`` (a row holding NaN gives some index in range); ``best``, if given, is that
+    maximum (``[...]``, computed already). Computed with two plain reductions: XLA's CPU argmax
+    (a variadic reduce) is ~20x slower at V = 4096, and greedy decoding takes several per
+    token."""
     V = x.shape[-1]
     ids = jnp.arange(V, dtype=jnp.int32).reshape((1,) * (x.ndim - 1) + (V,))
-    first = jnp.min(jnp.where(x == jnp.max(x, axis=-1, keepdims=True), ids, V), axis=-1)
+    best = jnp.max(x, axis=-1) if best is None else best
+    first = jnp.min(jnp.where(x == best[..., None], ids, V), axis=-1)
     return jnp.minimum(first, V - 1)
 

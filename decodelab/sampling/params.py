@@ -24,6 +24,7 @@ Conventions (every caller relies on them):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -152,7 +153,7 @@ class SamplingParams:
             values[name] = array.astype(parameter.dtype)  # in NumPy: nothing is traced
         bias = self._bias(B, V)  # the last check
         return RowParams(**{name: jnp.asarray(a) for name, a in values.items()},
-                         logit_bias=jnp.asarray(bias))
+                         logit_bias=jnp.asarray(bias), biased=jnp.asarray(np.any(bias != 0, -1)))
 
     def _bias(self, B: int, V: int) -> np.ndarray:
         bias = np.zeros((B, V), np.float32)  # [B, V]
@@ -268,12 +269,21 @@ def greedy_choice(logits: jax.Array, params: RowParams,
     softmax; a row is usable where neither flag is set."""
     shape, V = logits.shape[:-1], logits.shape[-1]
     flat = logits.reshape(-1, V)
-    scores = greedy_scores(flat, params, history)  # [B', V]
-    best = jnp.max(scores, axis=-1)
     raw = jnp.max(flat, axis=-1)  # NaN if the row holds NaN (a ban may hide it in the scores)
+
+    def plain():  # no processor before temperature is on: the scores are the logits
+        return argmax(flat, raw), raw
+
+    def processed():
+        scores = greedy_scores(flat, params, history)  # [B', V]
+        return argmax(scores), jnp.max(scores, axis=-1)
+
+    # One run-time check for the whole group, so a plain greedy step pays for one cond.
+    on = functools.reduce(jnp.logical_or, [jnp.any(p.enabled(params))
+                                           for p in _BEFORE_TEMPERATURE])
+    token, best = jax.lax.cond(on, processed, plain)
     bad = jnp.isnan(raw) | (raw == jnp.inf)
-    return (argmax(scores).reshape(shape), bad.reshape(shape),
-            ~(best > -jnp.inf).reshape(shape))
+    return token.reshape(shape), bad.reshape(shape), ~(best > -jnp.inf).reshape(shape)
 
 
 def usable(logits: jax.Array, log_normaliser: jax.Array) -> jax.Array:

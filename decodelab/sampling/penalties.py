@@ -104,10 +104,7 @@ class LogitBias(LogitsProcessor):
         return "logit_bias"
 
     def enabled(self, params):
-        return jnp.any(params.logit_bias != 0.0, axis=-1)
-
-    def enabled_on_host(self, values):
-        return np.any(values["logit_bias"] != 0.0, axis=-1)
+        return params.biased
 
     def apply(self, logits, params, history):
         return logits + params.logit_bias

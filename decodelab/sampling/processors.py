@@ -94,8 +94,9 @@ def _row_fields(cls: type) -> type:
 class RowParams:
     """``SamplingParams`` as arrays, one value per row: the form the decode loop traces.
 
-    Fields: ``logit_bias`` and one per registered parameter (every one an array: no value is
+    Fields: ``logit_bias``, ``biased`` and one per registered parameter (every one an array: no value is
     static, so no setting compiles a program of its own):
     """
 
     logit_bias: jax.Array  # [B, V] float32, -inf for a banned token; read only if LogitBias is on
+    biased: jax.Array  # [B] bool, the rows whose bias is not all 0 (LogitBias's flag, set once)

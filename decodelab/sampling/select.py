@@ -26,6 +26,7 @@ import jax.numpy as jnp
 
 _INT_MAX = jnp.iinfo(jnp.int32).max
 _INT_MIN = jnp.iinfo(jnp.int32).min
+_NEG_INF_KEY = -2139095041  # sortable(-inf): the bits of -inf, 0xFF800000, xor INT_MAX
 MAX_PASSES = 96  # 32 bisections of a 32-bit range, each after two passes in value space
 
 
@@ -75,8 +76,15 @@ def largest_cut(keys: jax.Array, weights: jax.Array | None, target: jax.Array,
     target = target.astype(jnp.float32)
     ones = jnp.ones(keys.shape, jnp.float32)
     weights = ones if counting else weights
-    lo, top = jnp.min(keys, axis=-1), jnp.max(keys, axis=-1)
-    n_lo = jnp.full(lo.shape, keys.shape[-1], jnp.float32)  # tokens at or above lo
+    top = jnp.max(keys, axis=-1)
+    # The bracket starts at the smallest key that can be the cut: the smallest finite key when
+    # the finite ones reach a count, the smallest key of positive weight for a mass (removed
+    # tokens, -inf with weight 0, would otherwise leave no finite end for the value passes).
+    real = (keys > _NEG_INF_KEY) if counting else (weights > 0)
+    lowest_real = jnp.min(jnp.where(real, keys, _INT_MAX), axis=-1)
+    enough = jnp.any(real, axis=-1) & (jnp.sum(jnp.where(real, weights, 0.0), axis=-1) >= target)
+    lo = jnp.where(enough, lowest_real, jnp.min(keys, axis=-1))
+    n_lo = jnp.sum(jnp.where(keys >= lo[:, None], 1.0, 0.0), axis=-1)  # tokens at or above lo
     n_hi = jnp.zeros_like(n_lo)  # tokens above top
     w_lo, w_hi = (n_lo if counting else jnp.sum(weights, axis=-1)), jnp.zeros_like(n_lo)
 
