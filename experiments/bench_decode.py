@@ -120,9 +120,6 @@ TARGETS = (
     speed.Target("step at the largest max_len within 15% of the smallest",
                  "step at the largest max_len / at the smallest (the same live tokens)",
                  speed.max_len_step_ratio, 1.15, at_least=False, study="max_len", per_row=False),
-    speed.Target("sampled step within 25% of greedy at batch 8",
-                 "sampled step (temperature + top-p) / greedy step", speed.sampled_over_greedy,
-                 1.25, at_least=False, covers=lambda m: m["batch_size"] == 8),
     speed.Target("KV cache >= 10x recompute", "KV cache speed-up over recompute, the lowest row",
                  speed.lowest_cache_speedup, 10.0, per_row=False),
 ) + speed.sampling_targets()

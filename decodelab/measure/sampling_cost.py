@@ -4,8 +4,8 @@
 of greedy"): temperature 1.0 alone; top-p 0.95 at temperature 1.0 (on a flat distribution it keeps
 thousands of tokens); top-k 50; min-p 0.05; all four together; and the history processors
 (repetition penalty 1.2 plus frequency penalty 0.5, greedy, so the difference is their cost).
-``time_settings`` times greedy and each setting with ``timing.time_generate`` (the same rows, the
-same compiled program: parameters are data) and keeps each one's repetitions under its own
+``time_settings`` times greedy and each setting (the same rows, the same compiled program:
+parameters are data), their repetitions interleaved, and keeps each one's repetitions under its own
 prefix (``<setting>_generate_reps_s``, ``<setting>_prefill_reps_s``), from which the page's
 step ratios and their intervals are formed (``report.speed.step_ratio``). With the ``peer``
 extra it also times transformers on ``PEER_SETTING`` with the same processors.
@@ -13,8 +13,12 @@ extra it also times transformers on ``PEER_SETTING`` with the same processors.
 
 from __future__ import annotations
 
+import functools
+import time
+
 import numpy as np
 
+from decodelab.decode.generation import generate
 from decodelab.measure import peers, timing
 from decodelab.model import Transformer
 from decodelab.sampling.params import SamplingParams
@@ -39,12 +43,38 @@ def time_settings(model: Transformer, prompts: np.ndarray, new_tokens: int, repe
                   max_len: int, *, peer: bool) -> dict:
     """Greedy's timings (unprefixed, ``timing.time_generate``'s keys) and each setting's under
     ``<setting>_``; with ``peer``, transformers' on ``PEER_SETTING`` under ``hf_<setting>_``
-    (absent without the extra). Every call generates ``new_tokens`` per row."""
-    found = dict(timing.time_generate(model, prompts, new_tokens, repeats, max_len=max_len))
-    for name, fields in SETTINGS.items():
-        timed = timing.time_generate(model, prompts, new_tokens, repeats,
-                                     SamplingParams(**fields), max_len)
-        found.update({f"{name}_{key}": value for key, value in timed.items()})
+    (absent without the extra). Every call generates ``new_tokens`` per row.
+
+    The repetitions are interleaved: each round times every setting once (a whole call, then a
+    prefill-only call), starting one setting later than the round before, so a drift of the
+    machine's speed over the point falls on every setting alike, never on greedy alone."""
+    B, P = prompts.shape
+    programs = {"": SamplingParams(temperature=0.0),
+                **{name: SamplingParams(**fields) for name, fields in SETTINGS.items()}}
+    runs = {name: functools.partial(generate, model, prompts.tolist(), params, seed=0,
+                                    max_len=max_len or P + new_tokens)
+            for name, params in programs.items()}
+    firsts = {}
+    for name, run in runs.items():  # one program for all: the first call compiles it
+        start = time.perf_counter()
+        out = run(new_tokens)
+        firsts[name] = time.perf_counter() - start
+        if out.lengths.tolist() != [new_tokens] * B:
+            raise RuntimeError(f"every row must generate {new_tokens} tokens, got lengths "
+                               f"{out.lengths.tolist()} under setting {name or 'greedy'!r}")
+        run(1)
+    wholes = {name: [] for name in runs}
+    prefills = {name: [] for name in runs}
+    names = list(runs)
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            wholes[name].append(timing.timed(runs[name], new_tokens))
+            prefills[name].append(timing.timed(runs[name], 1))
+    found = {}
+    for name in runs:
+        prefix = f"{name}_" if name else ""
+        found.update({f"{prefix}{key}": value for key, value in timing.summary(
+            wholes[name], prefills[name], B, new_tokens, firsts[name]).items()})
     if peer:
         hf = peers.time_hf_generate(model, prompts, new_tokens, repeats,
                                     SamplingParams(**SETTINGS[PEER_SETTING]))

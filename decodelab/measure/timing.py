@@ -83,11 +83,18 @@ def time_generate(model: Transformer, prompts: np.ndarray, new_tokens: int, repe
     wholes = [timed(run, new_tokens) for _ in range(repeats)]
     run(1)  # warm-up: compiles the prefill-only program
     prefills = [timed(run, 1) for _ in range(repeats)]
+    return summary(wholes, prefills, B, new_tokens, first)
+
+
+def summary(wholes: Sequence[float], prefills: Sequence[float], batch_size: int,
+            new_tokens: int, first: float) -> dict:
+    """``time_generate``'s metrics from the timed whole calls and prefill-only calls (seconds)
+    and the first (compiling) call's seconds."""
     whole, prefill = statistics.median(wholes), statistics.median(prefills)
     return {"compile_s": max(first - whole, 0.0), "prefill_ms": 1e3 * prefill,
             "step_ms": 1e3 * max(whole - prefill, 0.0) / (new_tokens - 1), "generate_s": whole,
-            "tokens_per_s": B * new_tokens / whole, "generate_reps_s": wholes,
-            "prefill_reps_s": prefills}
+            "tokens_per_s": batch_size * new_tokens / whole, "generate_reps_s": list(wholes),
+            "prefill_reps_s": list(prefills)}
 
 
 # --- the roofline of this machine ---------------------------------------------------------------

@@ -293,8 +293,7 @@ def breakdown_caveats(rows: Rows) -> list[str]:
                      "stand-in's one-hot logits leave top-p a one-token nucleus, so the "
                      "processors' cost on real logits shows in the sampled rows' 'MLP and "
                      "projections'. On random weights the next-token distribution is nearly flat: "
-                     "top-p 0.95 keeps thousands of tokens, whose cut is found without a sort "
-                     "(`decodelab/sampling/select.py`); the pretrained rows sample from real "
+                     "top-p 0.95 keeps thousands of tokens; the pretrained rows sample from real "
                      "distributions.")
     return lines
 

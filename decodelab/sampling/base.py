@@ -46,11 +46,12 @@ def logprob_entropy(logprobs: jax.Array) -> jax.Array:
 def keep_top_mass(logits: jax.Array, order: jax.Array, mass: jax.Array,
                   active: jax.Array) -> jax.Array:
     """Keep the smallest set of tokens, taken in descending ``order``, whose probability mass
-    reaches ``mass[b]``: a token stays if the mass before it is < mass (so with probabilities
-    0.5 / 0.4 / 0.1 and mass 0.9 exactly two stay). Ties with the last kept token's order stay
-    too. ``order`` of removed tokens must be -inf; rows not ``active`` pass unchanged. Found
-    without sorting (``select.keep_top_weight``): the mass sums run in another order than a
-    sorted prefix sum, so a boundary within float32 rounding of ``mass`` can fall either way."""
+    reaches ``mass[b]`` (of the row's float32 total, so a mass just below 1 is always reached): a
+    token stays if the mass before it is < mass (so with probabilities 0.5 / 0.4 / 0.1 and mass
+    0.9 exactly two stay). Ties with the last kept token's order stay too. ``order`` of removed
+    tokens must be -inf; rows not ``active`` pass unchanged. Found without sorting
+    (``select.keep_top_weight``): the mass sums run in another order than a sorted prefix sum, so
+    a boundary within float32 rounding of ``mass`` can fall either way."""
     keep = select.keep_top_weight(select.sortable(order), probs(logits), mass, active)
     return remove(logits, keep)
 
