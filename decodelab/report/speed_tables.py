@@ -35,10 +35,9 @@ def speed_metrics(rows: Rows) -> list[dict]:
 def main_table(rows: Rows) -> Table:
     """Per preset and batch: tokens/s and the ratios the targets judge."""
     return Table(["preset", "batch", "decodelab tok/s", "decodelab / roofline",
-                  "decodelab / transformers", "cache speed-up", "sampled / greedy step"],
+                  "decodelab / transformers", "cache speed-up"],
                  [[m["preset"], m["batch_size"], m["tokens_per_s"], m["roofline_ratio"],
-                   m["speed_vs_hf"], m["cache_speedup"], m.get("sampled_vs_greedy")]
-                  for m in speed_metrics(rows)])
+                   m["speed_vs_hf"], m["cache_speedup"]] for m in speed_metrics(rows)])
 
 
 def throughput_table(rows: Rows) -> Table:
@@ -301,8 +300,18 @@ def breakdown_caveats(rows: Rows) -> list[str]:
 def caveats(rows: Rows) -> list[str]:
     """What qualifies the numbers: the machine's load, the point estimates, the breakdown."""
     metrics = speed_metrics(rows)
-    every = metrics + speed.metric_rows(rows, "max_len") + speed.metric_rows(rows, "breakdown")
+    every = [m for study in ("speed", "max_len", "breakdown", "sampling")
+             for m in speed.metric_rows(rows, study)]
     lines = [timing.load_reading(every, other_cores(rows))]
+    commits = {}
+    for r in rows:
+        commits.setdefault(r["config"].get("study", "speed"), set()).add(
+            r.get("provenance", {}).get("git_commit", "")[:8])
+    if len(set().union(*commits.values())) > 1:
+        lines.append("The studies' rows come from more than one commit (the sampling study is "
+                     "newer than the others, whose sampled columns predate one-program "
+                     "sampling): " + "; ".join(f"{study} at {', '.join(sorted(found))}"
+                                              for study, found in commits.items()) + ".")
     with_nocache = [m for m in metrics if m["cache_speedup"] is not None]
     if with_nocache:
         low = min(with_nocache, key=lambda m: m["cache_speedup"])
