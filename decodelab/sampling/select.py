@@ -132,13 +132,13 @@ def keep_exactly(keys: jax.Array, k: jax.Array, active: jax.Array) -> jax.Array:
     room = k - jnp.sum(above, axis=-1)  # [B], how many tied tokens still fit, >= 1
     ids = jnp.arange(V, dtype=jnp.int32)[None, :]
 
+    crowded = active & (jnp.sum(tied, axis=-1) > room)
+
     def lowest_tied():  # the room-th smallest tied id: a cut over -id, counting tied tokens
-        crowded = active & (jnp.sum(tied, axis=-1) > room)
         last, _ = largest_cut(jnp.broadcast_to(-ids, keys.shape), tied.astype(jnp.float32),
                               room.astype(jnp.float32), crowded)
         return tied & ((-ids >= last[:, None]) | ~crowded[:, None])
 
-    crowded = active & (jnp.sum(tied, axis=-1) > room)
     fits = jax.lax.cond(jnp.any(crowded), lowest_tied, lambda: tied)
     return above | fits | ~active[:, None]
 
