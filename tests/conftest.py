@@ -35,6 +35,7 @@ jax.config.update("jax_enable_x64", False)
 from standins import TINY  # noqa: E402  (after the config updates above)
 
 from decodelab.config import ModelConfig  # noqa: E402
+from decodelab.measure import compiles  # noqa: E402
 
 # The longest files first: pytest-xdist hands files to its workers in collection order, so a long
 # file collected last would run alone while the other worker waits (longest-first balances the
@@ -48,6 +49,15 @@ LONGEST_FIRST = ("test_sharding.py", "test_convert.py", "test_speculative.py", "
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
+@pytest.fixture(autouse=True)
+def _stay_under_the_map_limit():
+    """A worker runs hundreds of files' programs; each compiled program holds memory maps, and at
+    the kernel's limit the next compile crashes the worker (``compiles.release_near_map_limit``).
+    After each test, past half the limit, the compiled programs are dropped."""
+    yield
+    compiles.release_near_map_limit()
 
 
 @pytest.fixture(scope="session")

@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 
 from decodelab.experiment.provenance import cpu_seconds, provenance
 from decodelab.experiment.sweep import Point, expand, shard
+from decodelab.measure.compiles import release_near_map_limit
 from decodelab.report.rows import add_rows, as_workdir, check_writable, read_rows
 
 Metrics = dict[str, float | int | str | bool | None | list | dict[str, list]]
@@ -169,4 +170,5 @@ def run(
                 add_rows(workdir, [row])
             rows.setdefault(point.config_hash, row)
             bar.update(1)
+            release_near_map_limit()  # a long sweep would otherwise crash compiling (see there)
     return [rows[p.config_hash] for p in mine]
