@@ -16,6 +16,11 @@ Conventions (every caller relies on them):
   rows, the lookup is a masked gather plus an all-reduce of ``[B, T, D]``, and the logits come out
   split over V; the sampler all-gathers each step's ``[B, V]`` logits (a row's worth of bytes per
   token, far below any weight matrix). Replicating them instead is a one-line change of the table.
+- Transforms compose with ``shard``: ``shard`` of a sharded model lays it out afresh (another
+  mesh or other rules re-place it), and every transform that makes a model from a sharded one
+  (quantize, prune, ...) returns it on the same mesh by the same rules (``place_like``; the model
+  remembers them as ``model.param_rules``). Matrices of the blocks that no rule places (a
+  quantized model's projections) are replicated, with a warning when the ``model`` axis splits.
 - The sharded model remembers its mesh (``model.mesh``). ``Transformer.__call__`` calls
   ``constrain_inputs`` so that every program that runs the model (generate, speculative decoding,
   beam search, the serving engine, training) lays its token block over ``data`` and its KV cache
@@ -36,6 +41,7 @@ Conventions (every caller relies on them):
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -179,15 +185,41 @@ def abstract_on_mesh(tree: Any, mesh: Mesh,
 def shard(model: nnx.Module, mesh: Mesh,
           rules: Sequence[tuple[str, tuple[str | None, ...]]] = PARAM_RULES) -> nnx.Module:
     """A copy of ``model`` whose parameters are laid out on ``mesh`` by ``rules``; decode, serve
-    and train it as usual. ValueError names a mesh axis that does not divide what it must split."""
+    and train it as usual. A model already sharded is laid out afresh on ``mesh`` (another mesh
+    or other rules re-place it; the same ones give an equal copy). ValueError names a mesh axis
+    that does not divide what it must split; a warning names the matrices of the blocks that no
+    rule places (a quantized model's projections: the rules split float kernels), which a
+    ``model`` axis then holds whole on every device."""
     if not isinstance(model, nnx.Module) or not isinstance(getattr(model, "config", None),
                                                            ModelConfig):
         raise ValueError(f"model must be a Transformer (an nnx.Module with a ModelConfig), got "
                          f"{type(model).__name__}")
+    mesh = check_mesh(mesh)
+    rules = tuple((pattern, tuple(axes)) for pattern, axes in rules)
     graphdef, state = nnx.split(model)
+    unplaced = [name for name in (path_name(p) for p, leaf in
+                                  jax.tree_util.tree_leaves_with_path(state) if np.ndim(leaf) > 1)
+                if name.startswith("blocks/") and not any(re.search(p, name) for p, _ in rules)]
+    if unplaced and _axis_size(mesh, "model") > 1:
+        warnings.warn(f"shard: {len(unplaced)} matrices of the blocks match no rule and are "
+                      f"replicated over the 'model' axis (size {_axis_size(mesh, 'model')}), "
+                      f"e.g. {', '.join(unplaced[:3])}; the rules split float kernels, so a "
+                      f"quantized model's projections are held whole by every device",
+                      stacklevel=2)
     sharded = nnx.merge(graphdef, shard_tree(state, mesh, rules))
     sharded.mesh = mesh
+    sharded.param_rules = rules
     return sharded
+
+
+def place_like(source: nnx.Module, result: nnx.Module) -> nnx.Module:
+    """``result`` laid out as ``source``: on its mesh by the rules it was sharded with (``shard``),
+    or unchanged when ``source`` is on one device. Every transform that makes a new model from a
+    model (quantize, prune, ...) returns through it, so a sharded model stays sharded."""
+    mesh = mesh_of(source)
+    if mesh is None:
+        return result
+    return shard(result, mesh, getattr(source, "param_rules", PARAM_RULES))
 
 
 def mesh_of(model: nnx.Module) -> Mesh | None:

@@ -16,6 +16,7 @@ import re
 import sys
 import tempfile
 import time
+import warnings
 
 MODE = sys.argv[1]
 DEVICES = 4 if MODE == "process" else 8
@@ -261,6 +262,23 @@ def programs() -> dict:
                 "mesh": dict(restored.mesh.shape)}
 
     lap("orbax")
+    # transforms compose with shard: a sharded model re-laid out on another mesh moves there;
+    # quantize keeps the mesh and warns that the model axis holds its projections whole
+    resharded = sharding.shard(smodel, sharding.make_mesh(4, 2))
+    q_kernel = resharded.blocks[0].attn.q.kernel[...]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        quantized = dl.quantize(smodel, weights="int8")
+    out["transforms"] = {
+        "reshard_mesh": dict(resharded.mesh.shape), "reshard_q": str(q_kernel.sharding.spec),
+        "reshard_q_mesh": dict(q_kernel.sharding.mesh.shape),
+        "reshard_equal": bool(np.array_equal(q_kernel, model.blocks[0].attn.q.kernel[...])),
+        "quantized_mesh": dict(quantized.mesh.shape),
+        "quantized_leaf_meshes": sorted({str(dict(x.sharding.mesh.shape))
+                                         for x in jax.tree.leaves(nnx.state(quantized))}),
+        "warnings": [str(w.message) for w in caught]}
+
+    lap("transforms")
     # bad input names the axis
     out["errors"] = {
         "mesh_too_large": error_message(lambda: sharding.make_mesh(4, 4)),

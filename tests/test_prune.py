@@ -3,6 +3,7 @@ fraction of every projection, embeddings and head untouched; prune_heads / prune
 smaller model whose logits equal the dense model with those heads or units masked."""
 
 import re
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -12,9 +13,9 @@ from flax import nnx
 from standins import TINY
 
 import decodelab as dl
+from decodelab.compress.patterns import mask_of, scores
 from decodelab.compress.pruning import (head_importance, heads_to_keep, mask_heads, mask_neurons,
-                                        mask_of, masks, neurons_to_keep, prune_heads, prune_neurons,
-                                        scores)
+                                        masks, neurons_to_keep, prune_heads, prune_neurons)
 from decodelab.compress.quantization import as_matrix, calibrate, projections
 from decodelab.text import data
 
@@ -232,8 +233,13 @@ def test_pruned_checkpoints_round_trip_their_zeros_and_smaller_config(model, tok
                                      "[3]"),
     (lambda m: prune_heads(m, 2, importance="fisher"),
      "importance must be one of ('norm', 'taylor'), got 'fisher'"),
-    (lambda m: dl.prune(dl.quantize(m, weights="int8")), "model must be a float model: prune "
-                                                         "first, then quantize"),
+    (lambda m: dl.prune(dl.quantize(m, weights="int8")), "model must be a float model for "
+     "prune, got a quantized one (int8 in 14 projections); use the float model (and quantize "
+     "afterwards) or decodelab.compress.dequantized(model)"),
+    (lambda m: prune_heads(dl.quantize(m, weights="int4"), 2), "model must be a float model for "
+                                                               "prune_heads, got a quantized one"),
+    (lambda m: mask_neurons(dl.quantize(m, weights="int8"), np.ones((2, 256))),
+     "model must be a float model for mask_neurons"),
     (lambda m: prune_heads(dl.Transformer(dl.ModelConfig(position="alibi", **TINY),
                                           rngs=nnx.Rngs(0)), 2),
      "model's position encoding must be one of ('rope', 'learned', 'sinusoidal', 'nope')"),
@@ -241,3 +247,44 @@ def test_pruned_checkpoints_round_trip_their_zeros_and_smaller_config(model, tok
 def test_bad_structured_arguments_name_the_argument(model, call, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         call(model)
+
+
+# Pruning a pruned model (decodelab.compress's table): the old zeros stay and the request is met
+# exactly; a request for fewer zeros than a projection holds is refused, one that some groups
+# exceed warns. (first, then, the sparsity after, the warning or error.)
+@pytest.mark.parametrize("first, then, after, refusal", [
+    (dict(sparsity=0.5), dict(sparsity=0.75), 0.75, None),
+    (dict(sparsity=0.5, pattern="2:4"), dict(sparsity=0.5, pattern="4:8"), 0.5, None),
+    (dict(sparsity=0.25, scope="layer"), dict(sparsity=0.5, scope="layer"), 0.5, None),
+    (dict(sparsity=0.5), dict(sparsity=0.25), None,
+     (ValueError, "sparsity=0.25 with pattern='unstructured' leaves 512 zeros in blocks.0.attn.k, "
+                  "which already holds 1024 (sparsity 0.5): pruned weights cannot come back")),
+    (dict(sparsity=0.5), dict(sparsity=0.5, pattern="2:4"), None,
+     (UserWarning, "prune: model's existing zeros exceed what sparsity=0.5 with pattern='2:4' "
+                   "asks in some groups, and stay: blocks.0.attn.k: 0.")),
+])
+def test_pruning_a_pruned_model_keeps_its_zeros_and_meets_the_request(model, first, then, after,
+                                                                       refusal):
+    once = dl.prune(model, **first)
+    if refusal is not None and refusal[0] is ValueError:
+        with pytest.raises(ValueError, match=re.escape(refusal[1])):
+            dl.prune(once, **then)
+        return
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        twice = dl.prune(once, **then)
+    assert [str(w.message)[:len(refusal[1])] for w in caught] == ([] if refusal is None
+                                                                  else [refusal[1]])
+    before = matrices(once)
+    for path, w in matrices(twice).items():
+        assert np.all(w[before[path] == 0] == 0)
+        assert after is None or np.mean(w == 0) == after
+
+
+def test_quantizing_a_pruned_model_keeps_each_pruned_weight_exactly_zero(model):
+    pruned = dl.prune(model, sparsity=0.5)
+    q = dl.quantize(pruned, weights="int4", group_size=32)
+    assert masks(q).keys() == masks(pruned).keys()
+    for path, kept in masks(q).items():
+        np.testing.assert_array_equal(np.asarray(kept) | np.asarray(masks(pruned)[path]),
+                                      np.asarray(masks(pruned)[path]))

@@ -2,6 +2,7 @@
 runs wherever the float one does and equals the float model that holds its dequantized kernels."""
 
 import re
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +15,7 @@ from standins import TINY
 import decodelab as dl
 from decodelab.compress import qlinear
 from decodelab.compress.qlinear import QuantizedEinsum, QuantizedEmbed
-from decodelab.compress.quantization import dequantized
+from decodelab.compress.quantization import dequantized, describe
 from decodelab.text import data
 
 GREEDY = dl.SamplingParams.greedy()
@@ -240,6 +241,9 @@ def test_a_checkpoint_keeps_the_block_size_and_a_bad_one_is_refused(tmp_path, in
     assert {m.block_elements for m in quantized_modules(loaded).values()} == {SMALL_BLOCK}
     with pytest.raises(ValueError, match="^block_elements must be an int >= 1, got 0$"):
         qlinear.with_block_elements(int4, 0)
+    with pytest.raises(ValueError, match="model must have quantized layers for "
+                                         "with_block_elements"):
+        qlinear.with_block_elements(dequantized(int4), SMALL_BLOCK)
 
 
 def test_checkpoint_round_trip_keeps_integer_activations(tmp_path, w8a8, tokenizer, tokens,
@@ -329,6 +333,45 @@ def test_gptq_and_awq_lower_the_calibration_output_error_of_round_to_nearest(mod
 def test_bad_arguments_name_the_argument_and_what_is_allowed(model, kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         dl.quantize(model, **kwargs)
+
+
+# Quantizing a quantized model (decodelab.compress's table): redone from its dequantized weights,
+# with a warning naming the old kind; every projection holds the new kind, none the old.
+@pytest.mark.parametrize("source, old, kwargs", [
+    ("int8", "int8", dict(weights="int4", group_size=32)),
+    ("int4", "int4", dict(weights="int8")),
+    ("int8", "int8", dict(weights="int8", activations="int8")),
+    ("w8a8", "int8", dict(weights="int8", scheme="minmax")),
+    ("int8", "int8", dict(weights="int4", group_size=32, embeddings=True)),
+    ("int4", "int4", dict(weights="int4", group_size=32, method="gptq")),
+])
+def test_quantizing_a_quantized_model_redoes_it_from_its_dequantized_weights(request, tokens,
+                                                                             source, old, kwargs):
+    quantized = request.getfixturevalue(source)
+    if kwargs.get("method") == "gptq":
+        kwargs = {**kwargs, "calibration": tokens}
+    with pytest.warns(UserWarning, match=re.escape(
+            f"model is already quantized ({old} in 14 projections); quantizing its dequantized "
+            f"weights to weights={kwargs['weights']!r}")):
+        again = dl.quantize(quantized, **kwargs)
+    expected = dl.quantize(dequantized(quantized), **kwargs)
+    spec = describe(again)
+    assert spec == describe(expected)
+    assert len(spec) == 14 + kwargs.get("embeddings", False)
+    assert {s["qvalue"] for s in spec.values()} == {kwargs["weights"]}
+    assert {s["activations"] for s in spec.values()} == {kwargs.get("activations")}
+    for got, want in zip(jax.tree.leaves(nnx.state(again)), jax.tree.leaves(nnx.state(expected)),
+                         strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_a_refused_group_size_is_named_before_a_quantized_model_is_dequantized(int8):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # refused before the re-quantization warns
+        with pytest.raises(ValueError, match=re.escape("group_size must divide the input "
+                                                       "dimension of every quantized projection; "
+                                                       "blocks.0.attn.k has 64 inputs")):
+            dl.quantize(int8, weights="int4", group_size=48)
 
 
 @pytest.mark.parametrize("changes, message", [

@@ -248,6 +248,19 @@ def test_a_checkpoint_saved_from_one_mesh_restores_onto_another(checks, mesh, sh
 
 
 @pytest.mark.slow
+def test_a_sharded_model_resharded_or_quantized_is_on_the_mesh_asked(checks):
+    got = checks["programs"]["transforms"]
+    assert got["reshard_mesh"] == got["reshard_q_mesh"] == {"data": 4, "model": 2}
+    assert got["reshard_q"] == str(P(None, "model", None)) and got["reshard_equal"]
+    assert got["quantized_mesh"] == {"data": 2, "model": 4}
+    assert got["quantized_leaf_meshes"] == [str({"data": 2, "model": 4})]
+    assert got["warnings"] == [
+        "shard: 28 matrices of the blocks match no rule and are replicated over the 'model' axis "
+        "(size 4), e.g. blocks/0/attn/k/qvalue, blocks/0/attn/k/scale, blocks/0/attn/o/qvalue; "
+        "the rules split float kernels, so a quantized model's projections are held whole by "
+        "every device"]
+
+
 def test_bad_meshes_are_errors_naming_the_axis(checks):
     errors = checks["programs"]["errors"]
     assert errors["mesh_too_large"] == ("mesh axes 'data'=4 x 'model'=4 need 16 devices, but 8 "

@@ -21,7 +21,8 @@ dense kernels, so it decodes exactly as fast as the dense model. XLA has no spar
 ``jax.experimental.sparse`` is not a performance path; only structured removal (``prune_heads``,
 ``prune_neurons``) makes a model smaller and faster here. ``masks(model)`` gives each
 projection's zero pattern; ``update_mask(model)`` holds it through recovery fine-tuning
-(``train.train(init=pruned, update_mask=...)``).
+(``train.train(init=pruned, update_mask=...)``). A pruned model pruned again keeps its zeros
+(``decodelab.compress``'s docstring: transforms of transformed models).
 
 Structured removal. ``prune_heads`` removes whole key/value head groups (a key/value head with the
 query heads that share it, so grouped-query attention stays consistent and the KV cache shrinks
@@ -37,7 +38,7 @@ from __future__ import annotations
 
 import functools
 import math
-import re
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -45,37 +46,23 @@ import numpy as np
 from flax import nnx
 
 from decodelab.checks import check_number, check_one_of
-from decodelab.compress.qlinear import QuantizedEinsum
-from decodelab.compress.quantization import as_matrix, calibrate, check_calibration, projections
+from decodelab.compress.patterns import PATTERNS, SCOPES, mask_of, n_and_m, scores, zeros_asked
+from decodelab.compress.quantization import (as_matrix, calibrate, check_calibration,
+                                             check_float_model, layout, projections)
 from decodelab.model import Transformer
 from decodelab.model.losses import token_nll
+from decodelab.sharding import place_like
 
 METHODS = ("magnitude", "wanda")
-PATTERNS = ("unstructured", "2:4", "4:8")
-SCOPES = ("row", "layer")
-
-
-def _n_m(pattern: str) -> tuple[int, int] | None:
-    """``(N, M)`` of an ``"N:M"`` pattern, None for ``"unstructured"``."""
-    match = re.fullmatch(r"(\d+):(\d+)", pattern)
-    return None if match is None else (int(match[1]), int(match[2]))
-
-
-def _check_model(model) -> None:
-    if not isinstance(model, Transformer):
-        raise ValueError(f"model must be a decodelab Transformer, got {type(model).__name__}")
-    if any(isinstance(m, QuantizedEinsum) for _, m in nnx.iter_modules(model)):
-        raise ValueError("model must be a float model: prune first, then quantize (got a model "
-                         "with quantized projections)")
 
 
 def _check_args(model, method, sparsity, pattern, calibration, scope) -> None:
-    _check_model(model)
+    check_float_model(model, "prune")
     check_one_of("method", method, METHODS)
     check_one_of("pattern", pattern, PATTERNS)
     check_one_of("scope", scope, SCOPES)
     check_number("sparsity", sparsity, 0, 1, open_high=True)
-    n_m = _n_m(pattern)
+    n_m = n_and_m(pattern)
     if n_m is not None:
         if not math.isclose(sparsity, n_m[0] / n_m[1]):
             raise ValueError(f"sparsity must be {n_m[0] / n_m[1]:g} for pattern={pattern!r} (N "
@@ -91,65 +78,50 @@ def _check_args(model, method, sparsity, pattern, calibration, scope) -> None:
                          "with calibration tokens")
 
 
-def scores(w: jax.Array, input_norm: jax.Array | None) -> jax.Array:
-    """``|W| [In, Out]``, times ``input_norm [In]`` (Wanda) when given."""
-    magnitude = jnp.abs(jnp.asarray(w, jnp.float32))
-    if input_norm is not None and np.shape(input_norm) != magnitude.shape[:1]:
-        raise ValueError(f"input_norm must have one value per input ({magnitude.shape[0]}), got "
-                         f"shape {list(np.shape(input_norm))}")
-    return magnitude if input_norm is None else magnitude * input_norm[:, None]
-
-
-def _lowest(score: jax.Array, k: int, axis: int | None) -> jax.Array:
-    """A mask (True: kept) zeroing exactly the ``k`` lowest scores along ``axis`` (None: all)."""
-    flat = score.reshape(-1) if axis is None else jnp.moveaxis(score, axis, -1)
-    order = jnp.argsort(flat, axis=-1, stable=True)
-    rank = jnp.argsort(order, axis=-1, stable=True)  # each score's place in ascending order
-    keep = rank >= k
-    return keep.reshape(score.shape) if axis is None else jnp.moveaxis(keep, -1, axis)
-
-
-def mask_of(score: jax.Array, sparsity: float, pattern: str, scope: str) -> jax.Array:
-    """The kept-weight mask ``[In, Out]`` of ``score`` (module docstring)."""
-    In, Out = score.shape
-    n_m = _n_m(pattern)
-    if n_m is not None:
-        N, M = n_m
-        if In % M:
-            raise ValueError(f"pattern={pattern!r} needs each projection's input dimension to be "
-                             f"a multiple of {M}, got {In}")
-        grouped = score.reshape(In // M, M, Out)  # [In / M, M, Out]
-        return _lowest(grouped, N, axis=1).reshape(In, Out)
-    if scope == "row":
-        return _lowest(score, round(sparsity * In), axis=0)
-    return _lowest(score, round(sparsity * In * Out), axis=None)
-
-
 def prune(model: Transformer, method: str = "magnitude", sparsity: float = 0.5,
           pattern: str = "unstructured", calibration=None, *, scope: str = "row") -> Transformer:
     """A copy of ``model`` with the lowest-scoring weights of every attention and MLP projection
-    set to zero (module docstring). ``calibration``: token windows ``[B, T]`` for Wanda."""
+    set to zero (module docstring). ``calibration``: token windows ``[B, T]`` for Wanda. A model
+    already pruned keeps its zeros (they score lowest); ValueError when a projection holds more
+    zeros than the request leaves, a warning when some comparison groups do."""
     _check_args(model, method, sparsity, pattern, calibration, scope)
     targets = projections(model, embeddings=False)
+    for path, module in targets:
+        w = as_matrix(module)[0]
+        held, asked = int(jnp.sum(w == 0)), zeros_asked(w.shape, sparsity, pattern, scope)
+        if held > asked:
+            raise ValueError(f"sparsity={sparsity!r} with pattern={pattern!r} leaves {asked} "
+                             f"zeros in {'.'.join(map(str, path))}, which already holds {held} "
+                             f"(sparsity {held / w.size:.4g}): pruned weights cannot come back; "
+                             f"prune the unpruned model, or ask for at least that sparsity")
     norms = calibrate(model, targets, "norm", calibration) if method == "wanda" else {}
-    out = nnx.clone(model)
+    out, over = nnx.clone(model), []
     for path, module in targets:
         w, _, kernel_shape = as_matrix(module)
-        keep = mask_of(scores(w, norms.get(path)), sparsity, pattern, scope)
+        keep = mask_of(scores(w, norms.get(path)), sparsity, pattern, scope) & (w != 0)
+        if int(jnp.sum(~keep)) > zeros_asked(w.shape, sparsity, pattern, scope):
+            over.append(f"{'.'.join(map(str, path))}: {float(jnp.mean(~keep)):.4g}")
         target = functools.reduce(lambda m, k: m[k] if isinstance(k, int) else getattr(m, k),
                                   path, out)
         target.kernel[...] = jnp.where(keep, w, 0).reshape(kernel_shape).astype(w.dtype)
-    return out
+    if over:
+        warnings.warn(f"prune: model's existing zeros exceed what sparsity={sparsity!r} with "
+                      f"pattern={pattern!r} asks in some groups, and stay: {', '.join(over)}",
+                      stacklevel=2)
+    return place_like(model, out)
 
 
 def masks(model: Transformer) -> dict[tuple, jax.Array]:
-    """Each attention and MLP projection's mask of nonzero weights, in its kernel's shape."""
-    return {path: module.kernel[...] != 0 for path, module in projections(model, False)}
+    """Each attention and MLP projection's mask of nonzero weights, in its kernel's shape (a
+    quantized projection's: of its dequantized kernel)."""
+    return {path: as_matrix(m)[0].reshape(layout(m)[1]) != 0
+            for path, m in projections(model, False)}
 
 
 def sparsity_of(model: Transformer) -> dict[str, float]:
-    """The fraction of zero weights of each attention and MLP projection, by dotted path."""
-    return {".".join(map(str, path)): float(jnp.mean(module.kernel[...] == 0))
+    """The fraction of zero weights of each attention and MLP projection, by dotted path (a
+    quantized projection's: of its dequantized kernel)."""
+    return {".".join(map(str, path)): float(jnp.mean(as_matrix(module)[0] == 0))
             for path, module in projections(model, False)}
 
 
@@ -161,9 +133,9 @@ IMPORTANCES = ("norm", "taylor")
 HEAD_FREE_POSITIONS = ("rope", "learned", "sinusoidal", "nope")
 
 
-def _check_importance(importance: str, calibration) -> None:
-    if importance not in IMPORTANCES:
-        raise ValueError(f"importance must be one of {IMPORTANCES}, got {importance!r}")
+def _check_importance(model, call: str, importance: str, calibration) -> None:
+    check_float_model(model, call)
+    check_one_of("importance", importance, IMPORTANCES)
     if importance == "taylor":
         check_calibration(calibration, "importance='taylor' (it takes the loss's gradient on "
                                        "those tokens)")
@@ -190,7 +162,7 @@ def head_importance(model: Transformer, importance: str = "norm", calibration=No
     is removed, ``|sum over its output slice of W * dL/dW|`` (a head's contribution is linear in
     its output slice, so this is the derivative with respect to a mask on the head, Michel et al.
     2019), on ``calibration`` tokens."""
-    _check_importance(importance, calibration)
+    _check_importance(model, "head_importance", importance, calibration)
     cfg = model.config
     K, G = cfg.n_kv_heads, cfg.n_heads // cfg.n_kv_heads
     taylor = _taylor(model, calibration) if importance == "taylor" else None
@@ -213,7 +185,7 @@ def neuron_importance(model: Transformer, importance: str = "norm",
                       calibration=None) -> np.ndarray:
     """``[L, F]``: each MLP hidden unit. ``"norm"``: the L2 norm of its weights (its input columns
     and its output row); ``"taylor"``: ``|sum over its output row of W * dL/dW|`` (as for heads)."""
-    _check_importance(importance, calibration)
+    _check_importance(model, "neuron_importance", importance, calibration)
     taylor = _taylor(model, calibration) if importance == "taylor" else None
     rows = []
     for i, block in enumerate(model.blocks):
@@ -317,13 +289,13 @@ def prune_heads(model: Transformer, heads_per_layer: int | float = 0.25, *,
     same count in each layer, so the config stays one shape and the KV cache shrinks with it):
     ``heads_per_layer`` query heads (a multiple of the group size) or a fraction of the groups.
     Importance per group: ``head_importance``. Logits equal ``mask_heads`` of the same choice."""
-    _check_model(model)
+    check_float_model(model, "prune_heads")
     keep = heads_to_keep(model, heads_per_layer, importance, calibration)
     cfg = model.config
     N = int(keep[0].sum())
     new = cfg.replace(n_heads=N, n_kv_heads=N // (cfg.n_heads // cfg.n_kv_heads),
                       head_dim=cfg.head_dim, d_ff=cfg.d_ff)
-    return _slice_params(model, new, keep, None)
+    return place_like(model, _slice_params(model, new, keep, None))
 
 
 def prune_neurons(model: Transformer, fraction: int | float = 0.25, *, importance: str = "norm",
@@ -331,11 +303,11 @@ def prune_neurons(model: Transformer, fraction: int | float = 0.25, *, importanc
     """A smaller model without the least important MLP hidden units of every layer (the same
     count in each layer): ``fraction`` of ``d_ff`` or an int count. Importance per unit:
     ``neuron_importance``. Logits equal ``mask_neurons`` of the same choice."""
-    _check_model(model)
+    check_float_model(model, "prune_neurons")
     keep = neurons_to_keep(model, fraction, importance, calibration)
     cfg = model.config
     new = cfg.replace(d_ff=int(keep[0].sum()), head_dim=cfg.head_dim)
-    return _slice_params(model, new, None, keep)
+    return place_like(model, _slice_params(model, new, None, keep))
 
 
 def _check_keep(name: str, keep, shape: tuple[int, int]) -> None:
@@ -348,29 +320,32 @@ def _check_keep(name: str, keep, shape: tuple[int, int]) -> None:
 def mask_heads(model: Transformer, keep: np.ndarray) -> Transformer:
     """A copy whose query heads not in ``keep [L, N]`` contribute nothing (their output-projection
     slices zeroed): the dense model ``prune_heads`` must equal."""
+    check_float_model(model, "mask_heads")
     _check_keep("keep", keep, (model.config.n_layers, model.config.n_heads))
     out = nnx.clone(model)
     for i, block in enumerate(out.blocks):
         o = block.attn.o.kernel
         o[...] = o[...] * jnp.asarray(keep[i], o[...].dtype)[:, None, None]
-    return out
+    return place_like(model, out)
 
 
 def mask_neurons(model: Transformer, keep: np.ndarray) -> Transformer:
     """A copy whose hidden units not in ``keep [L, F]`` contribute nothing (their rows of the
     down projection zeroed): the dense model ``prune_neurons`` must equal."""
+    check_float_model(model, "mask_neurons")
     _check_keep("keep", keep, (model.config.n_layers, model.config.d_ff))
     out = nnx.clone(model)
     for i, block in enumerate(out.blocks):
         down = block.mlp.down.kernel
         down[...] = down[...] * jnp.asarray(keep[i], down[...].dtype)[:, None]
-    return out
+    return place_like(model, out)
 
 
 def update_mask(model: Transformer):
     """A tree like ``nnx.state(model)``: 1 where training may change a parameter, 0 at each
     zero weight of the attention and MLP projections (``train.train(update_mask=...)``: recovery
     fine-tuning that keeps the pruned weights at zero)."""
+    check_float_model(model, "update_mask")
     pruned = {tuple(path) + ("kernel",) for path, _ in projections(model, False)}
 
     def leaf(key_path, value):

@@ -243,6 +243,9 @@ def with_block_elements(model: nnx.Module, block_elements: int) -> nnx.Module:
     a time (module docstring); the same weights, so the same outputs up to the float rounding of
     another block shape."""
     block_elements = check_int("block_elements", block_elements, 1)
+    if not any(isinstance(m, QuantizedEinsum) for _, m in nnx.iter_modules(model)):
+        raise ValueError("model must have quantized layers for with_block_elements (it sets how "
+                         "many weights they dequantize at a time), got a float model")
     out = nnx.clone(model)
     for _, module in nnx.iter_modules(out):
         if isinstance(module, QuantizedEinsum):

@@ -20,6 +20,9 @@ per-column helpers inside a ``lax.fori_loop``. The module swap, the calibration 
 each projection's inputs (``X^T X`` for GPTQ, mean ``|X|`` for AWQ) are this module's own, as
 is the grouped matmul (``decodelab.compress.qlinear``).
 
+A model already quantized is quantized again from its dequantized weights, with a warning (the
+table of transforms of transformed models is ``decodelab.compress``'s docstring).
+
 Bytes. ``parameter_bytes`` counts each array at its element's bit width (int4: half a byte), the
 size of the stored (packed) representation: JAX on CPU holds an int4 array in one byte per value,
 so in memory an int4 model is not smaller than an int8 one there.
@@ -29,6 +32,8 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
+from collections import Counter
 from typing import Any
 
 import jax
@@ -41,6 +46,7 @@ from decodelab.checks import check_bool, check_one_of, is_int
 from decodelab.compress.qlinear import (ACTIVATIONS, BLOCK_ELEMENTS, QuantizedEinsum,
                                         QuantizedEmbed, QuantizedWeights, contracted_axes)
 from decodelab.model import Transformer
+from decodelab.sharding import place_like
 
 WEIGHTS = {"int8": jnp.int8, "int4": jnp.int4}
 METHODS = ("rtn", "gptq", "awq")
@@ -82,11 +88,11 @@ def check_calibration(calibration, needed_by: str) -> None:
 
 def projections(model: Transformer, embeddings: bool) -> list[tuple[tuple, nnx.Module]]:
     """``(path, module)`` of what to quantize: every Einsum in the blocks, and with
-    ``embeddings`` the head (or the tied embedding table)."""
+    ``embeddings`` the head (or the tied embedding table); float or already quantized."""
     found = []
     for path, module in nnx.iter_modules(model):
         in_blocks = bool(path) and path[0] == "blocks"
-        if isinstance(module, nnx.Einsum) and (in_blocks or embeddings):
+        if isinstance(module, (nnx.Einsum, QuantizedEinsum)) and (in_blocks or embeddings):
             found.append((path, module))
         elif isinstance(module, nnx.Embed) and embeddings and model.config.tie_embeddings:
             found.append((path, module))
@@ -94,18 +100,25 @@ def projections(model: Transformer, embeddings: bool) -> list[tuple[tuple, nnx.M
 
 
 def layout(module: nnx.Module) -> tuple[str, tuple[int, ...], int]:
-    """``(equation, kernel_shape, In)`` of an Einsum or a (tied) Embed; shapes only."""
+    """``(equation, kernel_shape, In)`` of an Einsum or a (tied) Embed, float or quantized;
+    shapes only."""
     if isinstance(module, nnx.Embed):
         V, D = module.embedding.shape
         return "BTD,DV->BTV", (D, V), D
+    if isinstance(module, QuantizedEinsum):
+        return module.equation, module.in_dims + module.out_dims, module.qvalue.shape[0]
     shape = tuple(module.kernel.shape)
     return module.einsum_str, shape, math.prod(shape[:contracted_axes(module.einsum_str, shape)])
 
 
 def as_matrix(module: nnx.Module) -> tuple[jax.Array, str, tuple[int, ...]]:
-    """``(w [In, Out], equation, kernel_shape)`` of an Einsum or a (tied) Embed."""
+    """``(w [In, Out], equation, kernel_shape)`` of an Einsum or a (tied) Embed (a quantized one:
+    its dequantized kernel)."""
     equation, shape, In = layout(module)
-    w = module.embedding[...].T if isinstance(module, nnx.Embed) else module.kernel[...]
+    if isinstance(module, QuantizedEinsum):
+        w = module.kernel()
+    else:
+        w = module.embedding[...].T if isinstance(module, nnx.Embed) else module.kernel[...]
     return w.reshape(In, -1), equation, shape
 
 
@@ -251,16 +264,20 @@ def quantize(model: Transformer, weights: str = "int8", group_size: int | None =
     _check_args(weights, group_size, method, scheme, calibration, embeddings, activations)
     if not isinstance(model, Transformer):
         raise ValueError(f"model must be a decodelab Transformer, got {type(model).__name__}")
-    targets = projections(model, embeddings)
-    for path, module in targets:
-        if not isinstance(module, (nnx.Einsum, nnx.Embed)):
-            raise ValueError(f"{'.'.join(map(str, path))} is already quantized; quantize the "
-                             "float model")
+    for path, module in projections(model, embeddings):
         In = layout(module)[2]
         if group_size is not None and In % group_size:
             raise ValueError(f"group_size must divide the input dimension of every quantized "
                              f"projection; {'.'.join(map(str, path))} has {In} inputs, "
                              f"got group_size={group_size}")
+    stored = stored_as(model)
+    if stored:
+        warnings.warn(f"model is already quantized ({stored}); quantizing its dequantized "
+                      f"weights to weights={weights!r} (group_size={group_size}), so the result "
+                      f"carries both roundings: quantize the float model to avoid the first",
+                      stacklevel=2)
+        model = dequantized(model)
+    targets = projections(model, embeddings)
     stats = calibrate(model, targets, method, calibration) if method != "rtn" else {}
     qtype = WEIGHTS[weights]
     out = nnx.clone(model)
@@ -274,7 +291,7 @@ def quantize(model: Transformer, weights: str = "int8", group_size: int | None =
         cls = QuantizedEmbed if embed else QuantizedEinsum
         set_module(out, path, cls(equation, kernel_shape, weights, bias,
                                    dtype=module.dtype or jnp.float32, activations=activations))
-    return out
+    return place_like(model, out)
 
 
 def describe(model: nnx.Module) -> dict[str, dict[str, Any]]:
@@ -295,6 +312,25 @@ def describe(model: nnx.Module) -> dict[str, dict[str, Any]]:
                 "block_elements": module.block_elements,
             }
     return found
+
+
+def stored_as(model: nnx.Module) -> str:
+    """How many projections of ``model`` hold each quantized kind, e.g. ``"int8 in 14
+    projections"``; empty for a float model (a message's words: ``describe`` has the details)."""
+    kinds = Counter(spec["qvalue"] for spec in describe(model).values())
+    return ", ".join(f"{kind} in {n} projection{'s' * (n > 1)}" for kind, n in kinds.items())
+
+
+def check_float_model(model: Any, call: str) -> None:
+    """``model`` must be a float Transformer for ``call`` (e.g. "prune"), which rewrites float
+    kernels: a quantized one is refused, with the order that works."""
+    if not isinstance(model, Transformer):
+        raise ValueError(f"model must be a decodelab Transformer, got {type(model).__name__}")
+    stored = stored_as(model)
+    if stored:
+        raise ValueError(f"model must be a float model for {call}, got a quantized one "
+                         f"({stored}); use the float model (and quantize afterwards) or "
+                         f"decodelab.compress.dequantized(model)")
 
 
 def restructure(model: Transformer, description: dict[str, dict[str, Any]]) -> Transformer:
@@ -348,7 +384,7 @@ def dequantized(model: Transformer) -> Transformer:
             if module.bias is not None:
                 float_module.bias[...] = module.bias[...].astype(jnp.float32)
         set_module(out, path, float_module)
-    return out
+    return place_like(model, out)
 
 
 def parameter_bytes(model: nnx.Module) -> int:
