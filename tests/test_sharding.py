@@ -255,7 +255,7 @@ def test_a_sharded_model_resharded_or_quantized_is_on_the_mesh_asked(checks):
     assert got["quantized_mesh"] == {"data": 2, "model": 4}
     assert got["quantized_leaf_meshes"] == [str({"data": 2, "model": 4})]
     assert got["warnings"] == [
-        "shard: 28 matrices of the blocks match no rule and are replicated over the 'model' axis "
+        "shard: 14 matrices of the blocks match no rule and are replicated over the 'model' axis "
         "(size 4), e.g. blocks/0/attn/k/qvalue, blocks/0/attn/k/scale, blocks/0/attn/o/qvalue; "
         "the rules split float kernels, so a quantized model's projections are held whole by "
         "every device"]
