@@ -62,7 +62,6 @@ def render_all(out_dir: pathlib.Path) -> list[pathlib.Path]:
 
 
 def main(argv) -> None:
-    experiment.check_no_arguments(argv)
     if _ALL.value:
         if _WORKDIR.value:
             raise app.UsageError("--all renders the kept rows; give no --workdir with it")
@@ -87,4 +86,4 @@ def keep_rows(rows: list[dict], out_dir: pathlib.Path, workdir: str) -> pathlib.
 
 
 if __name__ == "__main__":
-    app.run(main)
+    experiment.run_program(main)

@@ -17,8 +17,7 @@ import pathlib
 
 import jax
 import numpy as np
-from absl import app, flags, logging
-from ml_collections import config_flags
+from absl import flags, logging
 
 from decodelab import experiment, sharding
 from decodelab.decode.generation import generate
@@ -30,8 +29,7 @@ from decodelab.text import data
 from decodelab.text.tokenizer import Tokenizer
 from decodelab.train import trainer as train
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/train.py", "Training config file.",
-                                          lock_config=True)
+_CONFIG = experiment.define_config_file("config", "configs/train.py", "Training config file.")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/train", "Folder for the summary and the cached "
                                "tokenizer and checkpoints (see decodelab/experiment/artefacts.py).")
 _RESUME = flags.DEFINE_bool("resume", False, "Reuse or continue this config's checkpoints in "
@@ -67,7 +65,6 @@ def quality_table(model, tokenizer: Tokenizer, pairs, report) -> dict[str, dict]
 
 
 def main(argv) -> None:
-    experiment.check_no_arguments(argv)
     sharding.initialize_from_flags()
     logging.set_verbosity(logging.WARNING)  # Orbax logs every checkpoint step at INFO
     config = _CONFIG.value
@@ -128,4 +125,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    experiment.run_program(main)

@@ -48,7 +48,7 @@ def _interruptible():
 
 
 def start_toy(*args, workdir):
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
     return subprocess.Popen([sys.executable, *TOY, f"--workdir={workdir}", *args], cwd=REPO,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=_interruptible)
@@ -58,7 +58,8 @@ def run_toy(*args, workdir, config=None):
     command = [sys.executable, *TOY, f"--workdir={workdir}", *args]
     if config is not None:
         command[2] = f"--config={config}"
-    return subprocess.run(command, cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu"),
+    return subprocess.run(command, cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu",
+                                                      PYTHONPATH=str(REPO)),
                           capture_output=True, text=True, timeout=60)
 
 
@@ -449,27 +450,74 @@ def test_command_line_overrides_reach_every_point(tmp_path):
     assert "--config.model.width=3" in rows[0]["provenance"]["command"]
 
 
-@pytest.mark.parametrize("args, config, message", [
-    (["--config.experiment_typo=1"], None, "experiment_typo"),
-    (["--config.model.widht=3"], None, "widht"),
-    ([], "tests/fixtures/no_such_config.py", "tests/fixtures/no_such_config.py"),
-    ([], "tests/fixtures/toy_config.py:bad_key", "'model.depth' does not exist"),
-    (["--sweep_shard=2/2"], None, "sweep_shard i/n must have n >= 1 and i in 0..n-1, got '2/2'"),
-    (["--sweep_shard=half"], None, "sweep_shard must look like i/n"),
-    (["--num_processes=2"], None, "--num_processes=2 needs --coordinator_address"),
-])
-def test_bad_program_input_fails_naming_the_culprit(tmp_path, args, config, message):
-    done = run_toy(*args, workdir=tmp_path / "w", config=config)
-    assert done.returncode != 0
-    assert message in done.stderr
-    assert not (tmp_path / "w" / "rows.jsonl").exists()
+BAD_INPUT = {  # args (after the toy's --config and --workdir), status, stderr's one line holds
+    "typo": (["--config.experiment_typo=1"], 2, "the config has no field 'experiment_typo'; "
+             "did you mean experiment?"),
+    "nested typo": (["--config.model.widht=3"], 2, "--config.model.widht: model has no field "
+                    "'widht'; did you mean model.width? (model's fields: position, width)"),
+    "section typo": (["--config.modle.width=3"], 2, "did you mean model.width?"),
+    "wrong type": (["--config.model.width=nan"], 2,
+                   "--config.model.width=nan: model.width must be an int, got 'nan'"),
+    "unknown flag": (["--wrokdir=x"], 2, "Unknown command line flag 'wrokdir'. Did you mean: "
+                     "workdir ?"),
+    "positional": (["--config.model.width=3", "extra"], 2, "takes flags only (--name=value), got "
+                   "the positional argument(s) ['extra']"),
+    "no file": (["--config=tests/fixtures/no_such_config.py"], 2,
+                "--config=tests/fixtures/no_such_config.py: the config file does not exist"),
+    "bad sweep": (["--config=tests/fixtures/toy_config.py:bad_key"], 1,
+                  "'model.depth' does not exist in the config: model has no field 'depth'"),
+    "shard": (["--sweep_shard=2/2"], 1,
+              "sweep_shard i/n must have n >= 1 and i in 0..n-1, got '2/2'"),
+    "shard text": (["--sweep_shard=half"], 1, "sweep_shard must look like i/n"),
+    "processes": (["--num_processes=2"], 1, "--num_processes=2 needs --coordinator_address"),
+    "nan": (["--config.sleep_s=nan"], 1, "config field sleep_s must be a finite number, got nan"),
+    "train typo": (["--config.train.lr=nan"], 2, "--config.train.lr: train has no field 'lr'; "
+                   "did you mean train.learning_rate?"),
+}
+TRACEBACK = {  # the same mistakes with the traceback let through
+    "flag": (["--sweep_shard=2/2", "--verbose"], {}),
+    "env": (["--config.model.widht=3"], {"DECODELAB_TRACEBACK": "1"}),
+}
 
 
-def test_the_program_refuses_a_positional_argument(tmp_path):
-    done = run_toy("--config.model.width=3", "extra", workdir=tmp_path / "w")
-    assert done.returncode != 0
-    assert "takes flags only (--name=value), got the positional argument(s) ['extra']" in done.stderr
-    assert not (tmp_path / "w").exists()
+def run_programs(cases: list[dict]) -> list[dict]:
+    """Run each case (``{"argv": [...], "env": {...}}``) as a program, all in one process that
+    imports JAX once (tests/fixtures/toy_runs.py): its exit status, stdout and stderr."""
+    done = subprocess.run([sys.executable, "tests/fixtures/toy_runs.py"], cwd=REPO,
+                          input=json.dumps(cases), capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO)))
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+@pytest.fixture(scope="module")
+def bad_runs(tmp_path_factory) -> dict[str, dict]:
+    workdir = tmp_path_factory.mktemp("bad")
+    cases = {name: {"argv": [*TOY, f"--workdir={workdir / name}", *args]}
+             for name, (args, _, _) in BAD_INPUT.items() if name != "train typo"}
+    cases["train typo"] = {"argv": ["experiments.train", f"--workdir={workdir / 'train'}",
+                                    *BAD_INPUT["train typo"][0]]}
+    cases |= {f"traceback {name}": {"argv": [*TOY, f"--workdir={workdir / name}", *args],
+                                    "env": env} for name, (args, env) in TRACEBACK.items()}
+    results = run_programs(list(cases.values()))
+    return {name: dict(done, rows=(workdir / name / "rows.jsonl").exists())
+            for name, done in zip(cases, results)}
+
+
+@pytest.mark.parametrize("name", list(BAD_INPUT))
+def test_bad_program_input_fails_in_one_line_naming_the_culprit(bad_runs, name):
+    _, status, message = BAD_INPUT[name]
+    done = bad_runs[name]
+    assert done["status"] == status, done["stderr"]
+    assert done["stderr"].startswith("error: ") and done["stderr"].count("\n") == 1
+    assert message in done["stderr"]
+    assert not done["rows"]
+
+
+@pytest.mark.parametrize("name", list(TRACEBACK))
+def test_verbose_or_the_environment_switch_shows_the_traceback(bad_runs, name):
+    done = bad_runs[f"traceback {name}"]
+    assert done["status"] == 1 and "Traceback (most recent call last)" in done["stderr"]
 
 
 def test_the_program_refuses_a_workdir_that_is_a_file(tmp_path):

@@ -27,12 +27,16 @@ appends one row per finished point to ``<workdir>/rows.jsonl``. For example::
         return metrics.perplexity(model, data.token_stream(tok, "validation"), config.eval.length)
 
     def main(argv):
-        experiment.run_from_flags(_FLAGS, evaluate)
+        experiment.run_from_flags(_FLAGS, evaluate, argv)
+
+    if __name__ == "__main__":
+        experiment.run_program(main)  # a mistake prints one line (see experiment/cli.py)
 
 Modules, one job each: ``sweep`` (product / zipped / cross, points, shards, ``get_sweep``),
 ``overrides`` (base config checks, config hash, dotted overrides), ``rows`` (the rows file and its
 lock), ``provenance`` (git state, versions, machine, command), ``runner`` (``run``: the points that
-have no row) and ``program`` (absl flags and ``run_from_flags``). Their public names are
+have no row), ``program`` (absl flags and ``run_from_flags``) and ``cli`` (``run_program``, the
+entry point of every program: a bad flag or a refused value as one line). Their public names are
 re-exported here: ``from decodelab import experiment`` then ``experiment.run(...)``.
 
 What a caller may rely on:
@@ -59,8 +63,9 @@ from __future__ import annotations
 
 # Base configs, hashes and overrides.
 from decodelab.experiment.overrides import apply_overrides, check_base_config, config_hash
-from decodelab.experiment.program import (ExperimentFlags, check_no_arguments, define_flags,
-                                          run_from_flags)
+from decodelab.experiment.program import (ExperimentFlags, check_no_arguments,
+                                          define_config_file, define_flags, run_from_flags)
+from decodelab.experiment.cli import TRACEBACK_ENV, run_program
 
 # Provenance.
 from decodelab.experiment.provenance import PROVENANCE_FIELDS, cpu_seconds, git_state

@@ -34,10 +34,30 @@ class ExperimentFlags:
     flag_values: flags.FlagValues
 
 
+# The default config file of each config flag of the program (flags.FLAGS), by flag name: put on
+# the command line by ``run_program`` when it names none (see ``define_config_file``).
+DEFAULT_CONFIG_FILES: dict[str, str] = {}
+
+
+def define_config_file(name: str, default: str | None, help_text: str,
+                       flag_values: flags.FlagValues = flags.FLAGS) -> flags.FlagHolder:
+    """A locked config-file flag (``--<name>=path.py[:arg]``, fields overridden with
+    ``--<name>.<key>=<value>``) whose ``default`` file is not loaded here: ``run_program`` puts
+    ``--<name>=<default>`` on the command line when it names no file. (ml_collections would load a
+    default while the program's module is imported, reading the overrides then, so a misspelt
+    override would fail the import with a traceback instead of one line.)"""
+    if default is not None and flag_values is flags.FLAGS:
+        DEFAULT_CONFIG_FILES[name] = default
+        help_text += f" Default: {default}."
+    return config_flags.DEFINE_config_file(name, None, help_text, lock_config=True,
+                                           flag_values=flag_values)
+
+
 def define_flags(default_config: str | None = None) -> ExperimentFlags:
-    """Define ``--config`` (a locked config file, so a misspelt override fails by name),
-    ``--workdir`` (default ``runs/<experiment>``) and ``--sweep_shard`` (``i/n``, default ``0/1``),
-    and the multi-process flags (``sharding.define_flags``; not for an imported program).
+    """Define ``--config`` (a locked config file, so a misspelt override fails by name; see
+    ``define_config_file``), ``--workdir`` (default ``runs/<experiment>``) and ``--sweep_shard``
+    (``i/n``, default ``0/1``), and the multi-process flags (``sharding.define_flags``; not for an
+    imported program).
 
     When the global flags are already parsed or these names are taken, the module is being imported
     by another program (e.g. ``experiments.report`` reading its ``report`` function): the flags then
@@ -50,9 +70,9 @@ def define_flags(default_config: str | None = None) -> ExperimentFlags:
     if flag_values is shared:
         sharding.define_flags(shared)
     return ExperimentFlags(
-        config=config_flags.DEFINE_config_file(
+        config=define_config_file(
             "config", default_config, "Config file, `path.py` or `path.py:arg`; override fields "
-            "with --config.<key>=<value>.", lock_config=True, flag_values=flag_values),
+            "with --config.<key>=<value>.", flag_values),
         workdir=flags.DEFINE_string(
             "workdir", None, "Folder for rows.jsonl and cached models; default runs/<experiment>.",
             flag_values=flag_values),
