@@ -362,11 +362,26 @@ def test_rows_of_another_experiment_in_the_workdir_are_refused(tmp_path):
         experiment.run(toy_config(), [{}], measure, tmp_path, progress=False)
 
 
-def test_reading_refuses_a_torn_line_with_its_number(tmp_path):
+def test_a_torn_last_line_is_skipped_with_a_warning_and_its_point_runs_again(tmp_path):
+    sweep = experiment.product({"eval.length": [8, 16]})
+    rows = experiment.run(toy_config(), sweep, measure, tmp_path, progress=False)
+    whole = (tmp_path / "rows.jsonl").read_text()
+    (tmp_path / "rows.jsonl").write_text(whole[:-40])  # the second row cut short, as by a crash
+    with pytest.warns(UserWarning, match=r"rows.jsonl:2 is a torn last line .*runs again"):
+        assert experiment.read_rows(tmp_path) == rows[:1]
+    ran = []
+    with pytest.warns(UserWarning, match="torn last line"):
+        again = experiment.run(toy_config(), sweep, lambda c, ctx: ran.append(ctx.point.index)
+                               or measure(c, ctx), tmp_path, progress=False)
+    assert ran == [1] and [r["config_hash"] for r in again] == [r["config_hash"] for r in rows]
+    assert len(lines_of(tmp_path)) == 2  # the torn line is gone with the next write
+
+
+def test_reading_refuses_a_broken_line_before_the_last_with_its_number(tmp_path):
     experiment.run(toy_config(), [{}], measure, tmp_path, progress=False)
-    with open(tmp_path / "rows.jsonl", "a") as f:
-        f.write('{"experiment": "toy", "config')
-    with pytest.raises(ValueError, match=r"rows.jsonl:2 is not a JSON row"):
+    text = (tmp_path / "rows.jsonl").read_text()
+    (tmp_path / "rows.jsonl").write_text('{"experiment": "toy", "config\n' + text)
+    with pytest.raises(ValueError, match=r"rows.jsonl:1 is not a JSON row"):
         experiment.read_rows(tmp_path)
 
 

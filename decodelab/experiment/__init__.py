@@ -52,7 +52,8 @@ What a caller may rely on:
   an ``flock`` on ``rows.jsonl.lock``: a reader sees the file before or after a row, never part of
   one, and processes sharing a workdir on one machine never lose each other's rows (shards on
   several machines write to their own workdirs and merge with ``merge_rows`` / ``add_rows``).
-  Reading rejects a line that is not a row instead of skipping it.
+  Reading rejects a line that is not a row instead of skipping it, except a torn last line (a
+  write cut short), skipped with a warning naming it so that its point runs again.
 - A row also has ``other_cpu_s`` where ``/proc/stat`` is readable: the CPU seconds other processes
   took during the point (``cpu_seconds``), so a page can say whether its timings shared the machine.
 - Re-running skips every point that has a row, so an interrupted sweep (Ctrl-C, a killed process)
