@@ -400,10 +400,10 @@ def test_a_leftover_temporary_file_is_removed_by_the_next_write(tmp_path):
 
 def test_merge_rows_keeps_each_hash_once_and_refuses_two_experiments(tmp_path):
     sweep = experiment.product({"eval.length": [8, 16, 32]})
-    a = experiment.run(toy_config(), sweep, measure, tmp_path / "a", shard_index=0, shard_count=2,
-                       progress=False)
-    b = experiment.run(toy_config(), sweep, measure, tmp_path / "b", shard_index=1, shard_count=2,
-                       progress=False)
+    a = experiment.run(toy_config(), sweep, measure, tmp_path / "a",
+                       options=experiment.SweepOptions(0, 2), progress=False)
+    b = experiment.run(toy_config(), sweep, measure, tmp_path / "b",
+                       options=experiment.SweepOptions(1, 2), progress=False)
     merged = experiment.merge_rows(a, b, a)
     assert sorted(r["sweep_index"] for r in merged) == [0, 1, 2]
     assert experiment.add_rows(tmp_path / "merged", merged) == 3
@@ -514,9 +514,21 @@ def bad_runs(tmp_path_factory) -> dict[str, dict]:
                                     *BAD_INPUT["train typo"][0]]}
     cases |= {f"traceback {name}": {"argv": [*TOY, f"--workdir={workdir / name}", *args],
                                     "env": env} for name, (args, env) in TRACEBACK.items()}
+    # One sweep run twice in one workdir, the second time with another width (in order).
+    shared, report_out = f"--workdir={workdir / 'sweep'}", f"--out={workdir / 'report'}"
+    cases |= {f"sweep {name}": {"argv": argv} for name, argv in {
+        "first": [*TOY, shared],
+        "other width": [*TOY, shared, "--config.model.width=3"],
+        "extended": [*TOY, shared, "--config.model.width=3", "--extend_sweep"],
+        "report": ["experiments.report", shared, report_out, "--where=model.width=3"],
+        "report none": ["experiments.report", shared, report_out, "--where=model.width=5"],
+    }.items()}
     results = run_programs(list(cases.values()))
-    return {name: dict(done, rows=(workdir / name / "rows.jsonl").exists())
-            for name, done in zip(cases, results)}
+    done = {name: dict(result, rows=(workdir / name / "rows.jsonl").exists())
+            for name, result in zip(cases, results)}
+    done["sweep rows"] = experiment.read_rows(workdir / "sweep")
+    done["kept rows"] = experiment.read_rows(workdir / "report" / "rows" / "sweep")
+    return done
 
 
 @pytest.mark.parametrize("name", list(BAD_INPUT))
@@ -545,6 +557,53 @@ def test_the_program_refuses_rows_of_another_experiment(tmp_path):
     experiment.run(toy_config(experiment="other"), [{}], measure, tmp_path, progress=False)
     done = run_toy(workdir=tmp_path)
     assert done.returncode != 0 and "holds rows of experiment ['other']" in done.stderr
+
+
+def test_a_rerun_with_other_settings_is_refused_until_the_sweep_is_extended(bad_runs):
+    assert bad_runs["sweep first"]["status"] == 0
+    refused = bad_runs["sweep other width"]
+    assert refused["status"] == 1 and refused["stderr"].count("\n") == 1
+    assert ("holds 6 rows of sweep 'toy_config.py' run with other settings (model.width was 8, "
+            "now 3)") in refused["stderr"]
+    assert "new --workdir" in refused["stderr"] and "--extend_sweep" in refused["stderr"]
+    assert bad_runs["sweep extended"]["status"] == 0, bad_runs["sweep extended"]["stderr"]
+    widths = [row["config"]["model"]["width"] for row in bad_runs["sweep rows"]]
+    assert widths == [8] * 6 + [3] * 6
+    assert {row["sweep"] for row in bad_runs["sweep rows"]} == {"toy_config.py"}
+
+
+def test_the_report_renders_the_rows_where_flags_pick(bad_runs):
+    assert bad_runs["sweep report"]["status"] == 0, bad_runs["sweep report"]["stderr"]
+    assert [row["config"]["model"]["width"] for row in bad_runs["kept rows"]] == [3] * 6
+    none = bad_runs["sweep report none"]
+    assert none["status"] == 1
+    assert none["stderr"] == ("error: where ['model.width=5'] matches none of the 12 rows; they "
+                              "hold model.width: [3, 8]\n")
+
+
+def test_one_sweep_with_other_settings_is_refused_in_the_library_and_collides_in_a_table(
+        tmp_path):
+    sweep = experiment.product({"eval.length": [8, 16]})
+    experiment.run(toy_config(), sweep, measure, tmp_path, progress=False)
+    wider, ran = toy_config(model=dict(width=4, position="rope")), []
+    with pytest.raises(ValueError, match=r"holds 2 rows of this sweep run with other settings "
+                                         r"\(model.width was 8, now 4\)"):
+        experiment.run(wider, sweep, lambda c, ctx: ran.append(c), tmp_path, progress=False)
+    assert ran == []
+    named = experiment.run(wider, sweep, measure, tmp_path, progress=False,
+                           options=experiment.SweepOptions(name="other.py"))
+    assert [row["sweep"] for row in named] == ["other.py"] * 2  # another sweep shares the workdir
+    rows = experiment.read_rows(tmp_path)
+    with pytest.raises(ValueError, match=r"the rows differ in model.width \(8 and 4\), sweep "
+                                         r"\(n/a and other.py\): pick one with `where` "
+                                         r"\(experiments.report --where=model.width=8\)"):
+        report.pivot_table(rows, index="eval.length", columns="model.position", values="loss")
+    assert report.parse_where(["eval.length=8", "model.position=rope", "x=null"]) == {
+        "eval.length": 8, "model.position": "rope", "x": None}
+    picked = report.select_where(rows, ["model.width=4", "sweep=other.py"])
+    assert [r["overrides"]["eval.length"] for r in picked] == [8, 16]
+    with pytest.raises(ValueError, match="where must be KEY=VALUE"):
+        report.parse_where(["model.width"])
 
 
 def wait_for_rows(workdir, count, process, timeout=30.0):

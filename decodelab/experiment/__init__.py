@@ -73,7 +73,8 @@ from decodelab.experiment.provenance import PROVENANCE_FIELDS, cpu_seconds, git_
 from decodelab.report.pages import current_command
 
 # The runner and the programs.
-from decodelab.experiment.runner import Metrics, PointContext, run
+from decodelab.experiment.runner import (Metrics, PointContext, SweepOptions, check_one_sweep,
+                                         run)
 
 # Sweeps as data, points and shards.
 from decodelab.experiment.sweep import (Point, cross, expand, load_sweep, parse_shard, product,
@@ -85,4 +86,5 @@ from decodelab.measure.compiles import count_traces
 
 # The rows file.
 from decodelab.report.rows import (LOCK_FILE, ROW_FIELDS, ROWS_FILE, add_rows, check_writable,
-                                   json_dumps, merge_rows, read_rows, write_rows)
+                                   config_differences, json_dumps, merge_rows, read_rows,
+                                   write_rows)

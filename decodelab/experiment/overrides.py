@@ -19,6 +19,8 @@ from typing import Any
 
 from ml_collections import config_dict
 
+from decodelab.report.rows import config_leaves
+
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -40,7 +42,7 @@ def check_base_config(config: config_dict.ConfigDict) -> None:
 def config_hash(config: config_dict.ConfigDict | Mapping[str, Any]) -> str:
     """First 16 hex digits of the sha256 of ``config`` as canonical JSON (sorted keys, no spaces)."""
     resolved = config.to_dict() if isinstance(config, config_dict.ConfigDict) else dict(config)
-    for key, value in _leaves(resolved):
+    for key, value in config_leaves(resolved):
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"config field {key} must be a finite number, got {value}")
     try:
@@ -80,15 +82,6 @@ def apply_overrides(config: config_dict.ConfigDict, overrides: Mapping[str, Any]
         except TypeError as e:
             raise ValueError(f"override {key}={value!r} has the wrong type: {e}") from None
     return result
-
-
-def _leaves(tree: Any, prefix: str = "") -> list[tuple[str, Any]]:
-    """``(dotted key, value)`` of every value in nested dicts and lists (``a.b``, ``a.list[0]``)."""
-    if isinstance(tree, Mapping):
-        return [leaf for k, v in tree.items() for leaf in _leaves(v, f"{prefix}{k}.")]
-    if isinstance(tree, (list, tuple)):
-        return [leaf for i, v in enumerate(tree) for leaf in _leaves(v, f"{prefix[:-1]}[{i}].")]
-    return [(prefix[:-1], tree)]
 
 
 def _field_paths(section: config_dict.ConfigDict, prefix: str = "") -> list[str]:

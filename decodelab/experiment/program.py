@@ -19,7 +19,7 @@ from ml_collections import config_dict, config_flags
 
 from decodelab import sharding
 from decodelab.experiment.overrides import check_base_config
-from decodelab.experiment.runner import PointContext, run
+from decodelab.experiment.runner import PointContext, SweepOptions, run
 from decodelab.experiment.sweep import load_sweep, parse_shard
 from decodelab.report.rows import ROWS_FILE
 
@@ -31,6 +31,7 @@ class ExperimentFlags:
     config: flags.FlagHolder
     workdir: flags.FlagHolder
     sweep_shard: flags.FlagHolder
+    extend_sweep: flags.FlagHolder
     flag_values: flags.FlagValues
 
 
@@ -55,15 +56,15 @@ def define_config_file(name: str, default: str | None, help_text: str,
 
 def define_flags(default_config: str | None = None) -> ExperimentFlags:
     """Define ``--config`` (a locked config file, so a misspelt override fails by name; see
-    ``define_config_file``), ``--workdir`` (default ``runs/<experiment>``) and ``--sweep_shard``
-    (``i/n``, default ``0/1``), and the multi-process flags (``sharding.define_flags``; not for an
-    imported program).
+    ``define_config_file``), ``--workdir`` (default ``runs/<experiment>``), ``--sweep_shard``
+    (``i/n``, default ``0/1``), ``--extend_sweep`` (see ``SweepOptions.extend``) and the
+    multi-process flags (``sharding.define_flags``; not for an imported program).
 
     When the global flags are already parsed or these names are taken, the module is being imported
     by another program (e.g. ``experiments.report`` reading its ``report`` function): the flags then
     go to a private FlagValues, so the import neither clashes with nor changes the program's flags.
     """
-    names = ("config", "workdir", "sweep_shard")
+    names = ("config", "workdir", "sweep_shard", "extend_sweep")
     shared = flags.FLAGS
     flag_values = (flags.FlagValues() if shared.is_parsed() or any(n in shared for n in names)
                    else shared)
@@ -79,6 +80,10 @@ def define_flags(default_config: str | None = None) -> ExperimentFlags:
         sweep_shard=flags.DEFINE_string(
             "sweep_shard", "0/1", "Run shard i of n of the sweep (points whose index % n == i).",
             flag_values=flag_values),
+        extend_sweep=flags.DEFINE_bool(
+            "extend_sweep", False, "Add this run's points to a --workdir whose rows of this sweep "
+            "ran with other settings (without it such a run is refused, naming the fields that "
+            "differ).", flag_values=flag_values),
         flag_values=flag_values,
     )
 
@@ -119,9 +124,10 @@ def run_from_flags(experiment_flags: ExperimentFlags,
     sweep = load_sweep(path, arg or None)
     shard_index, shard_count = parse_shard(experiment_flags.sweep_shard.value)
     workdir = pathlib.Path(experiment_flags.workdir.value or f"runs/{config.experiment}")
+    options = SweepOptions(shard_index, shard_count, name=pathlib.Path(filename).name,
+                           extend=experiment_flags.extend_sweep.value)
     try:
-        rows = run(config, sweep, point_fn, workdir, shard_index=shard_index,
-                   shard_count=shard_count)
+        rows = run(config, sweep, point_fn, workdir, options=options)
     except KeyboardInterrupt:
         print(f"\ninterrupted: every finished point is in {workdir / ROWS_FILE}; run the same "
               "command again to continue", file=sys.stderr)

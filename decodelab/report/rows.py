@@ -92,6 +92,25 @@ def read_rows(workdir: str | os.PathLike) -> list[dict]:
     return rows
 
 
+def config_leaves(tree: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """``(dotted key, value)`` of every value in nested dicts and lists (``model.position``,
+    ``stops[0]``): a config as the flat fields a person overrides."""
+    if isinstance(tree, Mapping):
+        return [leaf for k, v in tree.items() for leaf in config_leaves(v, f"{prefix}{k}.")]
+    if isinstance(tree, (list, tuple)) and tree:
+        return [leaf for i, v in enumerate(tree)
+                for leaf in config_leaves(v, f"{prefix[:-1]}[{i}].")]
+    return [(prefix[:-1], tree)]
+
+
+def config_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, tuple]:
+    """The dotted fields whose values differ between configs ``a`` and ``b`` (a field one of
+    them lacks included, as None), each with its two values, in sorted order."""
+    left, right = dict(config_leaves(a)), dict(config_leaves(b))
+    return {key: (left.get(key), right.get(key)) for key in sorted(left.keys() | right.keys())
+            if left.get(key) != right.get(key)}
+
+
 def merge_rows(*row_lists: Iterable[Mapping[str, Any]]) -> list[dict]:
     """One list of rows with each config hash once (the first row of a hash wins, e.g. when two
     shards ran the same point), in order of first appearance. All rows must be of one experiment."""
