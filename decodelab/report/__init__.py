@@ -16,4 +16,5 @@ __all__ = ["Axes", "Claim", "Form", "Judged", "MISSING", "Page", "ROWS_FILE", "R
            "Verdict", "across_seeds", "current_command", "format_number", "format_value",
            "generic_report", "line_plot", "load_rows", "merge_rows", "on_row", "other_cores",
            "parse_where", "pivot_table", "points_table", "provenance_lines", "read_rows", "render",
-           "row_value", "select", "select_where", "swept_keys", "tally", "verdict", "with_metrics", "write_index"]
+           "row_value", "select", "select_where", "swept_keys", "tally", "verdict", "with_metrics",
+           "write_index"]
