@@ -9,7 +9,6 @@ lengths, ideal static waste and per-request lists; each replay's ``REPLAYED`` va
 
 from __future__ import annotations
 
-from absl import app
 
 import decodelab as dl
 from decodelab import experiment, report, serving
@@ -147,4 +146,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    experiment.run_program(main)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 
 import numpy as np
-from absl import app
 from flax import nnx
 
 from decodelab import experiment, report
@@ -144,4 +143,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    experiment.run_program(main)

@@ -14,7 +14,6 @@ interval calls it the same way.
 
 from __future__ import annotations
 
-from absl import app
 
 from decodelab import experiment, report
 from decodelab.experiment import artefacts
@@ -122,4 +121,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    experiment.run_program(main)

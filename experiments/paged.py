@@ -10,7 +10,6 @@ times decode rounds with ``step_batch`` slots all running (``measure.replays.rou
 from __future__ import annotations
 
 import numpy as np
-from absl import app
 
 import decodelab as dl
 from decodelab import experiment, report, serving
@@ -147,4 +146,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    experiment.run_program(main)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 
-from absl import app
 
 import decodelab as dl
 from decodelab import experiment, report
@@ -97,4 +96,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    experiment.run_program(main)

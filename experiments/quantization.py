@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import os
 
-from absl import app
 
 import decodelab as dl
 from decodelab import experiment, report
@@ -107,4 +106,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    experiment.run_program(main)

@@ -1,6 +1,7 @@
 """Render a study's pages from its rows alone; or every page kept in results/ and the index.
 
     python -m experiments.report --workdir=runs/extrapolation [--workdir=DIR2 ...] [--out=results]
+        [--where=KEY=VALUE ...]   # only the rows where every KEY has its VALUE
     python -m experiments.report --all        # every results/rows/<name>/ -> its pages + README.md
 
 Several --workdir (e.g. one per sweep shard) are merged by config hash. A study module
@@ -29,6 +30,9 @@ _OUT = flags.DEFINE_string("out", None, "Output folder; default <first workdir>/
                            "results with --all.")
 _KEEP_ROWS = flags.DEFINE_bool("keep_rows", True, "Also write the rows rendered to "
                                "<out>/rows/<first workdir's name>/rows.jsonl.")
+_WHERE = flags.DEFINE_multi_string("where", None, "Render only the rows whose KEY has VALUE "
+                                   "(KEY=VALUE: a config key, metric or row field such as sweep; "
+                                   "repeat: every one must hold).")
 _ALL = flags.DEFINE_bool("all", False, "Render every page whose rows are kept in <out>/rows/ and "
                          "write the index <out>/README.md.")
 ALL_COMMAND = "python -m experiments.report --all"
@@ -62,15 +66,16 @@ def render_all(out_dir: pathlib.Path) -> list[pathlib.Path]:
 
 
 def main(argv) -> None:
-    experiment.check_no_arguments(argv)
     if _ALL.value:
-        if _WORKDIR.value:
-            raise app.UsageError("--all renders the kept rows; give no --workdir with it")
+        if _WORKDIR.value or _WHERE.value:
+            raise app.UsageError("--all renders the kept rows as they are; give no --workdir "
+                                 "or --where with it")
         written = render_all(pathlib.Path(_OUT.value or "results"))
     else:
         if not _WORKDIR.value:
             raise app.UsageError("give --workdir=DIR (repeat to merge shards), or --all")
         rows = report.load_rows(*_WORKDIR.value)
+        rows = report.select_where(rows, _WHERE.value) if _WHERE.value else rows
         out_dir = pathlib.Path(_OUT.value or pathlib.Path(_WORKDIR.value[0]) / "report")
         _, written = render_rows(rows, out_dir)
         if _KEEP_ROWS.value:
@@ -87,4 +92,4 @@ def keep_rows(rows: list[dict], out_dir: pathlib.Path, workdir: str) -> pathlib.
 
 
 if __name__ == "__main__":
-    app.run(main)
+    experiment.run_program(main)

@@ -15,7 +15,6 @@ are judged by intervals over prompts, two strategies compared prompt by prompt
 
 from __future__ import annotations
 
-from absl import app
 
 from decodelab import experiment, report
 from decodelab.experiment import evaluated
@@ -101,4 +100,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    experiment.run_program(main)

@@ -17,7 +17,7 @@ import os
 
 import jax
 import numpy as np
-from absl import app, flags
+from absl import flags
 from flax import nnx
 
 from decodelab import experiment
@@ -64,7 +64,6 @@ def measured(repeats: int) -> list[str]:
 
 
 def main(argv) -> None:
-    experiment.check_no_arguments(argv)
     # Part 2 needs 8 devices: read when JAX's backend starts, which nothing before this does.
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
     if jax.device_count() != 8:
@@ -89,4 +88,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    experiment.run_program(main)

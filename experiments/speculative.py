@@ -15,7 +15,6 @@ of their own (``forms``): `speculative.md` for `medium`, `speculative_<name>.md`
 
 from __future__ import annotations
 
-from absl import app
 
 from decodelab import experiment, report
 from decodelab.experiment import drafts
@@ -136,4 +135,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    experiment.run_program(main)

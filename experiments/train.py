@@ -17,8 +17,7 @@ import pathlib
 
 import jax
 import numpy as np
-from absl import app, flags, logging
-from ml_collections import config_flags
+from absl import flags, logging
 
 from decodelab import experiment, sharding
 from decodelab.decode.generation import generate
@@ -30,8 +29,7 @@ from decodelab.text import data
 from decodelab.text.tokenizer import Tokenizer
 from decodelab.train import trainer as train
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/train.py", "Training config file.",
-                                          lock_config=True)
+_CONFIG = experiment.define_config_file("config", "configs/train.py", "Training config file.")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/train", "Folder for the summary and the cached "
                                "tokenizer and checkpoints (see decodelab/experiment/artefacts.py).")
 _RESUME = flags.DEFINE_bool("resume", False, "Reuse or continue this config's checkpoints in "
@@ -54,20 +52,29 @@ def quality_table(model, tokenizer: Tokenizer, pairs, report) -> dict[str, dict]
                                          eos_id=tokenizer.eos_id)
         rows[name] = quality.quality_row(prompts, samples, tokenizer=tokenizer, generator=model,
                                          params=strategy.params, batch_size=16)
-    columns = [("ppl_generator", "ppl", "{:.1f}"), ("distinct_2", "distinct-2", "{:.3f}"),
-               ("repetition_4", "rep-4", "{:.3f}"), ("self_bleu", "self-BLEU", "{:.1f}"),
-               ("top1_rate", "top-1", "{:.2f}"), ("mean_length", "length", "{:.1f}")]
+    columns = [("ppl_generator", "ppl", "{:.1f}", "perplexity of the texts under this model "
+                "(lower: more expected)"),
+               ("distinct_2", "distinct-2", "{:.3f}", "distinct token pairs / all pairs in a "
+                "text (higher: more varied)"),
+               ("repetition_4", "rep-4", "{:.3f}", "share of a text's 4-token runs that repeat "
+                "an earlier one (lower: less looping)"),
+               ("self_bleu", "self-BLEU", "{:.1f}", "BLEU of each sample against the others of "
+                "its prompt (lower: more diverse)"),
+               ("top1_rate", "top-1", "{:.2f}", "share of tokens that were the model's most "
+                "likely next token"),
+               ("mean_length", "length", "{:.1f}", "mean tokens per text")]
     print(f"\n=== text quality: {len(prompts)} prompts x {settings.samples} samples "
           f"(perplexity under this model; see results/sampling.md) ===")
-    print(f"{'strategy':<16}" + "".join(f"{header:>11}" for _, header, _ in columns))
+    print(f"{'strategy':<16}" + "".join(f"{header:>11}" for _, header, _, _ in columns))
     for name, row in rows.items():
-        cells = ["n/a" if row[k] is None else fmt.format(row[k]) for k, _, fmt in columns]
+        cells = ["n/a" if row[k] is None else fmt.format(row[k]) for k, _, fmt, _ in columns]
         print(f"{name:<16}" + "".join(f"{cell:>11}" for cell in cells))
+    for _, header, _, meaning in columns:
+        print(f"  {header}: {meaning}")
     return rows
 
 
 def main(argv) -> None:
-    experiment.check_no_arguments(argv)
     sharding.initialize_from_flags()
     logging.set_verbosity(logging.WARNING)  # Orbax logs every checkpoint step at INFO
     config = _CONFIG.value
@@ -86,8 +93,9 @@ def main(argv) -> None:
     # reports on its own copy of the model).
     model = (result.model if mesh is None else sharding.shard(
         result.model, sharding.make_mesh(model=config.mesh.model, devices=jax.local_devices())))
-    print(f"model: {model_cfg.num_params():,} parameters, trained {result.step} steps; "
-          f"checkpoints in {result.directory}")
+    print(f"model: {model_cfg.num_params():,} parameters, trained {result.step} steps\n"
+          f"checkpoint: model, tokenizer = decodelab.load_checkpoint("
+          f"{str(result.directory / 'checkpoints')!r})")
 
     windows = data.eval_windows(data.token_stream(tokenizer, "validation"), train_cfg.seq_len)
     metrics = train.evaluate(model, windows, config.report.eval_batch_size)
@@ -116,7 +124,7 @@ def main(argv) -> None:
             sample[name] = tokenizer.decode(out.token_lists()[i])
             mean_logprob = float(np.mean(out.logprobs[i, :out.lengths[i]]))
             print(f"--- {name} (mean log-prob {mean_logprob:.2f}, "
-                  f"{out.finish_reason[i]}) ---\n{sample[name]}")
+                  f"finish: {out.finish_reason[i]}) ---\n{sample[name]}")
         print("--- true continuation ---\n" + sample["reference"])
         samples.append(sample)
     table = quality_table(model, tokenizer, pairs, config.report)
@@ -128,4 +136,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    experiment.run_program(main)

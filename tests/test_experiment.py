@@ -48,7 +48,7 @@ def _interruptible():
 
 
 def start_toy(*args, workdir):
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
     return subprocess.Popen([sys.executable, *TOY, f"--workdir={workdir}", *args], cwd=REPO,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=_interruptible)
@@ -58,7 +58,8 @@ def run_toy(*args, workdir, config=None):
     command = [sys.executable, *TOY, f"--workdir={workdir}", *args]
     if config is not None:
         command[2] = f"--config={config}"
-    return subprocess.run(command, cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu"),
+    return subprocess.run(command, cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu",
+                                                      PYTHONPATH=str(REPO)),
                           capture_output=True, text=True, timeout=60)
 
 
@@ -361,11 +362,26 @@ def test_rows_of_another_experiment_in_the_workdir_are_refused(tmp_path):
         experiment.run(toy_config(), [{}], measure, tmp_path, progress=False)
 
 
-def test_reading_refuses_a_torn_line_with_its_number(tmp_path):
+def test_a_torn_last_line_is_skipped_with_a_warning_and_its_point_runs_again(tmp_path):
+    sweep = experiment.product({"eval.length": [8, 16]})
+    rows = experiment.run(toy_config(), sweep, measure, tmp_path, progress=False)
+    whole = (tmp_path / "rows.jsonl").read_text()
+    (tmp_path / "rows.jsonl").write_text(whole[:-40])  # the second row cut short, as by a crash
+    with pytest.warns(UserWarning, match=r"rows.jsonl:2 is a torn last line .*runs again"):
+        assert experiment.read_rows(tmp_path) == rows[:1]
+    ran = []
+    with pytest.warns(UserWarning, match="torn last line"):
+        again = experiment.run(toy_config(), sweep, lambda c, ctx: ran.append(ctx.point.index)
+                               or measure(c, ctx), tmp_path, progress=False)
+    assert ran == [1] and [r["config_hash"] for r in again] == [r["config_hash"] for r in rows]
+    assert len(lines_of(tmp_path)) == 2  # the torn line is gone with the next write
+
+
+def test_reading_refuses_a_broken_line_before_the_last_with_its_number(tmp_path):
     experiment.run(toy_config(), [{}], measure, tmp_path, progress=False)
-    with open(tmp_path / "rows.jsonl", "a") as f:
-        f.write('{"experiment": "toy", "config')
-    with pytest.raises(ValueError, match=r"rows.jsonl:2 is not a JSON row"):
+    text = (tmp_path / "rows.jsonl").read_text()
+    (tmp_path / "rows.jsonl").write_text('{"experiment": "toy", "config\n' + text)
+    with pytest.raises(ValueError, match=r"rows.jsonl:1 is not a JSON row"):
         experiment.read_rows(tmp_path)
 
 
@@ -384,10 +400,10 @@ def test_a_leftover_temporary_file_is_removed_by_the_next_write(tmp_path):
 
 def test_merge_rows_keeps_each_hash_once_and_refuses_two_experiments(tmp_path):
     sweep = experiment.product({"eval.length": [8, 16, 32]})
-    a = experiment.run(toy_config(), sweep, measure, tmp_path / "a", shard_index=0, shard_count=2,
-                       progress=False)
-    b = experiment.run(toy_config(), sweep, measure, tmp_path / "b", shard_index=1, shard_count=2,
-                       progress=False)
+    a = experiment.run(toy_config(), sweep, measure, tmp_path / "a",
+                       options=experiment.SweepOptions(0, 2), progress=False)
+    b = experiment.run(toy_config(), sweep, measure, tmp_path / "b",
+                       options=experiment.SweepOptions(1, 2), progress=False)
     merged = experiment.merge_rows(a, b, a)
     assert sorted(r["sweep_index"] for r in merged) == [0, 1, 2]
     assert experiment.add_rows(tmp_path / "merged", merged) == 3
@@ -449,27 +465,86 @@ def test_command_line_overrides_reach_every_point(tmp_path):
     assert "--config.model.width=3" in rows[0]["provenance"]["command"]
 
 
-@pytest.mark.parametrize("args, config, message", [
-    (["--config.experiment_typo=1"], None, "experiment_typo"),
-    (["--config.model.widht=3"], None, "widht"),
-    ([], "tests/fixtures/no_such_config.py", "tests/fixtures/no_such_config.py"),
-    ([], "tests/fixtures/toy_config.py:bad_key", "'model.depth' does not exist"),
-    (["--sweep_shard=2/2"], None, "sweep_shard i/n must have n >= 1 and i in 0..n-1, got '2/2'"),
-    (["--sweep_shard=half"], None, "sweep_shard must look like i/n"),
-    (["--num_processes=2"], None, "--num_processes=2 needs --coordinator_address"),
-])
-def test_bad_program_input_fails_naming_the_culprit(tmp_path, args, config, message):
-    done = run_toy(*args, workdir=tmp_path / "w", config=config)
-    assert done.returncode != 0
-    assert message in done.stderr
-    assert not (tmp_path / "w" / "rows.jsonl").exists()
+BAD_INPUT = {  # args (after the toy's --config and --workdir), status, stderr's one line holds
+    "typo": (["--config.experiment_typo=1"], 2, "the config has no field 'experiment_typo'; "
+             "did you mean experiment?"),
+    "nested typo": (["--config.model.widht=3"], 2, "--config.model.widht: model has no field "
+                    "'widht'; did you mean model.width? (model's fields: position, width)"),
+    "section typo": (["--config.modle.width=3"], 2, "did you mean model.width?"),
+    "wrong type": (["--config.model.width=nan"], 2,
+                   "--config.model.width=nan: model.width must be an int, got 'nan'"),
+    "unknown flag": (["--wrokdir=x"], 2, "Unknown command line flag 'wrokdir'. Did you mean: "
+                     "workdir ?"),
+    "positional": (["--config.model.width=3", "extra"], 2, "takes flags only (--name=value), got "
+                   "the positional argument(s) ['extra']"),
+    "no file": (["--config=tests/fixtures/no_such_config.py"], 2,
+                "--config=tests/fixtures/no_such_config.py: the config file does not exist"),
+    "bad sweep": (["--config=tests/fixtures/toy_config.py:bad_key"], 1,
+                  "'model.depth' does not exist in the config: model has no field 'depth'"),
+    "shard": (["--sweep_shard=2/2"], 1,
+              "sweep_shard i/n must have n >= 1 and i in 0..n-1, got '2/2'"),
+    "shard text": (["--sweep_shard=half"], 1, "sweep_shard must look like i/n"),
+    "processes": (["--num_processes=2"], 1, "--num_processes=2 needs --coordinator_address"),
+    "nan": (["--config.sleep_s=nan"], 1, "config field sleep_s must be a finite number, got nan"),
+    "train typo": (["--config.train.lr=nan"], 2, "--config.train.lr: train has no field 'lr'; "
+                   "did you mean train.learning_rate?"),
+}
+TRACEBACK = {  # the same mistakes with the traceback let through
+    "flag": (["--sweep_shard=2/2", "--verbose"], {}),
+    "env": (["--config.model.widht=3"], {"DECODELAB_TRACEBACK": "1"}),
+}
 
 
-def test_the_program_refuses_a_positional_argument(tmp_path):
-    done = run_toy("--config.model.width=3", "extra", workdir=tmp_path / "w")
-    assert done.returncode != 0
-    assert "takes flags only (--name=value), got the positional argument(s) ['extra']" in done.stderr
-    assert not (tmp_path / "w").exists()
+def run_programs(cases: list[dict]) -> list[dict]:
+    """Run each case (``{"argv": [...], "env": {...}}``) as a program, all in one process that
+    imports JAX once (tests/fixtures/toy_runs.py): its exit status, stdout and stderr."""
+    done = subprocess.run([sys.executable, "tests/fixtures/toy_runs.py"], cwd=REPO,
+                          input=json.dumps(cases), capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO)))
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+@pytest.fixture(scope="module")
+def bad_runs(tmp_path_factory) -> dict[str, dict]:
+    workdir = tmp_path_factory.mktemp("bad")
+    cases = {name: {"argv": [*TOY, f"--workdir={workdir / name}", *args]}
+             for name, (args, _, _) in BAD_INPUT.items() if name != "train typo"}
+    cases["train typo"] = {"argv": ["experiments.train", f"--workdir={workdir / 'train'}",
+                                    *BAD_INPUT["train typo"][0]]}
+    cases |= {f"traceback {name}": {"argv": [*TOY, f"--workdir={workdir / name}", *args],
+                                    "env": env} for name, (args, env) in TRACEBACK.items()}
+    # One sweep run twice in one workdir, the second time with another width (in order).
+    shared, report_out = f"--workdir={workdir / 'sweep'}", f"--out={workdir / 'report'}"
+    cases |= {f"sweep {name}": {"argv": argv} for name, argv in {
+        "first": [*TOY, shared],
+        "other width": [*TOY, shared, "--config.model.width=3"],
+        "extended": [*TOY, shared, "--config.model.width=3", "--extend_sweep"],
+        "report": ["experiments.report", shared, report_out, "--where=model.width=3"],
+        "report none": ["experiments.report", shared, report_out, "--where=model.width=5"],
+    }.items()}
+    results = run_programs(list(cases.values()))
+    done = {name: dict(result, rows=(workdir / name / "rows.jsonl").exists())
+            for name, result in zip(cases, results)}
+    done["sweep rows"] = experiment.read_rows(workdir / "sweep")
+    done["kept rows"] = experiment.read_rows(workdir / "report" / "rows" / "sweep")
+    return done
+
+
+@pytest.mark.parametrize("name", list(BAD_INPUT))
+def test_bad_program_input_fails_in_one_line_naming_the_culprit(bad_runs, name):
+    _, status, message = BAD_INPUT[name]
+    done = bad_runs[name]
+    assert done["status"] == status, done["stderr"]
+    assert done["stderr"].startswith("error: ") and done["stderr"].count("\n") == 1
+    assert message in done["stderr"]
+    assert not done["rows"]
+
+
+@pytest.mark.parametrize("name", list(TRACEBACK))
+def test_verbose_or_the_environment_switch_shows_the_traceback(bad_runs, name):
+    done = bad_runs[f"traceback {name}"]
+    assert done["status"] == 1 and "Traceback (most recent call last)" in done["stderr"]
 
 
 def test_the_program_refuses_a_workdir_that_is_a_file(tmp_path):
@@ -482,6 +557,53 @@ def test_the_program_refuses_rows_of_another_experiment(tmp_path):
     experiment.run(toy_config(experiment="other"), [{}], measure, tmp_path, progress=False)
     done = run_toy(workdir=tmp_path)
     assert done.returncode != 0 and "holds rows of experiment ['other']" in done.stderr
+
+
+def test_a_rerun_with_other_settings_is_refused_until_the_sweep_is_extended(bad_runs):
+    assert bad_runs["sweep first"]["status"] == 0
+    refused = bad_runs["sweep other width"]
+    assert refused["status"] == 1 and refused["stderr"].count("\n") == 1
+    assert ("holds 6 rows of sweep 'toy_config.py' run with other settings (model.width was 8, "
+            "now 3)") in refused["stderr"]
+    assert "new --workdir" in refused["stderr"] and "--extend_sweep" in refused["stderr"]
+    assert bad_runs["sweep extended"]["status"] == 0, bad_runs["sweep extended"]["stderr"]
+    widths = [row["config"]["model"]["width"] for row in bad_runs["sweep rows"]]
+    assert widths == [8] * 6 + [3] * 6
+    assert {row["sweep"] for row in bad_runs["sweep rows"]} == {"toy_config.py"}
+
+
+def test_the_report_renders_the_rows_where_flags_pick(bad_runs):
+    assert bad_runs["sweep report"]["status"] == 0, bad_runs["sweep report"]["stderr"]
+    assert [row["config"]["model"]["width"] for row in bad_runs["kept rows"]] == [3] * 6
+    none = bad_runs["sweep report none"]
+    assert none["status"] == 1
+    assert none["stderr"] == ("error: where ['model.width=5'] matches none of the 12 rows; they "
+                              "hold model.width: [3, 8]\n")
+
+
+def test_one_sweep_with_other_settings_is_refused_in_the_library_and_collides_in_a_table(
+        tmp_path):
+    sweep = experiment.product({"eval.length": [8, 16]})
+    experiment.run(toy_config(), sweep, measure, tmp_path, progress=False)
+    wider, ran = toy_config(model=dict(width=4, position="rope")), []
+    with pytest.raises(ValueError, match=r"holds 2 rows of this sweep run with other settings "
+                                         r"\(model.width was 8, now 4\)"):
+        experiment.run(wider, sweep, lambda c, ctx: ran.append(c), tmp_path, progress=False)
+    assert ran == []
+    named = experiment.run(wider, sweep, measure, tmp_path, progress=False,
+                           options=experiment.SweepOptions(name="other.py"))
+    assert [row["sweep"] for row in named] == ["other.py"] * 2  # another sweep shares the workdir
+    rows = experiment.read_rows(tmp_path)
+    with pytest.raises(ValueError, match=r"the rows differ in model.width \(8 and 4\), sweep "
+                                         r"\(n/a and other.py\): pick one with `where` "
+                                         r"\(experiments.report --where=model.width=8\)"):
+        report.pivot_table(rows, index="eval.length", columns="model.position", values="loss")
+    assert report.parse_where(["eval.length=8", "model.position=rope", "x=null"]) == {
+        "eval.length": 8, "model.position": "rope", "x": None}
+    picked = report.select_where(rows, ["model.width=4", "sweep=other.py"])
+    assert [r["overrides"]["eval.length"] for r in picked] == [8, 16]
+    with pytest.raises(ValueError, match="where must be KEY=VALUE"):
+        report.parse_where(["model.width"])
 
 
 def wait_for_rows(workdir, count, process, timeout=30.0):

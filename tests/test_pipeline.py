@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
+import decodelab
+
 from decodelab.convert import PretrainedTokenizer
 from decodelab.experiment import artefacts as pipeline
 from decodelab.experiment import presets
@@ -157,6 +159,15 @@ def test_the_train_program_shares_the_cache_and_keeps_its_resume_flag(first, wor
     assert done.returncode == 0, done.stderr
     summary = json.loads((workdir / "summary.json").read_text())
     assert summary["steps"] == 4 and [h["step"] for h in summary["history"]] == [1, 2, 3, 4]
+    # What it prints is plain: a load call that works, labelled finish reasons, explained columns.
+    (line,) = [x for x in done.stdout.splitlines() if x.startswith("checkpoint: ")]
+    path = line.split("load_checkpoint(", 1)[1].rstrip(")").strip("'")
+    model, tokenizer = decodelab.load_checkpoint(path)
+    assert tokenizer.vocab_size == 512
+    np.testing.assert_array_equal(params_of(model)[0], params_of(first.model)[0])
+    assert "finish: " in done.stdout
+    explained = [x.split(":")[0].strip() for x in done.stdout.splitlines() if x.startswith("  ")]
+    assert {"ppl", "distinct-2", "rep-4", "self-BLEU", "top-1", "length"} <= set(explained)
 
 
 # --- A model trained on a pretrained model's tokenizer ----------------------------------------

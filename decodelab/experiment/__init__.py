@@ -27,12 +27,16 @@ appends one row per finished point to ``<workdir>/rows.jsonl``. For example::
         return metrics.perplexity(model, data.token_stream(tok, "validation"), config.eval.length)
 
     def main(argv):
-        experiment.run_from_flags(_FLAGS, evaluate)
+        experiment.run_from_flags(_FLAGS, evaluate, argv)
+
+    if __name__ == "__main__":
+        experiment.run_program(main)  # a mistake prints one line (see experiment/cli.py)
 
 Modules, one job each: ``sweep`` (product / zipped / cross, points, shards, ``get_sweep``),
 ``overrides`` (base config checks, config hash, dotted overrides), ``rows`` (the rows file and its
 lock), ``provenance`` (git state, versions, machine, command), ``runner`` (``run``: the points that
-have no row) and ``program`` (absl flags and ``run_from_flags``). Their public names are
+have no row), ``program`` (absl flags and ``run_from_flags``) and ``cli`` (``run_program``, the
+entry point of every program: a bad flag or a refused value as one line). Their public names are
 re-exported here: ``from decodelab import experiment`` then ``experiment.run(...)``.
 
 What a caller may rely on:
@@ -48,7 +52,8 @@ What a caller may rely on:
   an ``flock`` on ``rows.jsonl.lock``: a reader sees the file before or after a row, never part of
   one, and processes sharing a workdir on one machine never lose each other's rows (shards on
   several machines write to their own workdirs and merge with ``merge_rows`` / ``add_rows``).
-  Reading rejects a line that is not a row instead of skipping it.
+  Reading rejects a line that is not a row instead of skipping it, except a torn last line (a
+  write cut short), skipped with a warning naming it so that its point runs again.
 - A row also has ``other_cpu_s`` where ``/proc/stat`` is readable: the CPU seconds other processes
   took during the point (``cpu_seconds``), so a page can say whether its timings shared the machine.
 - Re-running skips every point that has a row, so an interrupted sweep (Ctrl-C, a killed process)
@@ -59,15 +64,17 @@ from __future__ import annotations
 
 # Base configs, hashes and overrides.
 from decodelab.experiment.overrides import apply_overrides, check_base_config, config_hash
-from decodelab.experiment.program import (ExperimentFlags, check_no_arguments, define_flags,
-                                          run_from_flags)
+from decodelab.experiment.program import (ExperimentFlags, check_no_arguments,
+                                          define_config_file, define_flags, run_from_flags)
+from decodelab.experiment.cli import TRACEBACK_ENV, run_program
 
 # Provenance.
 from decodelab.experiment.provenance import PROVENANCE_FIELDS, cpu_seconds, git_state
 from decodelab.report.pages import current_command
 
 # The runner and the programs.
-from decodelab.experiment.runner import Metrics, PointContext, run
+from decodelab.experiment.runner import (Metrics, PointContext, SweepOptions, check_one_sweep,
+                                         run)
 
 # Sweeps as data, points and shards.
 from decodelab.experiment.sweep import (Point, cross, expand, load_sweep, parse_shard, product,
@@ -79,4 +86,5 @@ from decodelab.measure.compiles import count_traces
 
 # The rows file.
 from decodelab.report.rows import (LOCK_FILE, ROW_FIELDS, ROWS_FILE, add_rows, check_writable,
-                                   json_dumps, merge_rows, read_rows, write_rows)
+                                   config_differences, json_dumps, merge_rows, read_rows,
+                                   write_rows)

@@ -9,13 +9,17 @@ size): changing it makes new points.
 from __future__ import annotations
 
 import copy
+import difflib
 import hashlib
 import json
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
 
 from ml_collections import config_dict
+
+from decodelab.report.rows import config_leaves
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -38,6 +42,9 @@ def check_base_config(config: config_dict.ConfigDict) -> None:
 def config_hash(config: config_dict.ConfigDict | Mapping[str, Any]) -> str:
     """First 16 hex digits of the sha256 of ``config`` as canonical JSON (sorted keys, no spaces)."""
     resolved = config.to_dict() if isinstance(config, config_dict.ConfigDict) else dict(config)
+    for key, value in config_leaves(resolved):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"config field {key} must be a finite number, got {value}")
     try:
         text = json.dumps(resolved, sort_keys=True, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as e:
@@ -60,22 +67,76 @@ def apply_overrides(config: config_dict.ConfigDict, overrides: Mapping[str, Any]
         if key == "experiment":
             raise ValueError("a sweep point must not override 'experiment': every point of a run "
                              "belongs to one experiment")
-        node, parts = result, key.split(".")
-        for depth, part in enumerate(parts):
-            where = ".".join(parts[:depth]) or "the config"
-            if not isinstance(node, config_dict.ConfigDict):
-                raise ValueError(f"override key {key!r} does not exist in the config: {where} is "
-                                 f"a value, not a section")
-            if part not in node:
-                raise ValueError(f"override key {key!r} does not exist in the config: {where} has "
-                                 f"no field {part!r} (its fields: {sorted(node.keys())})")
-            if depth < len(parts) - 1:
-                node = node[part]
-        if isinstance(node[parts[-1]], config_dict.ConfigDict):
+        problem = missing_field(result, key)
+        if problem is not None:
+            raise ValueError(f"override key {key!r} does not exist in the config: {problem}")
+        *sections, name = key.split(".")
+        node = result
+        for part in sections:
+            node = node[part]
+        if isinstance(node[name], config_dict.ConfigDict):
             raise ValueError(f"override key {key!r} names a section; override its fields "
                              f"({key}.<field>) instead")
         try:
-            node[parts[-1]] = value
+            node[name] = value
         except TypeError as e:
             raise ValueError(f"override {key}={value!r} has the wrong type: {e}") from None
     return result
+
+
+def _field_paths(section: config_dict.ConfigDict, prefix: str = "") -> list[str]:
+    paths = []
+    for name, value in section.items():
+        paths.append(prefix + name)
+        if isinstance(value, config_dict.ConfigDict):
+            paths += _field_paths(value, f"{prefix}{name}.")
+    return paths
+
+
+def _initials(name: str) -> str:
+    return "".join(part[:1] for part in name.split("_"))
+
+
+def _near(name: str, names: list[str], count: int) -> list[str]:
+    """``names`` close to ``name`` in spelling, or abbreviated by it (``lr``: ``learning_rate``)."""
+    found = difflib.get_close_matches(name, names, n=count, cutoff=0.6)
+    return found + [n for n in names if "_" in n and _initials(n) == name and n not in found]
+
+
+def _nearest_fields(config: config_dict.ConfigDict, key: str, count: int = 3) -> list[str]:
+    """Up to ``count`` dotted fields of ``config`` nearest to the dotted ``key``, which names
+    none: the fields beside its first missing part that are spelt like it (the rest of the key
+    kept), else any field whose last name is spelt like the key's (``report.new_tokens`` for
+    ``new_tokns``)."""
+    node, parts = config, key.split(".")
+    for depth, part in enumerate(parts):
+        if not isinstance(node, config_dict.ConfigDict):
+            return []
+        if part not in node:
+            prefix, rest = parts[:depth], parts[depth + 1:]
+            beside = [".".join([*prefix, name, *rest]) for name in _near(part, list(node), count)]
+            if beside:
+                return beside[:count]
+            break
+        node = node[part]
+    paths = _field_paths(config)
+    leaves = _near(parts[-1], sorted({p.rsplit(".", 1)[-1] for p in paths}), count)
+    return [p for p in paths if p.rsplit(".", 1)[-1] in leaves][:count]
+
+
+def missing_field(config: config_dict.ConfigDict, key: str) -> str | None:
+    """Why the dotted ``key`` names no field of ``config`` (the first part that does not exist,
+    the nearest valid names and the fields of the section it was looked for in); None if it
+    names one."""
+    node, parts = config, key.split(".")
+    for depth, part in enumerate(parts):
+        where = ".".join(parts[:depth]) or "the config"
+        if not isinstance(node, config_dict.ConfigDict):
+            return f"{where} is a value, not a section"
+        if part not in node:
+            near = _nearest_fields(config, key)
+            hint = f"; did you mean {' or '.join(near)}?" if near else ""
+            return (f"{where} has no field {part!r}{hint} ({where}'s fields: "
+                    f"{', '.join(sorted(node.keys()))})")
+        node = node[part]
+    return None

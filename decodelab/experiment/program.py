@@ -19,7 +19,7 @@ from ml_collections import config_dict, config_flags
 
 from decodelab import sharding
 from decodelab.experiment.overrides import check_base_config
-from decodelab.experiment.runner import PointContext, run
+from decodelab.experiment.runner import PointContext, SweepOptions, run
 from decodelab.experiment.sweep import load_sweep, parse_shard
 from decodelab.report.rows import ROWS_FILE
 
@@ -31,34 +31,59 @@ class ExperimentFlags:
     config: flags.FlagHolder
     workdir: flags.FlagHolder
     sweep_shard: flags.FlagHolder
+    extend_sweep: flags.FlagHolder
     flag_values: flags.FlagValues
 
 
+# The default config file of each config flag of the program (flags.FLAGS), by flag name: put on
+# the command line by ``run_program`` when it names none (see ``define_config_file``).
+DEFAULT_CONFIG_FILES: dict[str, str] = {}
+
+
+def define_config_file(name: str, default: str | None, help_text: str,
+                       flag_values: flags.FlagValues = flags.FLAGS) -> flags.FlagHolder:
+    """A locked config-file flag (``--<name>=path.py[:arg]``, fields overridden with
+    ``--<name>.<key>=<value>``) whose ``default`` file is not loaded here: ``run_program`` puts
+    ``--<name>=<default>`` on the command line when it names no file. (ml_collections would load a
+    default while the program's module is imported, reading the overrides then, so a misspelt
+    override would fail the import with a traceback instead of one line.)"""
+    if default is not None and flag_values is flags.FLAGS:
+        DEFAULT_CONFIG_FILES[name] = default
+        help_text += f" Default: {default}."
+    return config_flags.DEFINE_config_file(name, None, help_text, lock_config=True,
+                                           flag_values=flag_values)
+
+
 def define_flags(default_config: str | None = None) -> ExperimentFlags:
-    """Define ``--config`` (a locked config file, so a misspelt override fails by name),
-    ``--workdir`` (default ``runs/<experiment>``) and ``--sweep_shard`` (``i/n``, default ``0/1``),
-    and the multi-process flags (``sharding.define_flags``; not for an imported program).
+    """Define ``--config`` (a locked config file, so a misspelt override fails by name; see
+    ``define_config_file``), ``--workdir`` (default ``runs/<experiment>``), ``--sweep_shard``
+    (``i/n``, default ``0/1``), ``--extend_sweep`` (see ``SweepOptions.extend``) and the
+    multi-process flags (``sharding.define_flags``; not for an imported program).
 
     When the global flags are already parsed or these names are taken, the module is being imported
     by another program (e.g. ``experiments.report`` reading its ``report`` function): the flags then
     go to a private FlagValues, so the import neither clashes with nor changes the program's flags.
     """
-    names = ("config", "workdir", "sweep_shard")
+    names = ("config", "workdir", "sweep_shard", "extend_sweep")
     shared = flags.FLAGS
     flag_values = (flags.FlagValues() if shared.is_parsed() or any(n in shared for n in names)
                    else shared)
     if flag_values is shared:
         sharding.define_flags(shared)
     return ExperimentFlags(
-        config=config_flags.DEFINE_config_file(
+        config=define_config_file(
             "config", default_config, "Config file, `path.py` or `path.py:arg`; override fields "
-            "with --config.<key>=<value>.", lock_config=True, flag_values=flag_values),
+            "with --config.<key>=<value>.", flag_values),
         workdir=flags.DEFINE_string(
             "workdir", None, "Folder for rows.jsonl and cached models; default runs/<experiment>.",
             flag_values=flag_values),
         sweep_shard=flags.DEFINE_string(
             "sweep_shard", "0/1", "Run shard i of n of the sweep (points whose index % n == i).",
             flag_values=flag_values),
+        extend_sweep=flags.DEFINE_bool(
+            "extend_sweep", False, "Add this run's points to a --workdir whose rows of this sweep "
+            "ran with other settings (without it such a run is refused, naming the fields that "
+            "differ).", flag_values=flag_values),
         flag_values=flag_values,
     )
 
@@ -99,9 +124,10 @@ def run_from_flags(experiment_flags: ExperimentFlags,
     sweep = load_sweep(path, arg or None)
     shard_index, shard_count = parse_shard(experiment_flags.sweep_shard.value)
     workdir = pathlib.Path(experiment_flags.workdir.value or f"runs/{config.experiment}")
+    options = SweepOptions(shard_index, shard_count, name=pathlib.Path(filename).name,
+                           extend=experiment_flags.extend_sweep.value)
     try:
-        rows = run(config, sweep, point_fn, workdir, shard_index=shard_index,
-                   shard_count=shard_count)
+        rows = run(config, sweep, point_fn, workdir, options=options)
     except KeyboardInterrupt:
         print(f"\ninterrupted: every finished point is in {workdir / ROWS_FILE}; run the same "
               "command again to continue", file=sys.stderr)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 import math
 import numbers
 import os
@@ -23,7 +24,8 @@ from tqdm.auto import tqdm
 from decodelab.experiment.provenance import cpu_seconds, provenance
 from decodelab.experiment.sweep import Point, expand, shard
 from decodelab.measure.compiles import release_near_map_limit
-from decodelab.report.rows import add_rows, as_workdir, check_writable, read_rows
+from decodelab.report.rows import (add_rows, as_workdir, check_writable, config_differences,
+                                   json_dumps, read_rows)
 
 Metrics = dict[str, float | int | str | bool | None | list | dict[str, list]]
 
@@ -111,24 +113,76 @@ def _utc_now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
+@dataclasses.dataclass(frozen=True)
+class SweepOptions:
+    """How ``run`` treats a sweep: which shard runs, the sweep's name, and whether it may extend
+    the workdir's sweep of that name."""
+
+    # Shard ``shard_index`` of ``shard_count``: the points whose sweep index % count == index.
+    shard_index: int = 0
+    shard_count: int = 1
+    # The sweep's name, written in each row (``sweep``): the config file and argument that declare
+    # it (``bench_decode.py:sampling``; ``run_from_flags`` sets it). One workdir may hold several
+    # sweeps; rows of one name are one sweep.
+    name: str | None = None
+    # Add this run's points to a workdir whose sweep of the same name ran with other settings
+    # (``--extend_sweep``); without it such a run is refused before any point runs.
+    extend: bool = False
+
+
+def _key(overrides: Mapping[str, Any]) -> str:
+    return json.dumps(overrides, sort_keys=True, default=str)
+
+
+def _describe_changes(stale: list[dict], by_overrides: Mapping[str, Point]) -> str:
+    changes: dict[str, set] = {}
+    for row in stale:
+        point = by_overrides[_key(row["overrides"])]
+        for key, (old, new) in config_differences(row["config"], point.config.to_dict()).items():
+            changes.setdefault(key, set()).add((json_dumps(old), json_dumps(new)))
+    return "; ".join(f"{key} was {' / '.join(sorted(o for o, _ in pairs))}, now "
+                     f"{' / '.join(sorted({n for _, n in pairs}))}"
+                     for key, pairs in list(changes.items())[:6])
+
+
+def check_one_sweep(existing: Sequence[Mapping[str, Any]], points: Sequence[Point],
+                    options: SweepOptions, workdir: pathlib.Path) -> None:
+    """Refuse to run ``points`` beside rows of the same sweep (same name, same overrides) that
+    ran with other settings, unless ``options.extend``: a page would find two rows for one point
+    and could not tell which to show. Names the fields that differ and the two ways out."""
+    hashes = {p.config_hash for p in points}
+    by_overrides = {_key(p.overrides): p for p in points}
+    stale = [row for row in existing if row.get("sweep") == options.name
+             and row["config_hash"] not in hashes and _key(row["overrides"]) in by_overrides]
+    if stale and not options.extend:
+        name = f"sweep {options.name!r}" if options.name else "this sweep"
+        raise ValueError(
+            f"workdir {str(workdir)!r} holds {len(stale)} rows of {name} run with other settings "
+            f"({_describe_changes(stale, by_overrides)}); its points would get a second row each. "
+            "Use a new --workdir for these settings, or pass --extend_sweep to add them to the "
+            "workdir's sweep (then pick rows with experiments.report --where=<field>=<value>)")
+
+
 def run(
     config: config_dict.ConfigDict,
     sweep: Sequence[Mapping[str, Any]],
     point_fn: Callable[[config_dict.ConfigDict, PointContext], Mapping[str, Any]],
     workdir: str | os.PathLike,
     *,
-    shard_index: int = 0,
-    shard_count: int = 1,
+    options: SweepOptions | None = None,
     progress: bool = True,
     command: str | None = None,
 ) -> list[dict]:
-    """Run the points of shard ``shard_index/shard_count`` of ``sweep`` that have no row in
+    """Run the points of shard ``options.shard_index/shard_count`` of ``sweep`` that have no row in
     ``workdir``, appending a row after each. Returns the rows of this shard's points, in sweep order.
 
     Everything is checked before the first point runs: the sweep (unknown keys, duplicates), the
     shard, the workdir (a folder this process can write: its lock file is created and a rows file
-    written on trial) and its rows (all of ``config.experiment``).
+    written on trial) and its rows (all of ``config.experiment``, and none of this sweep run with
+    other settings unless ``options.extend``: ``check_one_sweep``).
     """
+    options = SweepOptions() if options is None else options
+    shard_index, shard_count = options.shard_index, options.shard_count
     points = expand(config, sweep)
     mine = shard(points, shard_index, shard_count)
     workdir = as_workdir(workdir)
@@ -137,6 +191,7 @@ def run(
     if others:
         raise ValueError(f"workdir {str(workdir)!r} holds rows of experiment {others}, not "
                          f"{config.experiment!r}; use another --workdir for this experiment")
+    check_one_sweep(existing, points, options, workdir)
     check_writable(workdir)
     rows = {row["config_hash"]: row for row in existing}
     todo = [p for p in mine if p.config_hash not in rows]
@@ -154,6 +209,7 @@ def run(
                 "experiment": config.experiment,
                 "config_hash": point.config_hash,
                 "seed": point.config.seed,
+                "sweep": options.name,
                 "sweep_index": point.index,
                 "overrides": point.overrides,
                 "config": point.config.to_dict(),

@@ -15,8 +15,8 @@ from matplotlib.ticker import NullLocator, ScalarFormatter
 
 from decodelab.checks import check_bool
 from decodelab.measure.stats import Interval
-from decodelab.report.tables import (Where, format_value, hashable, is_number, is_plottable,
-                                     ordered, row_value, select)
+from decodelab.report.tables import (Where, format_value, hashable, how_to_pick, is_number,
+                                     is_plottable, ordered, row_value, select)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -54,6 +54,7 @@ def line_plot(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike, *, x: 
         return ", ".join(f"{k}={format_value(row_value(row, k))}" for k in group_keys) or y
 
     lines: dict[Any, dict[Any, float | Interval]] = collections.defaultdict(dict)
+    first: dict[tuple, Mapping[str, Any]] = {}
     for row in chosen:
         label = line_of(row)
         at, value = hashable(row_value(row, x)), row_value(row, y)
@@ -62,9 +63,10 @@ def line_plot(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike, *, x: 
         if not is_plottable(value):
             raise ValueError(f"y must name a numeric value, got {y}={value!r}")
         if lines[label].get(at, value) != value:
-            raise ValueError(f"two rows give {y!r} at {x}={at!r} in line {label!r}; filter the "
-                             "rows with `where`")
+            raise ValueError(f"two rows give {y!r} at {x}={at!r} in line {label!r}; "
+                             f"{how_to_pick(first[label, at], row)}")
         lines[label][at] = value
+        first.setdefault((label, at), row)
     xs = ordered([row_value(r, x) for r in chosen])
     numeric_x = all(map(is_number, xs))
     fig = Figure(figsize=(6.4, 4.2), layout="constrained")

@@ -5,7 +5,8 @@ Every write replaces the whole file (a temporary file in the same folder, fsync,
 while holding an ``flock`` on ``rows.jsonl.lock``: a reader sees the file before or after a row,
 never part of one, and processes sharing a workdir on one machine never lose each other's rows
 (shards on several machines write to their own workdirs and merge with ``merge_rows`` /
-``add_rows``). Reading rejects a line that is not a row instead of skipping it.
+``add_rows``). Reading rejects a line that is not a row instead of skipping it, except a torn
+last line (a write cut short), which is skipped with a warning so its point runs again.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import os
 import pathlib
 import stat
 import tempfile
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -56,13 +58,24 @@ def json_dumps(value: Any, *, indent: int | None = None) -> str:
 def read_rows(workdir: str | os.PathLike) -> list[dict]:
     """The rows of ``<workdir>/rows.jsonl`` in file order (``[]`` if there is none yet).
 
-    Raises ValueError for a line that is not a complete row, or two rows with one config hash.
+    A last line without its newline is a write cut short (a crash, a full disk, a copy of a file
+    being written): it is skipped with a warning naming it, so its point runs again and the next
+    write drops it. Raises ValueError for any other line that is not a complete row, or two rows
+    with one config hash. Every reader of a rows file (the runner, ``add_rows``, reports, the
+    results index) reads it here.
     """
     path = as_workdir(workdir) / ROWS_FILE
     if not path.exists():
         return []
+    text = path.read_bytes()
+    whole, _, torn = text.rpartition(b"\n") if b"\n" in text else (b"", b"", text)
+    lines = whole.decode("utf-8").splitlines() if whole else []
+    if torn:
+        warnings.warn(f"{path}:{len(lines) + 1} is a torn last line (a write cut short, "
+                      f"{len(torn)} bytes without their newline); skipped, so the point it held "
+                      "runs again", stacklevel=2)
     rows, seen = [], {}
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for number, line in enumerate(lines, 1):
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:
@@ -77,6 +90,25 @@ def read_rows(workdir: str | os.PathLike) -> list[dict]:
         seen[row["config_hash"]] = number
         rows.append(row)
     return rows
+
+
+def config_leaves(tree: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """``(dotted key, value)`` of every value in nested dicts and lists (``model.position``,
+    ``stops[0]``): a config as the flat fields a person overrides."""
+    if isinstance(tree, Mapping):
+        return [leaf for k, v in tree.items() for leaf in config_leaves(v, f"{prefix}{k}.")]
+    if isinstance(tree, (list, tuple)) and tree:
+        return [leaf for i, v in enumerate(tree)
+                for leaf in config_leaves(v, f"{prefix[:-1]}[{i}].")]
+    return [(prefix[:-1], tree)]
+
+
+def config_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, tuple]:
+    """The dotted fields whose values differ between configs ``a`` and ``b`` (a field one of
+    them lacks included, as None), each with its two values, in sorted order."""
+    left, right = dict(config_leaves(a)), dict(config_leaves(b))
+    return {key: (left.get(key), right.get(key)) for key in sorted(left.keys() | right.keys())
+            if left.get(key) != right.get(key)}
 
 
 def merge_rows(*row_lists: Iterable[Mapping[str, Any]]) -> list[dict]:

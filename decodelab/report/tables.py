@@ -21,6 +21,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
+import json
 import math
 import os
 import pathlib
@@ -28,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from decodelab.measure.stats import Interval
-from decodelab.report.rows import merge_rows, read_rows
+from decodelab.report.rows import config_differences, merge_rows, read_rows
 
 MISSING = "n/a"
 _ABSENT = object()
@@ -81,6 +82,48 @@ def select(rows: Sequence[Mapping[str, Any]], where: Where = None) -> list[Mappi
         chosen = [row for row in rows
                   if all(row_value(row, key) == value for key, value in where.items())]
     return sorted(chosen, key=lambda row: row.get("sweep_index", 0))
+
+
+def parse_where(texts: Sequence[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` texts (``experiments.report --where``) as a ``where`` mapping for ``select``:
+    each value read as JSON where it parses (``32``, ``0.5``, ``true``, ``null``), else taken as
+    text (``rope``, ``bench_decode.py:sampling``)."""
+    where = {}
+    for text in texts:
+        key, equals, value = str(text).partition("=")
+        if not equals or not key:
+            raise ValueError(f"where must be KEY=VALUE (e.g. model.position=rope), got {text!r}")
+        try:
+            where[key] = json.loads(value)
+        except json.JSONDecodeError:
+            where[key] = value
+    return where
+
+
+def select_where(rows: Sequence[Mapping[str, Any]], texts: Sequence[str]) -> list[Mapping]:
+    """The rows matching every ``KEY=VALUE`` of ``texts`` (``parse_where``), in sweep order;
+    raises ValueError naming the values the rows hold when none matches."""
+    where = parse_where(texts)
+    chosen = select(rows, where)
+    if rows and not chosen:
+        held = {key: ordered([row_value(row, key) for row in rows]) for key in where}
+        raise ValueError(f"where {list(texts)} matches none of the {len(rows)} rows; they hold "
+                         + "; ".join(f"{key}: {values}" for key, values in held.items()))
+    return chosen
+
+
+def how_to_pick(a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
+    """How to tell two rows that collide in a table or plot apart: the fields they differ in and
+    the filter that keeps the first (e.g. two runs of one sweep with other settings)."""
+    differ = config_differences({"sweep": a.get("sweep"), **a.get("config", {})},
+                                {"sweep": b.get("sweep"), **b.get("config", {})})
+    if not differ:
+        return "filter the rows with `where`"
+    key, (value, _) = next(iter(differ.items()))
+    fields = ", ".join(f"{k} ({format_value(x)} and {format_value(y)})"
+                       for k, (x, y) in list(differ.items())[:4])
+    return (f"the rows differ in {fields}: pick one with `where` (experiments.report "
+            f"--where={key}={json.dumps(value) if not isinstance(value, str) else value})")
 
 
 def is_number(value: Any) -> bool:
@@ -201,13 +244,15 @@ def pivot_table(rows: Sequence[Mapping[str, Any]], *, index: str, columns: str, 
     if not chosen:
         raise ValueError(f"rows must not be empty after the filter, got none (where={where!r})")
     cells: dict[tuple, Any] = {}
+    first: dict[tuple, Mapping[str, Any]] = {}
     for row in chosen:
         at = (hashable(row_value(row, index)), hashable(row_value(row, columns)))
         value = row_value(row, values)
         if at in cells and cells[at] != value:
             raise ValueError(f"two rows give {values!r} at {index}={at[0]!r}, {columns}={at[1]!r} "
-                             f"({cells[at]!r} and {value!r}); filter the rows with `where`")
+                             f"({cells[at]!r} and {value!r}); {how_to_pick(first[at], row)}")
         cells[at] = value
+        first.setdefault(at, row)
     row_keys = ordered([row_value(r, index) for r in chosen])
     col_keys = ordered([row_value(r, columns) for r in chosen])
     header = [f"{_short(index)} \\ {_short(columns)}"] + [format_value(c) for c in col_keys]
