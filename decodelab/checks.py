@@ -2,7 +2,8 @@
 
 Each check raises ``ValueError`` with a message that names the argument, its value and what is
 allowed, and returns the value in the form the caller stores: ``check_int`` and ``check_size``
-for ints, ``check_number`` for finite numbers in a range, ``check_bool``, ``check_one_of``.
+for ints, ``check_number`` for finite numbers in a range, ``check_bool``, ``check_one_of``, and
+``check_path`` for every path the library reads or writes.
 Sizes that end up in int32 arrays (token budgets, cache lengths, beam widths, ...) are checked
 against the int32 range with ``check_size``, so a typo such as ``2**31`` is refused instead of
 wrapping negative.
@@ -20,6 +21,8 @@ from __future__ import annotations
 import functools
 import math
 import os
+import pathlib
+import tempfile
 from typing import Any
 
 import jax
@@ -88,6 +91,38 @@ def check_one_of(name: str, value: Any, allowed: tuple[Any, ...]) -> Any:
     if value not in allowed:
         raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
     return value
+
+
+def check_path(name: str, value: Any, kind: str, *, write: bool = False,
+               what: str = "") -> pathlib.Path:
+    """``value`` (a str or ``os.PathLike``) as a ``pathlib.Path`` to a ``kind`` (``"file"`` or
+    ``"directory"``; ``what`` qualifies it in messages: ``"checkpoint "``). An empty path is
+    refused (it would quietly mean the current directory). To read, the path must exist as that
+    kind. To write, it must not exist as anything else, and the folder that will hold what is
+    written (the directory itself, or a file's parent) is created here and a file is written
+    and removed there: a path that cannot be written is refused before any work starts."""
+    check_one_of("kind", kind, ("file", "directory"))
+    if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
+        raise ValueError(f"{name} must be a non-empty path (str or os.PathLike), got {value!r}")
+    path = pathlib.Path(value)
+    if path.exists() and path.is_dir() != (kind == "directory"):
+        found = "directory" if path.is_dir() else "file"
+        raise ValueError(f"{name} must be a {what}{kind}, got a {found}: {str(path)!r}")
+    if not write:
+        if not path.exists():
+            raise ValueError(f"{name} must be an existing {what}{kind}, got {str(path)!r}")
+        return path
+    folder = path if kind == "directory" else path.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".write-check-", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        where = e.filename if e.filename is not None else folder
+        raise ValueError(f"{name} must be a path this process can write, got {str(path)!r}: "
+                         f"cannot write {str(where)!r} ({e.strerror})") from None
+    return path
 
 
 def check_model(name: str, model: Any) -> None:

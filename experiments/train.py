@@ -13,13 +13,12 @@ process reports on its own copy of the trained model.
 
 from __future__ import annotations
 
-import pathlib
-
 import jax
 import numpy as np
 from absl import flags, logging
 
 from decodelab import experiment, sharding
+from decodelab.checks import check_path
 from decodelab.decode.generation import generate
 from decodelab.decode.request import DecodeOptions
 from decodelab.experiment import artefacts as pipeline
@@ -78,10 +77,7 @@ def main(argv) -> None:
     sharding.initialize_from_flags()
     logging.set_verbosity(logging.WARNING)  # Orbax logs every checkpoint step at INFO
     config = _CONFIG.value
-    workdir = pathlib.Path(_WORKDIR.value)
-    if workdir.exists() and not workdir.is_dir():
-        raise ValueError(f"--workdir must be a directory, got a file: {str(workdir)!r}")
-    workdir.mkdir(parents=True, exist_ok=True)
+    workdir = check_path("--workdir", _WORKDIR.value, "directory", write=True)
 
     train_cfg = train.TrainConfig(**config.train.to_dict())
     mesh = sharding.mesh_from_config(config.mesh)

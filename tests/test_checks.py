@@ -75,3 +75,29 @@ def test_check_one_of_and_check_bool_name_what_is_allowed():
     assert checks.check_bool("flag", False) is False
     with pytest.raises(ValueError, match="^flag must be a bool, got 1$"):
         checks.check_bool("flag", 1)
+
+
+def test_check_path_reads_only_what_exists_as_its_kind(tmp_path):
+    (tmp_path / "file").write_text("x")
+    assert checks.check_path("path", str(tmp_path / "file"), "file") == tmp_path / "file"
+    with pytest.raises(ValueError, match=f"^path must be an existing tokenizer model file, got "
+                                         f"'{tmp_path / 'nope'}'$"):
+        checks.check_path("path", tmp_path / "nope", "file", what="tokenizer model ")
+    with pytest.raises(ValueError, match=f"^path must be a directory, got a file: "
+                                         f"'{tmp_path / 'file'}'$"):
+        checks.check_path("path", tmp_path / "file", "directory")
+    for empty in ("", None, 3):
+        with pytest.raises(ValueError, match=f"^path must be a non-empty path .*, got {empty!r}$"):
+            checks.check_path("path", empty, "directory", write=True)
+
+
+def test_check_path_to_write_creates_the_folder_and_refuses_one_it_cannot_write(tmp_path):
+    made = checks.check_path("out", tmp_path / "a" / "b.model", "file", write=True)
+    assert made == tmp_path / "a" / "b.model" and list((tmp_path / "a").iterdir()) == []
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match=f"^out must be a path this process can write, got "
+                                         f"'{tmp_path / 'file' / 'ckpt'}': cannot write "
+                                         f"'{tmp_path / 'file'}"):
+        checks.check_path("out", tmp_path / "file" / "ckpt", "directory", write=True)
+    with pytest.raises(ValueError, match="^out must be a file, got a directory"):
+        checks.check_path("out", tmp_path / "a", "file", write=True)

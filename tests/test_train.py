@@ -4,6 +4,7 @@ checkpoints round-trip, and bad settings are refused by name."""
 import dataclasses
 import json
 import shutil
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -225,11 +226,13 @@ def test_evaluate_refuses_non_finite_parameters(model_cfg, stream):
 
 @pytest.fixture(scope="module")
 def saved(model_cfg, tokenizer, tmp_path_factory):
-    """A checkpoint of two steps (1 and 2) of different models."""
+    """A checkpoint of two steps (1 and 2) of different models, as a training run keeps."""
     path = tmp_path_factory.mktemp("saved") / "ckpt"
+    manager = checkpoint.open_manager(path)
     for step in (1, 2):
-        dl.save_checkpoint(path, dl.Transformer(model_cfg, rngs=nnx.Rngs(step)), tokenizer,
-                           step=step)
+        checkpoint.save(manager, step, nnx.state(dl.Transformer(model_cfg, rngs=nnx.Rngs(step))),
+                        checkpoint.make_meta(model_cfg, tokenizer, step))
+    manager.close()
     return path
 
 
@@ -249,31 +252,38 @@ def garble(step_dir):
     f.write_bytes(bytes(data_))
 
 
+META = "meta/metadata"
+# mode -> (damage a step's folder, the part named, the file named relative to the step's folder)
 DAMAGE = {
-    "truncated array file": (truncate, "parameters"),
-    "garbled array file": (garble, "parameters"),
-    "missing metadata file": (lambda d: (d / "meta/metadata").unlink(), "metadata"),
-    "malformed metadata": (lambda d: (d / "meta/metadata").write_text("{not json"), "metadata"),
-    "metadata without a model config": (lambda d: (d / "meta/metadata").write_text('{"step": 2}'),
-                                        "model config"),
+    "truncated array file": (truncate, "parameters", largest_array_file),
+    "garbled array file": (garble, "parameters", largest_array_file),
+    "missing metadata file": (lambda d: (d / META).unlink(), "metadata", META),
+    "malformed metadata": (lambda d: (d / META).write_text("{not json"), "metadata", META),
+    "metadata without a model config": (lambda d: (d / META).write_text('{"step": 2}'),
+                                        "model config", META),
     "metadata with a bad tokenizer": (
-        lambda d: (d / "meta/metadata").write_text(json.dumps(
-            {**json.loads((d / "meta/metadata").read_text()), "tokenizer": "bm90IGEgbW9kZWw="})),
-        "tokenizer"),
-    "empty manifest": (lambda d: (d / "params/manifest.ocdbt").write_bytes(b""), "parameters"),
-    "missing array metadata": (lambda d: (d / "params/_METADATA").unlink(), "parameters"),
-    "missing parameters": (lambda d: shutil.rmtree(d / "params"), "parameters"),
+        lambda d: (d / META).write_text(json.dumps(
+            {**json.loads((d / META).read_text()), "tokenizer": "bm90IGEgbW9kZWw="})),
+        "tokenizer", META),
+    "empty manifest": (lambda d: (d / "params/manifest.ocdbt").write_bytes(b""), "parameters",
+                       "params/manifest.ocdbt"),
+    "missing array metadata": (lambda d: (d / "params/_METADATA").unlink(), "parameters",
+                               "params"),
+    "missing parameters": (lambda d: shutil.rmtree(d / "params"), "parameters", "params"),
 }
 
 
 @pytest.mark.parametrize("mode", list(DAMAGE))
-def test_a_damaged_step_is_a_value_error_naming_the_checkpoint_and_the_part(saved, tmp_path,
-                                                                            mode):
-    damage, part = DAMAGE[mode]
+def test_a_damaged_step_is_a_value_error_naming_the_checkpoint_the_part_and_the_file(
+        saved, tmp_path, mode):
+    damage, part, file = DAMAGE[mode]
     path = tmp_path / "ckpt"
     shutil.copytree(saved, path)
+    file = path / "2" / file if isinstance(file, str) else file(path / "2")
     damage(path / "2")
-    with pytest.raises(ValueError, match=f"checkpoint '{path}' step 2 is damaged: its {part}"):
+    with pytest.raises(checkpoint.DamagedCheckpoint,
+                       match=f"checkpoint '{path}' step 2 is damaged: its {part} cannot be read "
+                             f"from '{file}"):
         dl.load_checkpoint(path, step=2)
 
 
@@ -282,7 +292,7 @@ def test_a_damaged_latest_step_falls_back_to_the_last_intact_one_with_a_warning(
     path = tmp_path / "ckpt"
     shutil.copytree(saved, path)
     truncate(path / "2")
-    with pytest.warns(UserWarning, match=r"step 2 is damaged: its parameters .*; loaded step 1, "
+    with pytest.warns(UserWarning, match=r"step 2 is damaged: its parameters .*; using step 1, "
                                          r"the latest intact one"):
         model, _ = dl.load_checkpoint(path)
     expected = dl.Transformer(model_cfg, rngs=nnx.Rngs(1))
@@ -290,8 +300,119 @@ def test_a_damaged_latest_step_falls_back_to_the_last_intact_one_with_a_warning(
         np.testing.assert_array_equal(a, b)
     truncate(path / "1")
     with pytest.raises(ValueError, match=r"step 2 is damaged: .*no earlier step is intact either "
-                                         r"\(steps \[1, 2\]\)"):
+                                         r"\(steps \[1, 2\] in "):
         dl.load_checkpoint(path)
+
+
+# --- Paths and overwriting ------------------------------------------------------------------------
+
+
+def test_every_checkpoint_and_tokenizer_path_is_checked_by_name(model_cfg, tokenizer, tmp_path,
+                                                                 monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    model = dl.Transformer(model_cfg, rngs=nnx.Rngs(0))
+    file = tmp_path / "file"
+    file.write_text("x")
+    # call -> (a path of the other kind, its message, whether the call writes)
+    calls = {
+        lambda p: dl.save_checkpoint(p, model, tokenizer): (file, "a directory, got a file", True),
+        dl.load_checkpoint: (file, "a checkpoint directory, got a file", False),
+        tokenizer.save: (tmp_path, "a file, got a directory", True),
+        Tokenizer.load: (tmp_path, "a tokenizer model file, got a directory", False),
+        lambda p: train.train(model_cfg, small_run(), np.zeros(64, np.int32),
+                              run=checkpointed(tokenizer, p)): (file, "a directory, got a file",
+                                                                True),
+    }
+    for call, (other, message, writes) in calls.items():
+        with pytest.raises(ValueError, match=r" must be a non-empty path .*, got ''$"):
+            call("")
+        with pytest.raises(ValueError, match=f" must be {message}: '{other}'$"):
+            call(other)
+        if writes:
+            with pytest.raises(ValueError, match=f"must be a path this process can write, got "
+                                                 f"'{file / 'x'}': cannot write '{file}"):
+                call(file / "x")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # nothing written to "./0/"
+
+
+def test_saving_over_a_checkpoint_needs_overwrite_which_replaces_it_whole(model_cfg, tokenizer,
+                                                                          tmp_path):
+    old, new = (dl.Transformer(model_cfg, rngs=nnx.Rngs(seed)) for seed in (0, 1))
+    path = tmp_path / "ckpt"
+    dl.save_checkpoint(path, old, tokenizer, step=3)
+    with pytest.raises(ValueError, match=rf"path '{path}' already holds a checkpoint \(steps "
+                                         r"\[3\]\); pass overwrite=True to replace it"):
+        dl.save_checkpoint(path, new, tokenizer)
+    (tmp_path / ".ckpt.new").mkdir()  # left by a save that crashed
+    dl.save_checkpoint(path, new, tokenizer, overwrite=True)
+    assert sorted(p.name for p in path.iterdir()) == ["0"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+    loaded, _ = dl.load_checkpoint(path)
+    for a, b in zip(params_of(new), params_of(loaded), strict=True):
+        np.testing.assert_array_equal(a, b)
+    (path / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match=r"holds other files besides its checkpoint "
+                                         r"\(\['notes.txt'\]\)"):
+        dl.save_checkpoint(path, old, tokenizer, overwrite=True)
+
+
+def test_an_overwrite_that_fails_midway_leaves_the_old_checkpoint_intact(model_cfg, tokenizer,
+                                                                         tmp_path, monkeypatch):
+    old = dl.Transformer(model_cfg, rngs=nnx.Rngs(0))
+    path = tmp_path / "ckpt"
+    dl.save_checkpoint(path, old, tokenizer)
+    real_save = checkpoint.save
+
+    def save_then_crash(*args, **kwargs):
+        real_save(*args, **kwargs)
+        raise KeyboardInterrupt  # after the new checkpoint is written, before it replaces the old
+
+    monkeypatch.setattr(checkpoint, "save", save_then_crash)
+    with pytest.raises(KeyboardInterrupt):
+        dl.save_checkpoint(path, dl.Transformer(model_cfg, rngs=nnx.Rngs(1)), tokenizer,
+                           overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+    loaded, _ = dl.load_checkpoint(path)
+    for a, b in zip(params_of(old), params_of(loaded), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+# --- A damaged latest step of a training run -----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def run_of_two_steps(model_cfg, stream, tokenizer, tmp_path_factory):
+    """A finished run of 8 steps with checkpoints at steps 4 and 8, and its final model."""
+    path = tmp_path_factory.mktemp("run") / "ckpt"
+    done = train.train(model_cfg, small_run(steps=8, log_every=4), stream,
+                       run=checkpointed(tokenizer, path))
+    return path, done.model
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", [truncate, garble])
+def test_resume_falls_back_from_a_damaged_latest_step_and_writes_it_again(
+        run_of_two_steps, model_cfg, stream, tokenizer, tmp_path, damage):
+    saved, whole = run_of_two_steps
+    path = tmp_path / "ckpt"
+    shutil.copytree(saved, path)
+    file = largest_array_file(path / "8")
+    damage(path / "8")
+    with pytest.warns(UserWarning) as caught:
+        resumed = train.train(model_cfg, small_run(steps=8, log_every=4), stream,
+                              run=checkpointed(tokenizer, path, resume=True))
+    [warning] = [str(w.message) for w in caught]
+    assert warning.startswith(f"checkpoint '{path}' step 8 is damaged: its parameters cannot be "
+                              f"read from '{file}' (")
+    assert warning.endswith("; using step 4, the latest intact one") and "\n" not in warning
+    assert resumed.resumed_from == 4 and resumed.step == 8
+    for a, b in zip(params_of(whole), params_of(resumed.model), strict=True):
+        np.testing.assert_array_equal(a, b)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # step 8 written again, intact: no fallback
+        loaded, _ = dl.load_checkpoint(path)
+    for a, b in zip(params_of(whole), params_of(loaded), strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_save_checkpoint_refuses_a_tokenizer_of_another_vocabulary(model_cfg, tokenizer, tmp_path):

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from decodelab.checks import check_bool
+from decodelab.checks import check_bool, check_path
 from decodelab.config import ModelConfig
 from decodelab.convert import gguf_blocks, llama
 from decodelab.convert.tokenizer import PretrainedTokenizer, from_gguf_metadata
@@ -108,9 +108,7 @@ def read_metadata(path: str | os.PathLike, *, tokenizer: bool = True
     ``tokenizer.*`` keys are left out but ``tokenizer.ggml.tokens``, whose length is kept as
     ``tokenizer.ggml.token_count``: decoding a vocabulary takes seconds), and its tensors by
     name (the reader's memory-mapped entries; nothing is dequantized)."""
-    path = pathlib.Path(path)
-    if not path.is_file():
-        raise ValueError(f"path must be an existing GGUF file, got {str(path)!r}")
+    path = check_path("path", path, "file", what="GGUF ")
     reader = _read_gguf(path)
     meta = {name: field.contents() for name, field in reader.fields.items()
             if tokenizer or not name.startswith("tokenizer.")}

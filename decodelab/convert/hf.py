@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from decodelab.checks import check_path
 from decodelab.config import ModelConfig
 from decodelab.convert import llama
 from decodelab.convert.tokenizer import PretrainedTokenizer, from_hf_directory
@@ -217,10 +218,7 @@ def _safetensors_source(directory: pathlib.Path, ignored: Callable[[str], bool])
 def load_hf(directory: str | os.PathLike) -> tuple[Transformer, PretrainedTokenizer]:
     """The float32 model and the tokenizer of a local Hugging Face checkpoint directory (Llama
     family or GPT-2; see the module docstring). Nothing is downloaded."""
-    directory = pathlib.Path(directory)
-    if not directory.is_dir():
-        raise ValueError(f"directory must be an existing checkpoint directory, got "
-                         f"{str(directory)!r}")
+    directory = check_path("directory", directory, "directory", what="checkpoint ")
     config_path = directory / "config.json"
     if not config_path.is_file():
         raise ValueError(f"directory must hold a Hugging Face config.json, got none in "

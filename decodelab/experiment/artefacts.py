@@ -44,10 +44,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import jax
-from flax import nnx
 from jax.experimental import multihost_utils
 from ml_collections import config_dict
 
+from decodelab.checks import check_path
 from decodelab.config import ModelConfig
 from decodelab.convert import PretrainedTokenizer, gguf_tokenizer, load_gguf
 from decodelab.experiment import config_hash, json_dumps, presets
@@ -158,13 +158,6 @@ def _write_atomic(path: pathlib.Path, payload: bytes) -> None:
         raise
 
 
-def _check_workdir(workdir: str | os.PathLike) -> pathlib.Path:
-    workdir = pathlib.Path(workdir)
-    if workdir.exists() and not workdir.is_dir():
-        raise ValueError(f"workdir must be a directory, got a file: {str(workdir)!r}")
-    return workdir
-
-
 @functools.cache
 def _pretrained_tokenizer(name: str) -> PretrainedTokenizer:
     return gguf_tokenizer(presets.pretrained_path(name))
@@ -187,7 +180,8 @@ def trained_tokenizer(tokenizer_cfg: Any, workdir: str | os.PathLike) -> Tokeniz
     if "pretrained" in args:
         raise ValueError(f"tokenizer_cfg must be a tokenizer to train, got {args} (a pretrained "
                          "model's tokenizer: tokenizer_for)")
-    directory = _check_workdir(workdir) / "tokenizers" / tokenizer_key(args)
+    directory = (check_path("workdir", workdir, "directory", write=True) / "tokenizers"
+                 / tokenizer_key(args))
     path = directory / "tokenizer.model"
     with _entry_lock(directory.with_suffix(".lock")):
         tokenizer = None
@@ -317,13 +311,11 @@ def _load_or_run(directory: pathlib.Path, spec: dict[str, Any],
                                  f"(step {latest} of {train_cfg.steps}); pass resume=True "
                                  "(--resume) to reuse or continue it")
             if latest == train_cfg.steps:
-                model, _ = checkpoint.restore(manager, latest, model_cfg, mesh=mesh)
-                bad = checkpoint.nonfinite_arrays(nnx.to_pure_dict(nnx.state(model)))
-                if bad:
-                    raise ValueError(f"the cached model in {str(checkpoints)!r} has NaN or "
-                                     f"infinite parameters ({bad[:3]}); delete {str(directory)!r}"
-                                     " and train it again")
-                return TrainedModel(model, tokenizer, directory, latest, latest, history)
+                try:
+                    model, _ = checkpoint.restore(manager, latest, model_cfg, mesh=mesh)
+                    return TrainedModel(model, tokenizer, directory, latest, latest, history)
+                except checkpoint.DamagedCheckpoint:
+                    pass  # train.train falls back to the latest intact step, with a warning
         finally:
             manager.close()
         run = RunOptions(checkpoint_dir=checkpoints, tokenizer=tokenizer,

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import sentencepiece as spm
 
-from decodelab.checks import check_int
+from decodelab.checks import check_int, check_path
 
 PAD_ID = 0
 UNK_ID = 1
@@ -165,13 +165,12 @@ class Tokenizer:
     @classmethod
     def load(cls, path: str | os.PathLike) -> Tokenizer:
         """Reads a model written by `save` (a standard SentencePiece `.model` file)."""
-        path = pathlib.Path(path)
-        if not path.is_file():
-            raise ValueError(f"path must be an existing tokenizer model file, got {str(path)!r}")
+        path = check_path("path", path, "file", what="tokenizer model ")
         return cls.from_serialized(path.read_bytes())
 
     def save(self, path: str | os.PathLike) -> None:
-        pathlib.Path(path).write_bytes(self.serialized_model())
+        """Writes the model to the file ``path`` (its folder is created if needed)."""
+        check_path("path", path, "file", write=True).write_bytes(self.serialized_model())
 
     def serialized_model(self) -> bytes:
         """The SentencePiece ModelProto bytes; all a checkpoint needs to rebuild this tokenizer."""

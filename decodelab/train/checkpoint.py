@@ -6,39 +6,53 @@ bytes under ``tokenizer``, a pretrained model's ``PretrainedTokenizer.to_json`` 
 Every checkpoint directory is an Orbax ``CheckpointManager`` directory (one sub-folder per step), so
 a training run's folder and a model saved with ``save_checkpoint`` load the same way. Orbax writes
 each step to a temporary folder and renames it when complete, so an interrupted save never leaves a
-checkpoint that looks finished.
+checkpoint that looks finished; ``save_checkpoint(..., overwrite=True)`` writes the new checkpoint
+beside the old one and then swaps the two folders, so a crash midway leaves the old one intact.
+
+A step that cannot be read (``integrity``: truncated or garbled array files, a missing or malformed
+manifest or metadata file) is a ``DamagedCheckpoint`` naming the step and the file; reading "the
+latest step" (``load_checkpoint``, ``load_sharded``, a resumed training run) falls back to the
+latest intact step with a warning (``newest_intact``).
 """
 
 from __future__ import annotations
 
 import base64
+import ctypes
+import os
 import pathlib
+import shutil
 import warnings
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from flax import nnx
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
 from decodelab import sharding
+from decodelab.checks import check_bool, check_int, check_path
 from decodelab.compress.quantization import describe as describe_quantization
 from decodelab.compress.quantization import restructure
 from decodelab.config import ModelConfig
 from decodelab.convert.tokenizer import PretrainedTokenizer
 from decodelab.model import Transformer
 from decodelab.text.tokenizer import Tokenizer
+from decodelab.train.integrity import DamagedCheckpoint, damaged, read_step_item
+
+T = TypeVar("T")
 
 
 def open_manager(directory, *, max_to_keep: int | None = 3, read_only: bool = False):
     """A synchronous ``CheckpointManager`` over ``directory`` (created unless ``read_only``)."""
-    directory = pathlib.Path(directory).absolute()
-    if directory.exists() and not directory.is_dir():
-        raise ValueError(f"checkpoint directory must be a directory, got a file: "
-                         f"{str(directory)!r}")
-    options = ocp.CheckpointManagerOptions(
-        max_to_keep=max_to_keep, create=not read_only, read_only=read_only,
+    directory = check_path("checkpoint directory", directory, "directory",
+                           write=not read_only).absolute()
+    options = ocp.CheckpointManagerOptions(  # (Orbax warns about any saving option if read_only)
+        max_to_keep=None if read_only else max_to_keep, create=not read_only,
+        read_only=read_only, save_interval_steps=0 if read_only else 1,
         enable_async_checkpointing=False,
     )
     return ocp.CheckpointManager(directory, options=options)
@@ -98,19 +112,58 @@ def save(manager, step: int, params: nnx.State, meta: dict[str, Any], opt_state=
     manager.wait_until_finished()
 
 
-def _latest_step(manager, directory, step: int | None) -> int:
-    steps = manager.all_steps()
+def _chosen_steps(manager, directory, step: int | None) -> list[int]:
+    """The steps to try, newest first: every saved step (``step=None``) or just ``step``."""
+    steps = sorted(manager.all_steps(), reverse=True)
     if not steps:
         raise ValueError(f"no checkpoint found in {str(directory)!r}")
     if step is None:
-        return manager.latest_step()
+        return steps
     if step not in steps:
-        raise ValueError(f"step must be one of the saved steps {sorted(steps)}, got {step}")
-    return step
+        raise ValueError(f"step must be one of the saved steps {sorted(steps)}, got {step!r}")
+    return [step]
+
+
+def newest_intact(manager, steps: list[int], read: Callable[[int], T]) -> tuple[int, T]:
+    """``(step, read(step))`` for the first of ``steps`` (newest first) that ``read`` finds
+    intact. Each ``DamagedCheckpoint`` before it is one warning line (naming the step and its
+    file); if every step is damaged, the newest one's error, noting the others."""
+    errors = []
+    for step in steps:
+        try:
+            value = read(step)
+        except DamagedCheckpoint as e:
+            errors.append(e)
+            continue
+        for error in errors:
+            warnings.warn(f"{error}; using step {step}, the latest intact one", stacklevel=3)
+        return step, value
+    if len(errors) > 1:
+        raise DamagedCheckpoint(f"{errors[0]}; no earlier step is intact either (steps "
+                                f"{sorted(steps)} in {str(manager.directory)!r})") from errors[0]
+    raise errors[0]
 
 
 def restore_meta(manager, step: int) -> dict[str, Any]:
-    return manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    """The ``meta`` item of ``step``, or a ``DamagedCheckpoint`` naming its file."""
+    file = pathlib.Path(manager.directory) / str(step) / "meta" / "metadata"
+    try:
+        meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    except Exception as e:  # noqa: BLE001 (Orbax raises bare Exceptions, KeyErrors and JSON errors)
+        raise damaged(manager.directory, step, "metadata", file, e) from e
+    if not isinstance(meta, dict):
+        raise damaged(manager.directory, step, "metadata", file,
+                      f"a JSON object is expected, got {type(meta).__name__}")
+    return meta
+
+
+def meta_config(manager, step: int, meta: dict[str, Any]) -> ModelConfig:
+    """The ModelConfig of ``meta`` (of ``step``), or a ``DamagedCheckpoint``."""
+    try:
+        return ModelConfig.from_dict(meta["model_config"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise damaged(manager.directory, step, "model config",
+                      pathlib.Path(manager.directory) / str(step) / "meta" / "metadata", e) from e
 
 
 def abstract_model(cfg: ModelConfig, quantization: dict | None = None) -> Transformer:
@@ -126,7 +179,9 @@ def restore(manager, step: int, cfg: ModelConfig, opt_state_like=None,
     state's structure (e.g. ``jax.eval_shape(tx.init, params)``). Without ``mesh`` both are read
     onto one device, whatever mesh they were saved from; with ``mesh`` they are read straight
     onto it, laid out by ``sharding.PARAM_RULES`` (each device reads only its shards;
-    in a run over several processes, every process calls this), and the model remembers it."""
+    in a run over several processes, every process calls this), and the model remembers it.
+    Damaged files, or parameters holding a NaN or an infinity (never saved), are a
+    ``DamagedCheckpoint`` naming the step and the file."""
     graphdef, abstract_params = nnx.split(abstract_model(cfg, quantization))
     if mesh is None:
         # On this process's first device, whatever mesh the checkpoint was saved from (Orbax
@@ -139,7 +194,14 @@ def restore(manager, step: int, cfg: ModelConfig, opt_state_like=None,
     items = {"params": ocp.args.StandardRestore(place(nnx.to_pure_dict(abstract_params)))}
     if opt_state_like is not None:
         items["opt_state"] = ocp.args.StandardRestore(place(opt_state_like))
-    restored = manager.restore(step, args=ocp.args.Composite(**items))
+    step_dir = pathlib.Path(manager.directory) / str(step)
+    parts = {"params": "parameters", "opt_state": "optimizer state"}
+    restored = read_step_item(lambda: manager.restore(step, args=ocp.args.Composite(**items)),
+                              manager.directory, step, {parts[k]: step_dir / k for k in items})
+    bad = nonfinite_arrays(restored["params"])
+    if bad:
+        raise damaged(manager.directory, step, "parameters", step_dir / "params",
+                      f"NaN or infinite values in {bad[:3]}")
     nnx.replace_by_pure_dict(abstract_params, restored["params"])
     model = nnx.merge(graphdef, abstract_params)
     if mesh is not None:
@@ -147,57 +209,87 @@ def restore(manager, step: int, cfg: ModelConfig, opt_state_like=None,
     return model, (restored["opt_state"] if opt_state_like is not None else None)
 
 
+def _exchange(a: pathlib.Path, b: pathlib.Path) -> bool:
+    """Swap the directories ``a`` and ``b`` in one atomic step (Linux's ``renameat2`` with
+    ``RENAME_EXCHANGE``); False where the system or the file system has no such call."""
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    at_fdcwd, rename_exchange = -100, 2
+    return renameat2 is not None and renameat2(at_fdcwd, os.fsencode(a), at_fdcwd,
+                                               os.fsencode(b), rename_exchange) == 0
+
+
+def _replace_directory(old: pathlib.Path, new: pathlib.Path) -> None:
+    """Put the complete directory ``new`` in ``old``'s place and delete ``old``'s content: an
+    atomic swap where the system has one, else two renames (between which ``old``'s content
+    sits intact at ``new``'s name with ``.old`` appended)."""
+    if not _exchange(old, new):
+        retired = new.with_name(new.name + ".old")
+        shutil.rmtree(retired, ignore_errors=True)
+        os.rename(old, retired)
+        os.rename(new, old)
+        new = retired
+    shutil.rmtree(new)
+
+
+def _sync(name: str) -> None:
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices(f"decodelab.train.checkpoint {name}")
+
+
 def save_checkpoint(path, model: Transformer, tokenizer: Tokenizer | PretrainedTokenizer, *,
-                    step: int = 0, **extra: Any) -> None:
-    """Save a ready-to-use model and its tokenizer to the directory ``path``."""
-    manager = open_manager(path)
+                    step: int = 0, overwrite: bool = False, **extra: Any) -> None:
+    """Save a ready-to-use model and its tokenizer to the directory ``path`` (created if needed).
+
+    A directory that already holds a checkpoint is refused unless ``overwrite=True``, which
+    replaces that checkpoint atomically: the new one is written beside it (in ``.<name>.new``)
+    and then takes its place, so a crash midway leaves the old checkpoint intact. A directory
+    holding other files besides a checkpoint is never replaced."""
+    path = check_path("path", path, "directory", write=True).absolute()
+    check_int("step", step, 0)
+    check_bool("overwrite", overwrite)
     quantization = describe_quantization(model)
     if quantization:
         extra = {**extra, "quantization": quantization}
-    save(manager, step, nnx.state(model, nnx.Param),
-         make_meta(model.config, tokenizer, step, **extra))
-    manager.close()
-
-
-def _damaged(path: pathlib.Path, step: int, part: str, error: BaseException) -> ValueError:
-    while error.__cause__ is not None:  # Orbax wraps TensorStore's error, which says what failed
-        error = error.__cause__
-    detail = str(error).strip().splitlines()[0][:300] if str(error).strip() else ""
-    return ValueError(f"checkpoint {str(path)!r} step {step} is damaged: its {part} cannot be "
-                      f"read ({type(error).__name__}: {detail})")
-
-
-def _load_step(manager, path: pathlib.Path, step: int
-               ) -> tuple[Transformer, Tokenizer | PretrainedTokenizer]:
-    """``(model, tokenizer)`` of one step, or a ValueError naming the part that is damaged."""
-    # Orbax and TensorStore raise bare Exceptions, KeyErrors and JSON errors for damaged files:
-    # each stage is read on its own so the error can say which part failed.
-    meta_dir = path / str(step) / "meta"
+    meta = make_meta(model.config, tokenizer, step, **extra)
+    entries = sorted(p.name for p in path.iterdir())
+    held = sorted(int(name) for name in entries if name.isdigit())
+    if held and not overwrite:
+        raise ValueError(f"path {str(path)!r} already holds a checkpoint (steps {held}); pass "
+                         f"overwrite=True to replace it, or choose another path")
+    others = [name for name in entries if not name[:1].isdigit()]  # steps and Orbax temp folders
+    if held and others:
+        raise ValueError(f"path {str(path)!r} holds other files besides its checkpoint "
+                         f"({others[:3]}); overwrite=True replaces the whole directory, so move "
+                         f"them first or choose another path")
+    target = path.with_name(f".{path.name}.new") if held else path
+    if held and jax.process_index() == 0:
+        shutil.rmtree(target, ignore_errors=True)  # left by a save that crashed
+    _sync("stale copy removed")
     try:
-        meta = restore_meta(manager, step)
-    except Exception as e:  # noqa: BLE001 (see above)
-        raise _damaged(path, step, f"metadata ({str(meta_dir)!r})", e) from e
-    if not isinstance(meta, dict):
-        raise _damaged(path, step, f"metadata ({str(meta_dir)!r})",
-                       TypeError(f"a JSON object is expected, got {type(meta).__name__}"))
-    try:
-        cfg = ModelConfig.from_dict(meta["model_config"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise _damaged(path, step, f"model config (model_config in {str(meta_dir)!r})", e) from e
+        manager = open_manager(target)
+        try:
+            save(manager, step, nnx.state(model, nnx.Param), meta)
+        finally:
+            manager.close()
+    except BaseException:
+        if held and jax.process_index() == 0:
+            shutil.rmtree(target, ignore_errors=True)
+        raise
+    if held and jax.process_index() == 0:
+        _replace_directory(path, target)
+    _sync("checkpoint replaced")
+
+
+def _load_step(manager, step: int) -> tuple[Transformer, Tokenizer | PretrainedTokenizer]:
+    """``(model, tokenizer)`` of one step, or a ``DamagedCheckpoint`` naming the damaged part."""
+    meta = restore_meta(manager, step)
+    cfg = meta_config(manager, step, meta)
     try:
         tokenizer = _meta_tokenizer(meta)
     except Exception as e:  # noqa: BLE001 (base64, SentencePiece and JSON errors alike)
-        raise _damaged(path, step, f"tokenizer (in {str(meta_dir)!r})", e) from e
-    params_dir = path / str(step) / "params"
-    try:
-        model, _ = restore(manager, step, cfg, quantization=meta.get("quantization"))
-    except Exception as e:  # noqa: BLE001 (see above)
-        raise _damaged(path, step, f"parameters ({str(params_dir)!r}: array data, manifest or "
-                                   "array metadata)", e) from e
-    bad = nonfinite_arrays(nnx.to_pure_dict(nnx.state(model)))
-    if bad:
-        raise _damaged(path, step, f"parameters ({str(params_dir)!r})",
-                       ValueError(f"NaN or infinite values in {bad[:3]}"))
+        raise damaged(manager.directory, step, "tokenizer",
+                      pathlib.Path(manager.directory) / str(step) / "meta" / "metadata", e) from e
+    model, _ = restore(manager, step, cfg, quantization=meta.get("quantization"))
     return model, tokenizer
 
 
@@ -206,52 +298,35 @@ def load_checkpoint(path, *, step: int | None = None
     """Load ``(model, tokenizer)`` from a checkpoint directory (the latest step unless given).
 
     A damaged step (truncated or garbled array files, a missing or malformed metadata file or
-    manifest) is a ValueError naming the checkpoint, the step and the damaged part. Without
-    ``step``, a damaged latest step falls back to the latest intact one with a warning (a
-    training run keeps several steps); with ``step``, there is no fallback.
+    manifest) is a ``DamagedCheckpoint`` (a ValueError) naming the checkpoint, the step, the
+    damaged part and its file. Without ``step``, a damaged latest step falls back to the latest
+    intact one with a warning (a training run keeps several steps); with ``step``, there is no
+    fallback.
     """
-    path = pathlib.Path(path)
-    if not path.is_dir():
-        raise ValueError(f"path must be an existing checkpoint directory, got {str(path)!r}")
+    path = check_path("path", path, "directory", what="checkpoint ")
     manager = open_manager(path, read_only=True)
     try:
-        chosen = _latest_step(manager, path, step)
-        candidates = [chosen] if step is not None else sorted(manager.all_steps(), reverse=True)
-        first_error = None
-        for candidate in candidates:
-            try:
-                loaded = _load_step(manager, path, candidate)
-            except ValueError as e:
-                first_error = first_error or e
-                continue
-            if first_error is not None:
-                warnings.warn(f"{first_error}; loaded step {candidate}, the latest intact one",
-                              stacklevel=2)
-            return loaded
+        return newest_intact(manager, _chosen_steps(manager, path, step),
+                             lambda s: _load_step(manager, s))[1]
     finally:
         manager.close()
-    if len(candidates) > 1:
-        raise ValueError(f"{first_error}; no earlier step is intact either "
-                         f"(steps {sorted(candidates)})") from first_error
-    raise first_error
 
 
 def load_sharded(path, mesh: Mesh, *, step: int | None = None) -> nnx.Module:
     """The model of a checkpoint (``save_checkpoint`` or a training run's folder; the latest step
-    unless given), restored by Orbax straight onto ``mesh``, each device reading only its shards.
-    The mesh need not have the shape the checkpoint was saved from. (``load_checkpoint`` gives the
-    tokenizer.)"""
+    unless given, falling back as ``load_checkpoint`` does), restored by Orbax straight onto
+    ``mesh``, each device reading only its shards. The mesh need not have the shape the
+    checkpoint was saved from. (``load_checkpoint`` gives the tokenizer.)"""
     mesh = sharding.check_mesh(mesh)
+    path = check_path("path", path, "directory", what="checkpoint ")
     manager = open_manager(path, read_only=True)
+
+    def read(s: int) -> nnx.Module:
+        meta = restore_meta(manager, s)
+        return restore(manager, s, meta_config(manager, s, meta), mesh=mesh,
+                       quantization=meta.get("quantization"))[0]
+
     try:
-        steps = manager.all_steps()
-        if not steps or (step is not None and step not in steps):
-            raise ValueError(f"step must be one of the saved steps {sorted(steps)} in "
-                             f"{str(path)!r}, got {step!r}")
-        step = manager.latest_step() if step is None else step
-        meta = restore_meta(manager, step)
-        model, _ = restore(manager, step, ModelConfig.from_dict(meta["model_config"]),
-                                      mesh=mesh)
+        return newest_intact(manager, _chosen_steps(manager, path, step), read)[1]
     finally:
         manager.close()
-    return model

@@ -29,7 +29,7 @@ from jax.sharding import Mesh
 from tqdm.auto import tqdm
 
 from decodelab import sharding
-from decodelab.checks import check_int, check_number, is_int
+from decodelab.checks import check_int, check_number, check_path, is_int
 from decodelab.config import ModelConfig
 from decodelab.model import Transformer
 from decodelab.model.losses import window_nll
@@ -220,6 +220,22 @@ def _check_spans_processes(mesh: Mesh | None) -> None:
                          f"data x model equal to the device count")
 
 
+def _check_resumable(meta: dict[str, Any], saved: ModelConfig, model_cfg: ModelConfig,
+                     tc: TrainConfig, objective: Objective, checkpoint_dir) -> None:
+    """A checkpoint continues only the run that wrote it: same model, training and objective."""
+    if saved != model_cfg:
+        raise ValueError(f"model config differs from the checkpoint's in "
+                         f"{str(checkpoint_dir)!r}: got {model_cfg}, saved {saved}")
+    if meta.get("train_config") not in (None, tc.to_dict()):
+        raise ValueError(f"train config differs from the checkpoint's: got {tc.to_dict()}, "
+                         f"saved {meta['train_config']}")
+    saved_objective = meta.get("objective", NextToken().to_dict())
+    if saved_objective != objective.to_dict():
+        raise ValueError(f"objective differs from the checkpoint's in "
+                         f"{str(checkpoint_dir)!r}: got {objective.to_dict()}, saved "
+                         f"{saved_objective}")
+
+
 @dataclasses.dataclass
 class TrainResult:
     model: Transformer
@@ -266,6 +282,8 @@ def train(
     if not isinstance(run, RunOptions):
         raise ValueError(f"run must be a train.RunOptions, got {run!r}")
     checkpoint_dir, tokenizer, resume = run.checkpoint_dir, run.tokenizer, run.resume
+    if checkpoint_dir is not None:
+        check_path("checkpoint_dir", checkpoint_dir, "directory", write=True)
     stop_after, progress, extra_meta = run.stop_after, run.progress, run.extra_meta
     if stop_after is not None and not 1 <= stop_after <= tc.steps:
         raise ValueError(f"stop_after must be in [1, steps={tc.steps}], got {stop_after!r}")
@@ -298,34 +316,32 @@ def train(
 
     if checkpoint_dir is not None:
         manager = checkpoint.open_manager(checkpoint_dir)
-        latest = manager.latest_step()
-        if latest is not None and not resume:
+        steps = sorted(manager.all_steps(), reverse=True)
+        if steps and not resume:
             raise ValueError(f"checkpoint_dir {str(checkpoint_dir)!r} already holds checkpoints "
-                             f"(latest step {latest}); pass resume=True to continue it or use a "
-                             f"new directory")
-        if latest is not None:
-            meta = checkpoint.restore_meta(manager, latest)
-            saved = ModelConfig.from_dict(meta["model_config"])
-            if saved != model_cfg:
-                raise ValueError(f"model config differs from the checkpoint's in "
-                                 f"{str(checkpoint_dir)!r}: got {model_cfg}, saved {saved}")
-            if meta.get("train_config") not in (None, tc.to_dict()):
-                raise ValueError(f"train config differs from the checkpoint's: got {tc.to_dict()}, "
-                                 f"saved {meta['train_config']}")
-            saved_objective = meta.get("objective", NextToken().to_dict())
-            if saved_objective != objective.to_dict():
-                raise ValueError(f"objective differs from the checkpoint's in "
-                                 f"{str(checkpoint_dir)!r}: got {objective.to_dict()}, saved "
-                                 f"{saved_objective}")
-            restored, opt_state = checkpoint.restore(
-                manager, latest, model_cfg, jax.eval_shape(tx.init, params), mesh=mesh)
+                             f"(latest step {steps[0]}); pass resume=True to continue it or use "
+                             f"a new directory")
+        if steps:
+            opt_state_like = jax.eval_shape(tx.init, params)
+
+            def restore(step: int):
+                meta = checkpoint.restore_meta(manager, step)
+                _check_resumable(meta, checkpoint.meta_config(manager, step, meta), model_cfg,
+                                 tc, objective, checkpoint_dir)
+                return checkpoint.restore(manager, step, model_cfg, opt_state_like, mesh=mesh)
+
+            # A damaged latest step (a crash or a full disk while it was written) falls back,
+            # with a warning, to the latest intact one; the run then writes the later steps again.
+            start, (restored, opt_state) = checkpoint.newest_intact(manager, steps, restore)
             params = nnx.state(restored)
-            start = resumed_from = latest
+            resumed_from = start
 
     def save(step_done: int) -> None:
         if manager is not None:
             meta = checkpoint.make_meta(model_cfg, tokenizer, step_done, train_config=tc.to_dict(),
                                         objective=objective.to_dict(), **(extra_meta or {}))
+            if step_done in manager.all_steps():  # a damaged step resume fell back from
+                manager.delete(step_done)
             checkpoint.save(manager, step_done, params, meta, opt_state)
 
     train_step = make_train_step(graphdef, tx, objective)
