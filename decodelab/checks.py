@@ -93,6 +93,14 @@ def check_one_of(name: str, value: Any, allowed: tuple[Any, ...]) -> Any:
     return value
 
 
+def as_path(name: str, value: Any) -> pathlib.Path:
+    """``value`` as a ``pathlib.Path``; an empty path (which would quietly mean the current
+    directory) or a value that is not a path is refused."""
+    if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
+        raise ValueError(f"{name} must be a non-empty path (str or os.PathLike), got {value!r}")
+    return pathlib.Path(value)
+
+
 def check_path(name: str, value: Any, kind: str, *, write: bool = False,
                what: str = "") -> pathlib.Path:
     """``value`` (a str or ``os.PathLike``) as a ``pathlib.Path`` to a ``kind`` (``"file"`` or
@@ -102,9 +110,7 @@ def check_path(name: str, value: Any, kind: str, *, write: bool = False,
     written (the directory itself, or a file's parent) is created here and a file is written
     and removed there: a path that cannot be written is refused before any work starts."""
     check_one_of("kind", kind, ("file", "directory"))
-    if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
-        raise ValueError(f"{name} must be a non-empty path (str or os.PathLike), got {value!r}")
-    path = pathlib.Path(value)
+    path = as_path(name, value)
     if path.exists() and path.is_dir() != (kind == "directory"):
         found = "directory" if path.is_dir() else "file"
         raise ValueError(f"{name} must be a {what}{kind}, got a {found}: {str(path)!r}")

@@ -314,6 +314,13 @@ def test_a_workdir_that_is_a_file_is_refused(tmp_path):
         experiment.run(toy_config(), [{}], measure, path, progress=False)
 
 
+def test_an_empty_workdir_is_refused_not_taken_for_the_current_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="workdir must be a non-empty path"):
+        experiment.run(toy_config(), [{}], measure, "", progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_workdir_under_a_file_is_refused_before_any_point_runs(tmp_path):
     (tmp_path / "file").write_text("")
     calls = []

@@ -23,6 +23,8 @@ import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from decodelab.checks import as_path
+
 ROWS_FILE = "rows.jsonl"
 LOCK_FILE = "rows.jsonl.lock"
 _TEMP_PREFIX = ".rows.jsonl."
@@ -33,7 +35,7 @@ ROW_FIELDS = ("experiment", "config_hash", "seed", "sweep_index", "overrides", "
 
 
 def as_workdir(workdir: str | os.PathLike) -> pathlib.Path:
-    workdir = pathlib.Path(workdir)
+    workdir = as_path("workdir", workdir)
     if workdir.exists() and not workdir.is_dir():
         raise ValueError(f"workdir must be a directory, got a file: {str(workdir)!r}")
     return workdir
