@@ -25,6 +25,7 @@ from jax.sharding import Mesh
 from decodelab import sharding
 from decodelab.compress.quantization import describe as describe_quantization
 from decodelab.compress.quantization import restructure
+from decodelab.checks import tokenizer_size
 from decodelab.config import ModelConfig
 from decodelab.convert.tokenizer import PretrainedTokenizer
 from decodelab.model import Transformer
@@ -46,10 +47,7 @@ def open_manager(directory, *, max_to_keep: int | None = 3, read_only: bool = Fa
 
 def make_meta(cfg: ModelConfig, tokenizer: Tokenizer | PretrainedTokenizer, step: int,
               **extra: Any) -> dict[str, Any]:
-    if tokenizer.vocab_size != cfg.vocab_size:
-        raise ValueError(f"tokenizer must have the model's vocabulary, got a tokenizer of "
-                         f"vocab_size={tokenizer.vocab_size} for a model of vocab_size="
-                         f"{cfg.vocab_size}; save the model with the tokenizer it was built for")
+    tokenizer_size("tokenizer", tokenizer, cfg.vocab_size)  # at most the model's: may be padded
     if isinstance(tokenizer, PretrainedTokenizer):
         saved = {"pretrained_tokenizer": tokenizer.to_json()}
     else:
@@ -149,7 +147,8 @@ def restore(manager, step: int, cfg: ModelConfig, opt_state_like=None,
 
 def save_checkpoint(path, model: Transformer, tokenizer: Tokenizer | PretrainedTokenizer, *,
                     step: int = 0, **extra: Any) -> None:
-    """Save a ready-to-use model and its tokenizer to the directory ``path``."""
+    """Save a ready-to-use model and its tokenizer to the directory ``path``. The model's
+    vocabulary may be padded past the tokenizer's (``checks.tokenizer_size``), never smaller."""
     manager = open_manager(path)
     quantization = describe_quantization(model)
     if quantization:
@@ -209,6 +208,10 @@ def load_checkpoint(path, *, step: int | None = None
     manifest) is a ValueError naming the checkpoint, the step and the damaged part. Without
     ``step``, a damaged latest step falls back to the latest intact one with a warning (a
     training run keeps several steps); with ``step``, there is no fallback.
+
+    The model's vocabulary may be padded past the tokenizer's (``model.config.vocab_size`` >=
+    ``tokenizer.vocab_size``): pass the tokenizer to generation (``DecodeOptions(tokenizer=...)``,
+    ``EngineOptions(tokenizer=...)``) and the padded ids are never sampled.
     """
     path = pathlib.Path(path)
     if not path.is_dir():
