@@ -246,7 +246,7 @@ def test_new_requests_reuse_the_compiled_programs(tiny):
         rng = np.random.default_rng(5)
         requests = [Request(id=i, prompt=rng.integers(0, 512, int(rng.integers(1, 16))).tolist(),
                             max_new_tokens=int(rng.integers(1, 20)),
-                            params=dl.SamplingParams(temperature=float(rng.uniform(0, 1.5)),
+                            params=dl.SamplingParams(temperature=float(rng.uniform(0.01, 1.5)),
                                                      top_k=int(rng.integers(0, 50)),
                                                      top_p=(1.0, 0.9)[i % 2],
                                                      min_p=(0.0, 0.1)[i // 3],
