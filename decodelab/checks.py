@@ -2,8 +2,8 @@
 
 Each check raises ``ValueError`` with a message that names the argument, its value and what is
 allowed, and returns the value in the form the caller stores: ``check_int`` and ``check_size``
-for ints, ``check_number`` for finite numbers in a range, ``check_bool``, ``check_one_of``, and
-``check_path`` for every path the library reads or writes.
+for ints, ``check_number`` for finite numbers in a range (``describe_range`` words it),
+``check_bool``, ``check_one_of``, and ``check_path`` for every path the library reads or writes.
 Sizes that end up in int32 arrays (token budgets, cache lengths, beam widths, ...) are checked
 against the int32 range with ``check_size``, so a typo such as ``2**31`` is refused instead of
 wrapping negative.
@@ -75,15 +75,21 @@ def check_number(name: str, value: Any, low: float | None = None, high: float | 
         below = high is None or (value < high if open_high else value <= high)
         if above and below:
             return value
-    if low is not None and high is not None:
-        bounds = f" in {'(' if open_low else '['}{low}, {high}{')' if open_high else ']'}"
-    elif low is not None:
-        bounds = f" {'>' if open_low else '>='} {low}"
-    elif high is not None:
-        bounds = f" {'<' if open_high else '<='} {high}"
-    else:
-        bounds = ""
+    bounds = describe_range(low, high, open_low=open_low, open_high=open_high)
     raise ValueError(f"{name} must be a finite number{bounds}, got {value!r}")
+
+
+def describe_range(low: float | None, high: float | None, *, open_low: bool = False,
+                   open_high: bool = False) -> str:
+    """``check_number``'s range in words, with a leading space: `` in (0, 1]``, `` >= 0.01``;
+    empty when neither end is bounded."""
+    if low is not None and high is not None:
+        return f" in {'(' if open_low else '['}{low}, {high}{')' if open_high else ']'}"
+    if low is not None:
+        return f" {'>' if open_low else '>='} {low}"
+    if high is not None:
+        return f" {'<' if open_high else '<='} {high}"
+    return ""
 
 
 def check_one_of(name: str, value: Any, allowed: tuple[Any, ...]) -> Any:
@@ -134,6 +140,26 @@ def check_path(name: str, value: Any, kind: str, *, write: bool = False,
 def check_model(name: str, model: Any) -> None:
     if not isinstance(model, nnx.Module) or not hasattr(model, "config"):
         raise ValueError(f"{name} must be an nnx.Module with a config, got {type(model).__name__}")
+
+
+def tokenizer_size(name: str, tokenizer: Any, vocab_size: int) -> int | None:
+    """The number of ids ``tokenizer`` has (``len(tokenizer)`` where defined, as a Hugging Face
+    tokenizer's counts its added tokens, else its ``vocab_size``; None when it says neither), for
+    a model of ``vocab_size``. A model's vocabulary may be padded past its tokenizer's (nanoGPT's
+    50304 for GPT-2's 50257): the ids from the tokenizer's size on are padding, never text. A
+    tokenizer with more ids than the model is refused: the model cannot read its ids."""
+    size = len(tokenizer) if hasattr(tokenizer, "__len__") else getattr(tokenizer, "vocab_size",
+                                                                         None)
+    if size is None:
+        return None
+    if not is_int(size) or size < 1:
+        raise ValueError(f"{name} must report its number of ids as an int >= 1 (len or "
+                         f"vocab_size), got {size!r} from {tokenizer!r}")
+    if size > vocab_size:
+        raise ValueError(f"{name} has {size} ids but the model's vocabulary has {vocab_size}; a "
+                         f"tokenizer must have at most the model's vocab_size ids (a model's "
+                         f"vocabulary may be padded past its tokenizer's, never the reverse)")
+    return int(size)
 
 
 def position_limit(model: nnx.Module) -> int | None:

@@ -83,6 +83,14 @@ class NextToken(nnx.Module):
         return logits, cache.advance(_valid(tokens, num_valid))
 
 
+def padded_next_token(vocab_size: int, tokenizer_size: int) -> NextToken:
+    """``NextToken`` over a vocabulary padded past a tokenizer's ``tokenizer_size`` ids, whose
+    padding ids have the largest logits (by 50, over the next token's margin of 10): a decoder
+    that does not mask the padding picks padding every step."""
+    padding = jnp.arange(vocab_size) >= tokenizer_size
+    return NextToken(vocab_size, base=jnp.where(padding, 50.0, 0.0))
+
+
 class Uniform(nnx.Module):
     """Every next token equally likely, so a sample shows its random stream alone."""
 
@@ -179,6 +187,22 @@ class Letters:
 
     def decode(self, ids):
         return "".join(self.PIECES[i] for i in ids)
+
+
+class Pieces:
+    """A tokenizer of ``vocab_size`` ids, id i the letter ``i % 26``; like a real one it refuses
+    to decode an id past its vocabulary (a padded model's padding)."""
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+
+    def encode(self, text):
+        return [ord(c) - ord("a") for c in text]
+
+    def decode(self, ids):
+        if any(not 0 <= i < self.vocab_size for i in ids):
+            raise ValueError(f"ids must be in [0, {self.vocab_size}), got {list(ids)}")
+        return "".join(chr(ord("a") + i % 26) for i in ids)
 
 
 class FakeTokenizer:

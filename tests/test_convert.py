@@ -204,6 +204,22 @@ def test_load_hf_gpt2_greedy_tokens_match_transformers(gpt2_pair):
     assert greedy(model, ids, 32) == hf_greedy(hf, ids, 32)
 
 
+def test_load_hf_keeps_a_vocabulary_padded_past_the_tokenizers_and_never_samples_it(gpt2_pair):
+    """config.json's 320 ids against a tokenizer of fewer (as Qwen's 151936 against 151646): the
+    model keeps them all, and generation with the tokenizer never picks the padding, greedy or
+    sampled, though its logits are made the largest."""
+    _, model, tokenizer = gpt2_pair
+    size = tokenizer.vocab_size
+    assert model.config.vocab_size == VOCAB and size < VOCAB
+    lift = {i: 100.0 for i in range(size, VOCAB)}
+    for temperature in (0.0, 1.0):  # one prompt of 8, 32 tokens: the greedy parity's program
+        params = SamplingParams(temperature=temperature, logit_bias=lift)
+        assert min(dl.generate(model, [prompt(8, seed=1)], params, 32).token_lists()[0]) >= size
+        out = dl.generate(model, [prompt(8, seed=1)], params, 32,
+                          options=dl.DecodeOptions(tokenizer=tokenizer))
+        assert max(out.token_lists()[0]) < size and tokenizer.decode(out.token_lists()[0])
+
+
 def test_load_hf_tokenizer_round_trips_and_knows_its_special_ids(gpt2_pair):
     _, _, tokenizer = gpt2_pair
     reference = byte_level_tokenizer()

@@ -16,11 +16,12 @@ import numpy as np
 import pytest
 import scipy.stats
 from flax import nnx
-from standins import Letters, NextToken
+from standins import Letters, NextToken, Pieces, padded_next_token
 
 import decodelab as dl
 from decodelab import experiment
 from decodelab.decode import generation as decode
+from decodelab.measure import compiles
 
 V = 32
 GREEDY = dl.SamplingParams.greedy()
@@ -295,6 +296,37 @@ def test_a_sweep_of_sampling_values_and_processors_compiles_once(tiny):
         assert counts["_decode_loop"] == 2 and counts["prefill"] == 2
 
 
+# --- A vocabulary padded past the tokenizer's -----------------------------------------------------
+
+PADDED, PIECES = 640, 600  # the model's vocabulary, its tokenizer's
+
+
+@pytest.fixture(scope="module")
+def padded():
+    return padded_next_token(PADDED, PIECES)
+
+
+def test_a_padded_vocabulary_is_masked_past_the_tokenizer_as_data(padded):
+    """The padding's logits are the largest: without the tokenizer both rows pick padding; with
+    it, the greedy row and the sampled row never do, in the same compiled program."""
+    mixed = dl.SamplingParams(temperature=[0.0, 1.0])
+    bare = run(padded, [[596], [596]], 6, mixed)
+    assert (bare.tokens >= PIECES).all()
+    with compiles.count_compiles() as counts:
+        out = run(padded, [[596], [596]], 6, mixed, **opts(tokenizer=Pieces(PIECES)))
+    assert sum(counts.values()) == 0
+    # greedy: 597 598 599, then 600 is padding and every id below has logit 0: the lowest, 0
+    assert out.tokens[0].tolist() == [597, 598, 599, 0, 1, 2]
+    assert (out.tokens[1] < PIECES).all() and out.finish_reason == ["length"] * 2
+
+
+def test_stop_strings_with_a_padded_vocabulary_decode_only_the_tokenizers_ids(padded):
+    # 597 598 599 are "z a b", then (past the padding) 0 is "a": "ba" ends the row there; an
+    # unmasked row would sample padding, which the tokenizer cannot decode
+    out = run(padded, [[596]], 6, **opts(tokenizer=Pieces(PIECES), stop_strings=["ba"]))
+    assert out.token_lists() == [[597, 598, 599, 0]] and out.finish_reason == ["stop"]
+
+
 # --- Bad input ------------------------------------------------------------------------------------
 
 
@@ -329,6 +361,10 @@ def test_a_sweep_of_sampling_values_and_processors_compiles_once(tiny):
     (([[1], [2], [3]], 4), dict(params=dl.SamplingParams(temperature=[0.5, 1.0])),
      r"temperature has 2 values but the batch has 3 rows"),
     (([[1]], 4), dict(params={"temperature": 0.5}), r"params must be a SamplingParams"),
+    (([[1]], 4), opts(tokenizer=Pieces(33)),
+     r"tokenizer has 33 ids but the model's vocabulary has 32; a tokenizer must have at most"),
+    (([[1]], 4), dict(params=dl.SamplingParams(banned_tokens=[0, 1]), **opts(tokenizer=Pieces(2))),
+     r"banned_tokens bans all 2 tokens of row 0 \(ids from 2 are padding\)"),
 ])
 def test_bad_input_is_rejected_before_anything_is_traced(stand_in, args, kwargs, message):
     params = kwargs.pop("params", GREEDY)

@@ -12,9 +12,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.stats
+from standins import Uniform
 
 import decodelab as dl
 from decodelab import sampling
+from decodelab.measure import compiles
 from decodelab.sampling import processors
 
 P = np.array([0.4, 0.3, 0.15, 0.1, 0.05])
@@ -296,10 +298,10 @@ def test_row_keys_depend_on_seed_and_position_only():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(temperature=-1.0), r"temperature must be >= 0 \(0 means greedy\), got -1.0"),
-    (dict(temperature=float("nan")), r"temperature must be >= 0 .*, got nan"),
-    (dict(temperature=float("inf")), r"temperature must be >= 0 .*, got inf"),
-    (dict(temperature=[0.5, -0.1]), r"temperature\[1\] must be >= 0 .*, got -0.1"),
+    (dict(temperature=-1.0), r"temperature must be 0 or >= 0.01 \(0 means greedy\), got -1.0"),
+    (dict(temperature=float("nan")), r"temperature must be 0 or >= 0.01 .*, got nan"),
+    (dict(temperature=float("inf")), r"temperature must be 0 or >= 0.01 .*, got inf"),
+    (dict(temperature=[0.5, -0.1]), r"temperature\[1\] must be 0 or >= 0.01 .*, got -0.1"),
     (dict(temperature="hot"), r"temperature must be a number or one per row, got 'hot'"),
     (dict(temperature=[[1.0]]), r"temperature must be a scalar or a 1-D sequence"),
     (dict(top_p=0.0), r"top_p must be in \(0, 1\] \(1 disables it\), got 0.0"),
@@ -314,10 +316,11 @@ def test_row_keys_depend_on_seed_and_position_only():
     (dict(epsilon=1.0), r"epsilon must be in \[0, 1\) .*, got 1.0"),
     (dict(eta=-0.1), r"eta must be in \[0, 1\) .*, got -0.1"),
     (dict(top_n_sigma=-1.0), r"top_n_sigma must be >= 0 .*, got -1.0"),
-    (dict(repetition_penalty=0.0), r"repetition_penalty must be > 0 \(1 disables it\), got 0.0"),
-    (dict(repetition_penalty=float("nan")), r"repetition_penalty must be > 0 .*, got nan"),
-    (dict(frequency_penalty=float("inf")), r"frequency_penalty must be a finite number .* inf"),
-    (dict(presence_penalty=float("nan")), r"presence_penalty must be a finite number .*, got nan"),
+    (dict(repetition_penalty=0.0),
+     r"repetition_penalty must be in \[0.01, 100\] \(1 disables it\), got 0.0"),
+    (dict(repetition_penalty=float("nan")), r"repetition_penalty must be in \[0.01, 100\] .* nan"),
+    (dict(frequency_penalty=float("inf")), r"frequency_penalty must be in \[-100, 100\] .* inf"),
+    (dict(presence_penalty=float("nan")), r"presence_penalty must be in \[-100, 100\] .*, got nan"),
     (dict(no_repeat_ngram_size=-2), r"no_repeat_ngram_size must be an int >= 0 .*, got -2"),
     (dict(min_new_tokens=-1), r"min_new_tokens must be an int >= 0 .*, got -1"),
     (dict(logit_bias={1: float("inf")}), r"logit_bias\[1\] must be a finite number"),
@@ -376,13 +379,63 @@ def test_a_float_parameter_that_would_overflow_float32_is_rejected(name, value):
         dl.SamplingParams(**{name: [processors.PARAMETERS[name].neutral, value]})
 
 
-def test_the_largest_int32_and_float32_values_are_accepted():
-    params = dl.SamplingParams(min_new_tokens=2**31 - 1, frequency_penalty=3.4e38)
-    rows = params.per_row(1, 5)
+# The ends of each parameter's range that it admits.
+RANGE_ENDS = [(name, end) for name, p in processors.PARAMETERS.items()
+              for end, open_end in ((p.low, p.open_low), (p.high, p.open_high))
+              if end is not None and not open_end]
+
+
+@pytest.mark.parametrize("name, end", RANGE_ENDS)
+def test_the_ends_of_each_range_are_accepted_and_stored_finite(name, end):
+    rows = dl.SamplingParams(**{name: end}).per_row(1, 5)
+    assert np.isfinite(np.asarray(getattr(rows, name))).all()
+
+
+def test_the_largest_int32_is_accepted():
+    rows = dl.SamplingParams(min_new_tokens=2**31 - 1).per_row(1, 5)
     assert int(rows.min_new_tokens[0]) == 2**31 - 1
-    assert np.isfinite(np.asarray(rows.frequency_penalty)).all()
 
 
-def test_a_logit_bias_that_would_overflow_float32_is_rejected():
-    with pytest.raises(ValueError, match=r"logit_bias\[1\] must be in the range of float32"):
-        dl.SamplingParams(logit_bias={1: 1e39})
+@pytest.mark.parametrize("bias", [1e39, -1e39, 100.5, -1e30])
+def test_a_logit_bias_past_its_range_is_rejected(bias):
+    got = re.escape(repr(bias))
+    with pytest.raises(ValueError, match=rf"^logit_bias\[1\] must be a finite number in "
+                                         rf"\[-100, 100\], got {got}; ban a token"):
+        dl.SamplingParams(logit_bias={1: bias})
+
+
+# Values of the right type that would make every probability vanish, overflow float32 (NaN) or
+# round to a value outside the range in float32: (field, value, the range the message names).
+VANISHING = [
+    ("repetition_penalty", 1e-38, r"in \[0.01, 100\]"),
+    ("repetition_penalty", 1e38, r"in \[0.01, 100\]"),
+    ("temperature", 1e-45, r"0 or >= 0.01"),
+    ("temperature", 1e-3, r"0 or >= 0.01"),
+    ("frequency_penalty", 1e38, r"in \[-100, 100\]"),
+    ("frequency_penalty", -1e38, r"in \[-100, 100\]"),
+    ("presence_penalty", 3e38, r"in \[-100, 100\]"),
+    ("presence_penalty", -1e30, r"in \[-100, 100\]"),
+    ("top_p", 1e-46, r"in \(0, 1\]"),
+    ("typical_p", 1e-46, r"in \(0, 1\]"),
+    ("epsilon", 0.99999999, r"in \[0, 1\)"),
+    ("eta", 0.99999999, r"in \[0, 1\)"),
+]
+
+
+@pytest.mark.parametrize("name, value, allowed", VANISHING)
+def test_a_value_that_would_vanish_or_overflow_is_refused_before_anything_compiles(
+        name, value, allowed):
+    model = Uniform(5)
+    with compiles.count_compiles() as counts, pytest.raises(ValueError) as error:
+        dl.generate(model, [[1]], dl.SamplingParams(**{name: value}), 4)
+    message = str(error.value)
+    assert message.startswith(f"{name} must be ") and re.search(allowed, message), message
+    assert message.endswith(f"got {value!r}"), message
+    assert sum(counts.values()) == 0
+
+
+def test_no_repeat_ngram_longer_than_the_row_bans_nothing_and_ends():
+    # n = 2**31 - 1 once looped that many times; past the row's length no n-gram can repeat
+    hist = history(tokens=[[1, 2, 1, 2]], prompt_lengths=[1], lengths=[4])
+    got = processed(dl.SamplingParams(no_repeat_ngram_size=2**31 - 1), np.zeros(5), hist)
+    np.testing.assert_array_equal(got[0], np.zeros(5))

@@ -9,6 +9,7 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
+from standins import Pieces, padded_next_token
 
 import decodelab as dl
 from decodelab.measure import compiles
@@ -168,6 +169,8 @@ def test_insert_and_run_refuse_an_id_that_is_already_decoding(tiny):
      "eos_ids must be token ids in"),
     (dict(num_slots=2, max_len=S, options={"prefill_chunk": 8}),
      "options must be an EngineOptions, got \\{'prefill_chunk': 8\\}"),
+    (dict(num_slots=2, max_len=S, options=EngineOptions(tokenizer=Pieces(513))),
+     "options.tokenizer has 513 ids but the model's vocabulary has 512"),
 ])
 def test_bad_engine_arguments(tiny, kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -184,6 +187,18 @@ def test_bad_engine_arguments(tiny, kwargs, match):
 def test_bad_engine_options(kwargs, match):
     with pytest.raises(ValueError, match=match):
         EngineOptions(**kwargs)
+
+
+def test_the_engines_tokenizer_masks_a_padded_vocabulary():
+    """The padding's logits are the largest; with the engine's tokenizer no greedy or sampled
+    request ever picks it."""
+    engine = SlotEngine(padded_next_token(640, 600), 2, 16,
+                        options=EngineOptions(tokenizer=Pieces(600)))
+    done = engine.run([Request(id=0, prompt=(596,), max_new_tokens=6),
+                       Request(id=1, prompt=(596,), max_new_tokens=6,
+                               params=dl.SamplingParams(temperature=1.0))])
+    assert done[0].tokens == [597, 598, 599, 0, 1, 2]  # past 599 the lowest id, 0
+    assert len(done[1].tokens) == 6 and max(done[1].tokens) < 600
 
 
 def test_bad_insert_and_step_arguments(tiny):
@@ -231,7 +246,7 @@ def test_new_requests_reuse_the_compiled_programs(tiny):
         rng = np.random.default_rng(5)
         requests = [Request(id=i, prompt=rng.integers(0, 512, int(rng.integers(1, 16))).tolist(),
                             max_new_tokens=int(rng.integers(1, 20)),
-                            params=dl.SamplingParams(temperature=float(rng.uniform(0, 1.5)),
+                            params=dl.SamplingParams(temperature=float(rng.uniform(0.01, 1.5)),
                                                      top_k=int(rng.integers(0, 50)),
                                                      top_p=(1.0, 0.9)[i % 2],
                                                      min_p=(0.0, 0.1)[i // 3],

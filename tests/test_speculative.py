@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import scipy.stats
 from flax import nnx
-from standins import FakeTokenizer, Letters, NextToken
+from standins import FakeTokenizer, Letters, NextToken, Pieces, padded_next_token
 
 import decodelab as dl
 from decodelab import experiment
@@ -387,6 +387,25 @@ def test_stop_strings_keep_the_distribution_exact(pair):
     assert chi_square_pvalue(counts, exact) > SIGNIFICANCE
 
 
+# --- A vocabulary padded past the tokenizer's -----------------------------------------------------
+
+
+def test_the_draft_tokenizer_masks_a_padded_vocabulary_for_draft_and_target():
+    """The padding's logits are the largest in both models: without a tokenizer every token is
+    padding; with the draft's tokenizer alone, no greedy or sampled row ever picks it, in the
+    same compiled program."""
+    model = padded_next_token(640, 600)
+    mixed = dl.SamplingParams(temperature=[0.0, 1.0])
+    bare = dl.speculative_generate(model, model, [[596], [596]], mixed, 2, 6)
+    assert (bare.tokens >= 600).all()
+    with experiment.count_traces() as counts:
+        out = dl.speculative_generate(model, model, [[596], [596]], mixed, 2, 6, options=(
+            SpeculativeOptions(draft_tokenizer=Pieces(600))))
+    assert not counts
+    assert out.tokens[0].tolist() == [597, 598, 599, 0, 1, 2]  # past 599 the lowest, 0
+    assert (out.tokens[1] < 600).all()
+
+
 # --- Bad input ------------------------------------------------------------------------------------
 
 
@@ -416,6 +435,8 @@ def learned_draft(tiny_config):
     ("ngram tokenizer", dict(draft=NgramDrafter(),
                              options=SpeculativeOptions(draft_tokenizer=FakeTokenizer("a"))),
      r"draft_tokenizer must be None for a model-free drafter"),
+    ("tokenizer larger", dict(options=SpeculativeOptions(draft_tokenizer=Pieces(513))),
+     r"draft_tokenizer has 513 ids but the model's vocabulary has 512"),
     ("options", dict(options={"max_len": 8}),
      r"options must be a SpeculativeOptions or a DecodeOptions, got \{'max_len': 8\}"),
     ("prompts", dict(prompts=[[1], []]), r"prompts\[1\] is empty"),

@@ -119,11 +119,19 @@ def test_evaluate_counts_every_window_once_whatever_the_batch_size(model_cfg, st
     assert a["perplexity"] == pytest.approx(np.exp(a["loss"]), rel=1e-12)
 
 
-def test_checkpoint_round_trip_gives_identical_logits_and_tokenizer(model_cfg, tokenizer, tmp_path):
-    model = dl.Transformer(model_cfg, rngs=nnx.Rngs(3))
-    dl.save_checkpoint(tmp_path / "ckpt", model, tokenizer)
-    loaded, loaded_tok = dl.load_checkpoint(tmp_path / "ckpt")
-    assert loaded.config == model_cfg
+@pytest.fixture(scope="module")
+def padded_checkpoint(model_cfg, tokenizer, tmp_path_factory):
+    """``(model, loaded model, loaded tokenizer)``: a model whose vocabulary of 640 ids is padded
+    past its tokenizer's 512 (as nanoGPT pads GPT-2's 50257 ids to 50304), saved and loaded."""
+    model = dl.Transformer(model_cfg.replace(vocab_size=640), rngs=nnx.Rngs(3))
+    path = tmp_path_factory.mktemp("padded") / "ckpt"
+    dl.save_checkpoint(path, model, tokenizer)
+    return (model, *dl.load_checkpoint(path))
+
+
+def test_checkpoint_round_trip_gives_identical_logits_and_tokenizer(padded_checkpoint, tokenizer):
+    model, loaded, loaded_tok = padded_checkpoint
+    assert loaded.config == model.config and loaded.config.vocab_size == 640
     assert loaded_tok.serialized_model() == tokenizer.serialized_model()
     tokens = np.asarray([tokenizer.encode("To be, or not to be: that is the question.")], np.int32)
     np.testing.assert_array_equal(np.asarray(model(tokens)), np.asarray(loaded(tokens)))
@@ -415,11 +423,28 @@ def test_resume_falls_back_from_a_damaged_latest_step_and_writes_it_again(
         np.testing.assert_array_equal(a, b)
 
 
-def test_save_checkpoint_refuses_a_tokenizer_of_another_vocabulary(model_cfg, tokenizer, tmp_path):
-    model = dl.Transformer(model_cfg.replace(vocab_size=600), rngs=nnx.Rngs(0))
-    with pytest.raises(ValueError, match="tokenizer must have the model's vocabulary, got a "
-                                         "tokenizer of vocab_size=512 for a model of vocab_size=600"):
+def test_save_checkpoint_refuses_a_tokenizer_larger_than_the_model(model_cfg, tokenizer, tmp_path):
+    model = dl.Transformer(model_cfg.replace(vocab_size=400), rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="^tokenizer has 512 ids but the model's vocabulary has "
+                                         "400; a tokenizer must have at most"):
         dl.save_checkpoint(tmp_path / "ckpt", model, tokenizer)
+    assert not (tmp_path / "ckpt").exists()  # refused before anything is written
+
+
+def test_a_padded_vocabulary_never_samples_its_padding_with_the_loaded_tokenizer(
+        padded_checkpoint):
+    """Generation with the loaded tokenizer never picks an id past it, greedy or sampled, though
+    the padding's logits are made the largest."""
+    _, loaded, loaded_tok = padded_checkpoint
+    prompt = loaded_tok.encode("To be, or not to be")
+    params = dl.SamplingParams(temperature=[0.0, 1.0],
+                               logit_bias={i: 100.0 for i in range(512, 640)})
+    bare = dl.generate(loaded, [prompt] * 2, params, 8, seed=0)
+    assert (bare.tokens >= 512).all()
+    out = dl.generate(loaded, [prompt] * 2, params, 8, seed=0,
+                      options=dl.DecodeOptions(tokenizer=loaded_tok))
+    assert ((0 <= out.tokens) & (out.tokens < 512)).all()
+    assert loaded_tok.decode(out.token_lists()[1])  # the tokenizer reads every id
 
 
 @pytest.mark.parametrize("fields, message", [

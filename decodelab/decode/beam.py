@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -47,8 +46,8 @@ import numpy as np
 from flax import nnx, struct
 
 from decodelab.cache import BeamCache, bytes_per_token, check_kind, init_cache
-from decodelab.checks import (check_bool, check_memory, check_model, check_size, is_int, nbytes,
-                              position_limit)
+from decodelab.checks import (check_bool, check_memory, check_model, check_number, check_size,
+                              is_int, nbytes, position_limit)
 from decodelab.decode.loop import CompiledLoop
 from decodelab.decode.request import (EOS, FINISH_REASONS, LENGTH, NO_HYPOTHESIS, PAD_TOKEN,
                                       BeamOptions, bucket_length, check_eos, check_prompts,
@@ -288,16 +287,14 @@ def _output(state: BeamState, num_return: int) -> BeamSearchOutput:
 # --- Entry point ----------------------------------------------------------------------------------
 
 
+# The largest length_penalty: at alpha <= 4, ``((5 + n) / 6) ** alpha`` stays finite in float32
+# for every int32 length n; past it, the long hypotheses' penalties overflow and their scores tie
+# at 0.
+MAX_ALPHA = 4
+
+
 def _check_alpha(length_penalty: Any) -> float:
-    if (not isinstance(length_penalty, (int, float, np.integer, np.floating))
-            or isinstance(length_penalty, (bool, np.bool_))
-            or not math.isfinite(length_penalty) or length_penalty < 0):
-        raise ValueError(f"length_penalty must be a finite number >= 0 (GNMT's alpha; 0 ranks by "
-                         f"log-probability alone), got {length_penalty!r}")
-    if float(length_penalty) > float(np.finfo(np.float32).max):
-        raise ValueError(f"length_penalty must be in the range of float32, the dtype it is stored "
-                         f"in, got {length_penalty!r}")
-    return float(length_penalty)
+    return float(check_number("length_penalty", length_penalty, 0, MAX_ALPHA))
 
 
 def _buffers(cfg: Any, B: int, W: int, S: int, N: int, kv_cache: str | None) -> dict[str, int]:
@@ -326,7 +323,7 @@ def beam_search(
       width: beams per prompt, in ``[1, vocab_size]``; 1 is greedy decoding.
       max_new_tokens: the output budget per hypothesis; clamped to ``max_len`` minus the shortest
         prompt (no hypothesis can be longer), which sets the output's column count.
-      length_penalty: GNMT's alpha >= 0; hypotheses are ranked by log-probability over
+      length_penalty: GNMT's alpha in [0, 4]; hypotheses are ranked by log-probability over
         ``((5 + length) / 6) ** alpha`` (0: by log-probability; larger favours longer outputs).
       max_len: cache slots per row (prompt + output). Default: the prompt bucket plus
         ``max_new_tokens``, at most the model's position table if it has one.

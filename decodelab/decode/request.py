@@ -41,7 +41,7 @@ from flax import struct
 from decodelab import sampling
 from decodelab.cache import bucket_length
 from decodelab.checks import (INT32_MAX, check_bool, check_memory, check_size, is_int,
-                              kv_cache_bytes, nbytes, position_limit)
+                              kv_cache_bytes, nbytes, position_limit, tokenizer_size)
 from decodelab.sampling.params import SamplingParams
 from decodelab.sampling.processors import RowParams
 
@@ -156,7 +156,9 @@ class DecodeOptions:
     eos_ids: int | Sequence[int] = ()  # ids that end a row (finish reason "eos")
     stop_sequences: Sequence[Sequence[int]] = ()  # token-id sequences that end a row ("stop")
     stop_strings: Sequence[str] = ()  # strings that end a row ("stop"); need ``tokenizer``
-    tokenizer: Any = None  # with encode / decode
+    # With encode / decode. Its ids past its size (``len`` or ``vocab_size``), a padded
+    # vocabulary's padding, are never sampled; one with more ids than the model is refused.
+    tokenizer: Any = None
     return_top_logprobs: int = 0  # n > 0: the n largest log-probabilities of each step
     return_entropy: bool = False  # the entropy of each step's sampling distribution
     python_loop: bool = False  # run the steps from Python (same step, same tokens)
@@ -221,6 +223,7 @@ class BatchRequest:
     with_entropy: bool
     python_loop: bool
     raise_on_error: bool
+    tokenizer_size: int | None = None  # ids of ``tokenizer``; ids past it are masked
 
     def keys(self) -> np.ndarray:
         """``[B, ...]`` uint32 key data of each row's request key: computed on request (it runs
@@ -234,7 +237,7 @@ class BatchRequest:
     def row_inputs(self, prompt_lengths: np.ndarray, vocab_size: int) -> RowInputs:
         """The per-row values on the device, the last step after every check has passed (the
         parameters' per-row checks first: the keys run a compiled function)."""
-        params = self.params.per_row(len(self.rows), vocab_size)
+        params = self.params.per_row(len(self.rows), vocab_size, self.tokenizer_size)
         return RowInputs(prompt_lengths=prompt_lengths, keys=self.keys(), params=params,
                          eos_mask=self.eos_mask, stop_ids=self.stop_block)
 
@@ -260,6 +263,7 @@ def check_request(vocab_size: int, prompts: Any, params: Any, max_new_tokens: An
                          f"{o.stop_sequences!r}")
     stops = [token_ids(f"stop_sequences[{i}]", s, V) for i, s in enumerate(o.stop_sequences)]
     strings = check_stop_strings(o.stop_strings, o.tokenizer)
+    usable = tokenizer_size("tokenizer", o.tokenizer, V)
     top_n = check_size("return_top_logprobs", o.return_top_logprobs, 0)
     if top_n > V:
         raise ValueError(f"return_top_logprobs must be <= the vocabulary size {V}, got {top_n}")
@@ -273,7 +277,8 @@ def check_request(vocab_size: int, prompts: Any, params: Any, max_new_tokens: An
     return BatchRequest(rows=rows, max_new_tokens=N, seeds=seeds, params=params,
                         eos_mask=eos_mask, stop_block=stop_block(stops), stop_strings=strings,
                         tokenizer=o.tokenizer, top_n=top_n, with_entropy=o.return_entropy,
-                        python_loop=o.python_loop, raise_on_error=o.raise_on_error)
+                        python_loop=o.python_loop, raise_on_error=o.raise_on_error,
+                        tokenizer_size=usable)
 
 
 def resolve_max_len(max_len: Any, rows: list[np.ndarray], default: int,

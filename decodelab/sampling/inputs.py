@@ -4,27 +4,44 @@ far."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from decodelab.checks import describe_range
+
 # --- Parameters -----------------------------------------------------------------------------------
 
 _STORAGE = {"int32": np.iinfo(np.int32), "float32": np.finfo(np.float32)}
 
+# Every range keeps the processed logits finite: a scale (the repetition penalty, 1 / temperature)
+# of at most MAX_SCALE and shifts (a logit bias, a penalty per occurrence) of at most MAX_SHIFT
+# keep model logits up to 1e30 in magnitude far inside float32, over any output length. Past them a
+# setting overflows to +-inf (NaN, or every token removed) or does what a ban does better.
+MAX_SCALE = 100
+MAX_SHIFT = 100
 
-@dataclasses.dataclass(frozen=True)
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Parameter:
-    """A processor's per-row setting: what ``SamplingParams`` accepts and ``RowParams`` stores."""
+    """A processor's per-row setting: what ``SamplingParams`` accepts and ``RowParams`` stores.
+
+    Allowed: the values from ``low`` to ``high`` (``checks.check_number``'s range: None leaves a
+    side open-ended, ``open_low`` / ``open_high`` exclude an end), plus ``also`` if given, as
+    stored in ``dtype``."""
 
     name: str
     dtype: str  # "int32" or "float32": how RowParams stores it
     neutral: float  # the default; at this value the processor is the identity
-    allowed: Callable[[np.ndarray], np.ndarray]  # elementwise on a float64 array
-    rule: str  # what `allowed` admits, in words (for error messages)
+    low: float | None = None
+    high: float | None = None
+    open_low: bool = False
+    open_high: bool = False
+    also: float | None = None  # one more allowed value outside the range (temperature's 0)
+    note: str  # what the special values mean, for error messages ("1 disables it")
     help: str  # what the setting does (SamplingParams' documentation)
     # Values >= the vocabulary size act as the neutral value and are stored as it (top-k).
     vocab_sized: bool = False
@@ -33,10 +50,33 @@ class Parameter:
     def is_int(self) -> bool:
         return self.dtype == "int32"
 
+    @property
+    def rule(self) -> str:
+        """What is allowed, in words: ``>= 0 (0 disables it)``, ``0 or >= 0.01 (...)``."""
+        kind = "an int" if self.is_int else ""
+        bounds = describe_range(self.low, self.high, open_low=self.open_low,
+                                open_high=self.open_high)
+        also = "" if self.also is None else f"{self.also:g} or"
+        return f"{' '.join(w for w in (also, kind) if w)}{bounds} ({self.note})".strip()
+
+    def admits(self, values: np.ndarray) -> np.ndarray:
+        """Elementwise on a float64 array: inside the range (its ends rounded to the storage
+        dtype, so an end itself is admitted), or ``also``."""
+        def end(x):
+            return float(np.asarray(x, self.dtype))
+
+        ok = np.isfinite(values)
+        if self.low is not None:
+            ok &= values > end(self.low) if self.open_low else values >= end(self.low)
+        if self.high is not None:
+            ok &= values < end(self.high) if self.open_high else values <= end(self.high)
+        return ok if self.also is None else ok | (values == self.also)
+
     def values(self, value: Any) -> np.ndarray:
         """``value`` as a 0-d or 1-d float64 array, or a ValueError naming the parameter: the
-        right kind, allowed by ``rule``, and inside the range of the dtype it is stored in (an
-        int32 that would wrap, or a float that would overflow float32, is refused)."""
+        right kind, inside the range of the dtype it is stored in (an int32 that would wrap, or a
+        float that would overflow float32, is refused), and allowed (``admits``) as stored (a
+        top_p of 1e-46 is 0 in float32)."""
         name, kind = self.name, ("an int" if self.is_int else "a number")
         if isinstance(value, jax.core.Tracer):
             raise ValueError(f"{name} must be a concrete value, got a traced array")
@@ -52,16 +92,21 @@ class Parameter:
             raise ValueError(f"{name} must be {kind} or one per row, got {value!r}")
         values = array.astype(np.float64)
         storage = _STORAGE[self.dtype]
-        checks = [(np.isfinite(values) & self.allowed(values), f"must be {self.rule}"),
-                  ((values >= float(storage.min)) & (values <= float(storage.max)),
-                   f"must be in the range of {self.dtype}, the dtype it is stored in "
-                   f"([{storage.min!s}, {storage.max!s}])")]
+        in_storage = ~np.isfinite(values) | ((values >= float(storage.min))
+                                             & (values <= float(storage.max)))
+        stored = np.where(in_storage & np.isfinite(values), values, 0).astype(self.dtype)
+        checks = [(in_storage, f"must be in the range of {self.dtype}, the dtype it is stored in "
+                               f"([{storage.min!s}, {storage.max!s}])"),
+                  (self.admits(values) & self.admits(stored.astype(np.float64)),
+                   f"must be {self.rule}")]
         for ok, must in checks:
             if not ok.all():
-                if array.ndim == 0:
-                    raise ValueError(f"{name} {must}, got {value!r}")
-                i = int(np.argmin(ok))
-                raise ValueError(f"{name}[{i}] {must}, got {array[i].item()!r}")
+                i = int(np.argmin(ok.reshape(-1)))
+                given, kept = array.reshape(-1)[i].item(), stored.reshape(-1)[i].item()
+                where = name if array.ndim == 0 else f"{name}[{i}]"
+                if in_storage.all() and self.admits(np.float64(given)):
+                    must += f" as stored ({self.dtype} rounds it to {kept!r})"
+                raise ValueError(f"{where} {must}, got {given!r}")
         return values
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -33,10 +32,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from decodelab.checks import is_int
+from decodelab.checks import check_number, is_int
 from decodelab.sampling import select
 from decodelab.sampling.base import argmax
-from decodelab.sampling.inputs import History
+from decodelab.sampling.inputs import MAX_SHIFT, History
 from decodelab.sampling.processors import PARAMETERS, PROCESSORS, RowParams
 
 __all__ = ["SamplingParams", "all_greedy", "bad_logits", "batch_keys", "draw", "greedy_choice",
@@ -45,8 +44,6 @@ __all__ = ["SamplingParams", "all_greedy", "bad_logits", "batch_keys", "draw", "
 
 # The processors before temperature: what a greedy row's argmax is taken over.
 _BEFORE_TEMPERATURE = PROCESSORS[:[p.name for p in PROCESSORS].index("temperature")]
-
-_FLOAT32_MAX = np.finfo(np.float32).max
 
 # --- Parameters -----------------------------------------------------------------------------------
 
@@ -58,13 +55,10 @@ def _check_bias(logit_bias: Any) -> None:
         for token, b in bias.items():
             if not is_int(token):
                 raise ValueError(f"{name} keys must be int token ids, got {token!r}")
-            if not (isinstance(b, (int, float, np.number)) and not isinstance(b, bool)
-                    and math.isfinite(b)):
-                raise ValueError(f"{name}[{token}] must be a finite number (ban a token with "
-                                 f"banned_tokens), got {b!r}")
-            if abs(float(b)) > float(_FLOAT32_MAX):
-                raise ValueError(f"{name}[{token}] must be in the range of float32, the dtype it "
-                                 f"is stored in ([{-_FLOAT32_MAX!s}, {_FLOAT32_MAX!s}]), got {b!r}")
+            try:  # a shift, bounded as the penalties are (inputs.MAX_SHIFT)
+                check_number(f"{name}[{token}]", b, -MAX_SHIFT, MAX_SHIFT)
+            except ValueError as error:
+                raise ValueError(f"{error}; ban a token with banned_tokens") from None
 
     if logit_bias is None or isinstance(logit_bias, Mapping):
         check_one("logit_bias", logit_bias or {})
@@ -105,7 +99,8 @@ def _registry_fields(cls: type) -> type:
     for name, parameter in PARAMETERS.items():
         setattr(cls, name, parameter.neutral)
     cls.__annotations__ = {**{name: "Any" for name in PARAMETERS}, **cls.__annotations__}
-    cls.__doc__ += "".join(f"\n    {name}: {p.help}" for name, p in PARAMETERS.items())
+    cls.__doc__ += "".join(f"\n    {name}: {p.help} Allowed: {p.rule}."
+                           for name, p in PARAMETERS.items())
     return cls
 
 
@@ -120,7 +115,7 @@ class SamplingParams:
     ``top_k >= V`` as 0 (keeps all). The fields, in pipeline order:
     """
 
-    # Added to the logits: {token id: bias}, or a list with one dict per row.
+    # Added to the logits: {token id: bias in [-100, 100]}, or a list with one dict per row.
     logit_bias: Mapping[int, float] | Sequence[Mapping[int, float]] | None = None
     # Never sampled: a list of ids, or a list with one list per row.
     banned_tokens: Sequence[int] | Sequence[Sequence[int]] | None = None
@@ -138,8 +133,14 @@ class SamplingParams:
     def replace(self, **changes: Any) -> SamplingParams:
         return dataclasses.replace(self, **changes)
 
-    def per_row(self, batch_size: int, vocab_size: int) -> RowParams:
-        """The traced form: one value per row for each field, plus a ``[B, V]`` additive bias."""
+    def per_row(self, batch_size: int, vocab_size: int,
+                tokenizer_size: int | None = None) -> RowParams:
+        """The traced form: one value per row for each field, plus a ``[B, V]`` additive bias.
+
+        ``tokenizer_size`` (``checks.tokenizer_size``: at most ``V``), when the caller knows the
+        tokenizer: ids from it to ``V`` are a padded vocabulary's padding, which no tokenizer
+        can decode, and get ``-inf`` in the bias, so neither a sampled nor a greedy row ever
+        picks one (the bias is data: no new program)."""
         B, V = batch_size, vocab_size
         values = {}
         for name, parameter in PARAMETERS.items():
@@ -151,12 +152,13 @@ class SamplingParams:
             if parameter.vocab_sized:
                 array = np.where(array >= V, parameter.neutral, array)
             values[name] = array.astype(parameter.dtype)  # in NumPy: nothing is traced
-        bias = self._bias(B, V)  # the last check
+        bias = self._bias(B, V, V if tokenizer_size is None else tokenizer_size)  # the last check
         return RowParams(**{name: jnp.asarray(a) for name, a in values.items()},
                          logit_bias=jnp.asarray(bias), biased=jnp.asarray(np.any(bias != 0, -1)))
 
-    def _bias(self, B: int, V: int) -> np.ndarray:
+    def _bias(self, B: int, V: int, usable: int) -> np.ndarray:
         bias = np.zeros((B, V), np.float32)  # [B, V]
+        bias[:, usable:] = -np.inf  # a padded vocabulary's padding
         per_row = _is_per_row_bias(self.logit_bias)
         if per_row and len(self.logit_bias) != B:
             raise ValueError(f"logit_bias has {len(self.logit_bias)} dicts but the batch has {B} "
@@ -179,8 +181,9 @@ class SamplingParams:
                 raise ValueError(f"banned_tokens must be token ids in [0, {V}), got {int(bad)}")
             bias[row, ids] = -np.inf
             if np.isneginf(bias[row]).all():
-                raise ValueError(f"banned_tokens bans all {V} tokens of row {row}; at least one "
-                                 f"must stay allowed")
+                padding = f" (ids from {usable} are padding)" if usable < V else ""
+                raise ValueError(f"banned_tokens bans all {usable} tokens of row {row}{padding}; "
+                                 f"at least one must stay allowed")
         return bias
 
 

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from decodelab.sampling.base import LogitsProcessor, remove
-from decodelab.sampling.inputs import Parameter
+from decodelab.sampling.inputs import MAX_SCALE, MAX_SHIFT, Parameter
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,7 +22,8 @@ class RepetitionPenalty(LogitsProcessor):
 
     reads_history = True
     parameter = Parameter(
-        "repetition_penalty", "float32", 1.0, lambda x: x > 0, "> 0 (1 disables it)",
+        name="repetition_penalty", dtype="float32", neutral=1.0, low=1 / MAX_SCALE, high=MAX_SCALE,
+        note="1 disables it",
         help=(
             "CTRL penalty on every token seen in the prompt or the output: positive logits divided "
             "by it, negative ones multiplied."))
@@ -40,7 +41,8 @@ class FrequencyPenalty(LogitsProcessor):
 
     reads_history = True
     parameter = Parameter(
-        "frequency_penalty", "float32", 0.0, lambda x: x == x, "a finite number (0 disables it)",
+        name="frequency_penalty", dtype="float32", neutral=0.0, low=-MAX_SHIFT, high=MAX_SHIFT,
+        note="0 disables it",
         help=(
             "OpenAI penalty on output tokens: logit -= frequency_penalty * count."))
 
@@ -55,7 +57,8 @@ class PresencePenalty(LogitsProcessor):
 
     reads_history = True
     parameter = Parameter(
-        "presence_penalty", "float32", 0.0, lambda x: x == x, "a finite number (0 disables it)",
+        name="presence_penalty", dtype="float32", neutral=0.0, low=-MAX_SHIFT, high=MAX_SHIFT,
+        note="0 disables it",
         help=(
             "OpenAI penalty on output tokens: logit -= presence_penalty * (count > 0)."))
 
@@ -70,7 +73,7 @@ class NoRepeatNgram(LogitsProcessor):
 
     reads_history = True
     parameter = Parameter(
-        "no_repeat_ngram_size", "int32", 0, lambda x: x >= 0, "an int >= 0 (0 disables it)",
+        name="no_repeat_ngram_size", dtype="int32", neutral=0, low=0, note="0 disables it",
         help=(
             "Ban any token that would repeat an n-gram of the prompt or output; 0 disables."))
 
@@ -88,7 +91,9 @@ class NoRepeatNgram(LogitsProcessor):
             last = jnp.take_along_axis(history.tokens, jnp.maximum(length - k, 0), axis=1)
             return candidate & ((k >= n) | (before == last))
 
-        candidate = jax.lax.fori_loop(1, jnp.max(n), match_offset, candidate)
+        # An n-gram longer than the row holds no earlier copy: past S, a larger n changes nothing
+        # (and a loop to n = 2**31 - 1 would never end).
+        candidate = jax.lax.fori_loop(1, jnp.minimum(jnp.max(n), S), match_offset, candidate)
         rows = jnp.broadcast_to(jnp.arange(B)[:, None], (B, S))
         banned = jnp.zeros(logits.shape, jnp.int32).at[rows, history.tokens].max(
             candidate.astype(jnp.int32), mode="drop")
@@ -116,7 +121,7 @@ class MinNewTokens(LogitsProcessor):
 
     reads_history = True
     parameter = Parameter(
-        "min_new_tokens", "int32", 0, lambda x: x >= 0, "an int >= 0 (0 disables it)",
+        name="min_new_tokens", dtype="int32", neutral=0, low=0, note="0 disables it",
         help=(
             "Ban the EOS ids until this many tokens have been generated."))
 

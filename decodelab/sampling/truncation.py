@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from decodelab.sampling import select
 from decodelab.sampling.base import (LogitsProcessor, argmax, entropy, keep_above, keep_top_mass,
                                      probs, remove)
-from decodelab.sampling.inputs import Parameter
+from decodelab.sampling.inputs import MAX_SCALE, Parameter
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,7 +22,8 @@ class Temperature(LogitsProcessor):
     """Divide by the temperature; at 0 keep only the argmax (lowest id among ties), with logit 0."""
 
     parameter = Parameter(
-        "temperature", "float32", 1.0, lambda x: x >= 0, ">= 0 (0 means greedy)",
+        name="temperature", dtype="float32", neutral=1.0, low=1 / MAX_SCALE, also=0.0,
+        note="0 means greedy",
         help=(
             "Divide logits by this; 0 means greedy (argmax after penalties, bans and "
             "min-new-tokens; the lowest id among ties)."))
@@ -40,7 +41,7 @@ class TopNSigma(LogitsProcessor):
     """Keep logits >= max - n * sigma, sigma the standard deviation of the allowed logits."""
 
     parameter = Parameter(
-        "top_n_sigma", "float32", 0.0, lambda x: x >= 0, ">= 0 (0 disables it)",
+        name="top_n_sigma", dtype="float32", neutral=0.0, low=0, note="0 disables it",
         help=(
             "Keep tokens whose logit is >= max - n * std(logits) (Tang et al. 2024); 0 disables."))
 
@@ -60,7 +61,7 @@ class TopK(LogitsProcessor):
     (as ``argmax``), so ``top_k=1`` keeps the greedy token."""
 
     parameter = Parameter(
-        "top_k", "int32", 0, lambda x: x >= 0, "an int >= 0 (0 disables it)",
+        name="top_k", dtype="int32", neutral=0, low=0, note="0 disables it",
         help=(
             "Keep the k most probable tokens, the lowest ids among ties (so 1 is greedy); 0 keeps "
             "all, and so does k >= V (stored as 0)."),
@@ -76,7 +77,8 @@ class TopP(LogitsProcessor):
     """Nucleus (Holtzman et al. 2020): the most probable tokens until their mass reaches p."""
 
     parameter = Parameter(
-        "top_p", "float32", 1.0, lambda x: (x > 0) & (x <= 1), "in (0, 1] (1 disables it)",
+        name="top_p", dtype="float32", neutral=1.0, low=0, high=1, open_low=True,
+        note="1 disables it",
         help=(
             "Keep the smallest prefix of tokens, by probability, whose mass reaches p (nucleus "
             "sampling): a token stays if the mass before it is < p."))
@@ -90,7 +92,7 @@ class MinP(LogitsProcessor):
     """Keep tokens with probability >= min_p times the largest probability."""
 
     parameter = Parameter(
-        "min_p", "float32", 0.0, lambda x: (x >= 0) & (x <= 1), "in [0, 1] (0 disables it)",
+        name="min_p", dtype="float32", neutral=0.0, low=0, high=1, note="0 disables it",
         help=(
             "Keep tokens with probability >= min_p * (largest probability)."))
 
@@ -104,7 +106,8 @@ class TypicalP(LogitsProcessor):
     """Locally typical sampling: tokens by |surprisal - entropy|, closest first, up to mass p."""
 
     parameter = Parameter(
-        "typical_p", "float32", 1.0, lambda x: (x > 0) & (x <= 1), "in (0, 1] (1 disables it)",
+        name="typical_p", dtype="float32", neutral=1.0, low=0, high=1, open_low=True,
+        note="1 disables it",
         help=(
             "Keep the tokens whose surprisal is closest to the entropy, up to mass typical_p "
             "(Meister et al. 2022, as in Hugging Face)."))
@@ -121,7 +124,8 @@ class EpsilonCutoff(LogitsProcessor):
     """Truncation sampling (Hewitt et al. 2022): keep probabilities >= epsilon."""
 
     parameter = Parameter(
-        "epsilon", "float32", 0.0, lambda x: (x >= 0) & (x < 1), "in [0, 1) (0 disables it)",
+        name="epsilon", dtype="float32", neutral=0.0, low=0, high=1, open_high=True,
+        note="0 disables it",
         help=(
             "Keep tokens with probability >= epsilon (Hewitt et al. 2022); the most probable "
             "always stays."))
@@ -135,7 +139,8 @@ class EtaCutoff(LogitsProcessor):
     """Eta sampling (Hewitt et al. 2022): keep probabilities >= min(eta, sqrt(eta) e^-entropy)."""
 
     parameter = Parameter(
-        "eta", "float32", 0.0, lambda x: (x >= 0) & (x < 1), "in [0, 1) (0 disables it)",
+        name="eta", dtype="float32", neutral=0.0, low=0, high=1, open_high=True,
+        note="0 disables it",
         help=(
             "Keep tokens with probability >= min(eta, sqrt(eta) * exp(-entropy)) (eta sampling)."))
 

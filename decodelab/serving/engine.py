@@ -30,8 +30,8 @@ Conventions (every caller relies on them):
 - The token at position p of a request is drawn with ``fold_in(key(seed), p)``, so a request's
   tokens depend only on its prompt, parameters, seed and budget: never on its slot, its batch-mates
   or when it was inserted. They equal ``generate(model, [prompt], params, budget, seed=[seed],
-  max_len=engine.max_len, options=DecodeOptions(eos_ids=..., stop_sequences=...))`` on that
-  request alone.
+  max_len=engine.max_len, options=DecodeOptions(eos_ids=..., stop_sequences=..., tokenizer=...))``
+  on that request alone.
 - Paged memory (``kv_tokens``): the cache is a ``paged.PagedKVCache`` pool of ``kv_tokens /
   page_size`` pages of ``page_size`` slots, and a request holds only the pages its tokens fill,
   allocated page by page before each call for the slots that call can write (its prefill chunk
@@ -65,7 +65,7 @@ from flax import nnx
 
 from decodelab.cache import check_kind
 from decodelab.checks import (check_memory, check_model, check_size, is_int, kv_cache_bytes, nbytes,
-                              position_limit)
+                              position_limit, tokenizer_size)
 from decodelab.decode.generation import DecodeState
 from decodelab.decode.request import LENGTH, bucket_length, check_eos, decode_buffers, token_ids
 from decodelab.serving import slot_prefill
@@ -101,6 +101,9 @@ class SlotEngine:
           rounds of the running slots (chunked prefill, as in Sarathi-Serve): a long prompt then
           delays the running requests' next tokens by one chunk per call instead of by its whole
           prefill.
+        tokenizer: the model's tokenizer, if known: ids past its size (a padded vocabulary's
+          padding) are never sampled, as in ``generate``; one with more ids than the model is
+          refused.
 
     Raises ValueError before anything is allocated when the ``num_slots x max_len`` cache and
     buffers need more than the memory limit (``checks.check_memory``).
@@ -135,6 +138,8 @@ class SlotEngine:
                                  f"{kv_tokens!r}), got {kv_cache!r}")
             self._memory = PagedMemory(kv_tokens, page_size, self.num_slots, self.max_len)
         self.vocab_size = model.config.vocab_size
+        self.tokenizer_size = tokenizer_size("options.tokenizer", options.tokenizer,
+                                             self.vocab_size)
         eos_mask = check_eos(options.eos_ids, self.vocab_size)
         # The shared state holds max_len output columns per slot; a prefill is up to every slot.
         buffers = decode_buffers(model.config, self.num_slots, self.max_len, self.max_len, 0)
@@ -205,7 +210,7 @@ class SlotEngine:
             except ValueError as error:
                 return str(error)
         try:
-            request.params.per_row(1, self.vocab_size)
+            request.params.per_row(1, self.vocab_size, self.tokenizer_size)
         except ValueError as error:
             return f"params: {error}"
         return None
@@ -284,7 +289,7 @@ class SlotEngine:
             slot = free[0]
         elif not is_int(slot) or slot not in free:
             raise ValueError(f"slot must be a free slot, one of {free}, got {slot!r}")
-        params = request.params.per_row(1, self.vocab_size)
+        params = request.params.per_row(1, self.vocab_size, self.tokenizer_size)
         slot = int(slot)
         resumed = self._resumed(request) and self._resume.pop(request.id)
         self._slots[slot] = Slot.admit(request, params, resumed)

@@ -57,7 +57,7 @@ from flax import nnx
 
 from decodelab.cache import check_kind, init_cache, max_rewind
 from decodelab.cache.dense import KVCache
-from decodelab.checks import check_model, check_size
+from decodelab.checks import check_model, check_size, tokenizer_size
 from decodelab.decode.loop import CompiledLoop
 from decodelab.decode.output import GenerateOutput, finish_output, host_output
 from decodelab.decode.request import (DecodeOptions, OutputSpec, RowInputs, check_request,
@@ -256,7 +256,8 @@ def speculative_generate(
           python_loop, raise_on_error: as in ``generate``; the logprobs, top logprobs and
           entropy are those of the target's sampling distribution.
         tokenizer, draft_tokenizer: the models' tokenizers; when both are given they must be
-          the same (``tokenizer`` also serves ``stop_strings``).
+          the same (``tokenizer`` also serves ``stop_strings``). Ids past its size (a padded
+          vocabulary's padding) are never sampled, as in ``generate``.
         max_len: cache slots per row, for both models. Default: the prompt bucket plus
           ``max_new_tokens`` plus ``gamma``, capped by the smaller position table. Every prompt
           needs room for one round: ``len(prompt) + gamma <= max_len``. ``max_new_tokens`` is
@@ -274,6 +275,9 @@ def speculative_generate(
     gamma = check_size("gamma", gamma, 1)
     V = target.config.vocab_size
     request = check_request(V, prompts, params, max_new_tokens, seed, o)
+    if request.tokenizer_size is None:  # the draft's tokenizer, the same, masks the padding
+        request = dataclasses.replace(
+            request, tokenizer_size=tokenizer_size("draft_tokenizer", o.draft_tokenizer, V))
     S, N, gamma = speculative_sizes(request, gamma, o.max_len, target,
                                     None if isinstance(draft, Drafter) else draft)
     _check_rewind_depth(gamma, o.kv_cache)

@@ -34,7 +34,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
 from decodelab import sharding
-from decodelab.checks import check_bool, check_int, check_path
+from decodelab.checks import check_bool, check_int, check_path, tokenizer_size
 from decodelab.compress.quantization import describe as describe_quantization
 from decodelab.compress.quantization import restructure
 from decodelab.config import ModelConfig
@@ -60,10 +60,7 @@ def open_manager(directory, *, max_to_keep: int | None = 3, read_only: bool = Fa
 
 def make_meta(cfg: ModelConfig, tokenizer: Tokenizer | PretrainedTokenizer, step: int,
               **extra: Any) -> dict[str, Any]:
-    if tokenizer.vocab_size != cfg.vocab_size:
-        raise ValueError(f"tokenizer must have the model's vocabulary, got a tokenizer of "
-                         f"vocab_size={tokenizer.vocab_size} for a model of vocab_size="
-                         f"{cfg.vocab_size}; save the model with the tokenizer it was built for")
+    tokenizer_size("tokenizer", tokenizer, cfg.vocab_size)  # at most the model's: may be padded
     if isinstance(tokenizer, PretrainedTokenizer):
         saved = {"pretrained_tokenizer": tokenizer.to_json()}
     else:
@@ -243,14 +240,15 @@ def save_checkpoint(path, model: Transformer, tokenizer: Tokenizer | PretrainedT
     A directory that already holds a checkpoint is refused unless ``overwrite=True``, which
     replaces that checkpoint atomically: the new one is written beside it (in ``.<name>.new``)
     and then takes its place, so a crash midway leaves the old checkpoint intact. A directory
-    holding other files besides a checkpoint is never replaced."""
-    path = check_path("path", path, "directory", write=True).absolute()
+    holding other files besides a checkpoint is never replaced. The model's vocabulary may be
+    padded past the tokenizer's (``checks.tokenizer_size``), never smaller."""
     check_int("step", step, 0)
     check_bool("overwrite", overwrite)
     quantization = describe_quantization(model)
     if quantization:
         extra = {**extra, "quantization": quantization}
-    meta = make_meta(model.config, tokenizer, step, **extra)
+    meta = make_meta(model.config, tokenizer, step, **extra)  # checked before anything is written
+    path = check_path("path", path, "directory", write=True).absolute()
     entries = sorted(p.name for p in path.iterdir())
     held = sorted(int(name) for name in entries if name.isdigit())
     if held and not overwrite:
@@ -302,6 +300,10 @@ def load_checkpoint(path, *, step: int | None = None
     damaged part and its file. Without ``step``, a damaged latest step falls back to the latest
     intact one with a warning (a training run keeps several steps); with ``step``, there is no
     fallback.
+
+    The model's vocabulary may be padded past the tokenizer's (``model.config.vocab_size`` >=
+    ``tokenizer.vocab_size``): pass the tokenizer to generation (``DecodeOptions(tokenizer=...)``,
+    ``EngineOptions(tokenizer=...)``) and the padded ids are never sampled.
     """
     path = check_path("path", path, "directory", what="checkpoint ")
     manager = open_manager(path, read_only=True)
