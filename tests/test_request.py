@@ -9,10 +9,11 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
-from standins import Uniform
+from standins import NextToken, Uniform
 
 import decodelab as dl
 from decodelab.decode import output, request
+from decodelab.measure import compiles
 from decodelab.serving import EngineOptions, Request, SlotEngine
 
 V = 512
@@ -160,6 +161,25 @@ def test_a_default_max_len_past_int32_is_refused(uniform):
     with pytest.raises(ValueError,
                        match=r"max_len \(default: .*\) is 2147483664, past 2\*\*31 - 1"):
         dl.generate(uniform, [[1]], GREEDY, 2**31 - 1)
+
+
+# --- Buckets --------------------------------------------------------------------------------------
+
+
+def test_speculative_decoding_and_beam_search_compile_once_per_bucket():
+    """Budgets 9, 12 and 16 (one output width) with 3 or 4 prompts (one row bucket): each loop
+    compiles once, on a stand-in of its own vocabulary (no other test's program is reused), and
+    each output is cut back to its own prompts and budget."""
+    model = NextToken(vocab_size=27)
+    with compiles.count_compiles() as counts:
+        for n, b in [(9, 3), (12, 4), (16, 3)]:
+            prompts = [[i] for i in range(b)]
+            spec = dl.speculative_generate(model, dl.NgramDrafter(), prompts, GREEDY, 2, n)
+            beams = dl.beam_search(model, prompts, 2, n)
+            assert spec.token_lists() == [[(i + 1 + k) % 27 for k in range(n)] for i in range(b)]
+            assert spec.stats.accepted_per_round.shape == (b, n)
+            assert beams.best() == spec.token_lists()
+    assert counts["_speculative_loop"] == 1 and counts["_beam_loop"] == 1
 
 
 # --- One table ------------------------------------------------------------------------------------
