@@ -25,8 +25,9 @@ Conventions (every caller relies on them):
   ``constrain_inputs`` so that every program that runs the model (generate, speculative decoding,
   beam search, the serving engine, training) lays its token block over ``data`` and its KV cache
   over ``data`` and its KV heads over ``model`` (``cache_spec``) without knowing about meshes. A
-  batch of one row (a serving engine prefilling one request) is replicated over ``data``; any
-  other batch must be divisible by the ``data`` axis.
+  batch of one row is replicated over ``data``; any other batch must be divisible by the
+  ``data`` axis: the decoders and the serving engine pad their rows to a multiple of it
+  (``data_size``), with padding rows that are never returned.
 - The KV cache layout is named by ``CACHE_LAYOUT`` (one letter per dimension, DESIGN.md's
   letters: head-major ``"LBKSH"``, as ``cache.py`` stores it); ``cache_spec`` derives the
   PartitionSpec from it. Every cache variant (float, quantized with its scales, beam search's
@@ -225,6 +226,13 @@ def place_like(source: nnx.Module, result: nnx.Module) -> nnx.Module:
 def mesh_of(model: nnx.Module) -> Mesh | None:
     """The mesh ``shard`` placed ``model`` on, or None for a model on one device."""
     return getattr(model, "mesh", None)
+
+
+def data_size(model: nnx.Module) -> int:
+    """Devices along the ``data`` axis of ``model``'s mesh, 1 for a model on one device: the rows
+    of every batch it runs are padded to a multiple of it (``cache.bucket_rows``)."""
+    mesh = mesh_of(model)
+    return 1 if mesh is None else _axis_size(mesh, "data")
 
 
 def cache_spec(cfg: ModelConfig, mesh: Mesh, batch_size: int,

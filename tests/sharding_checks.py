@@ -42,7 +42,7 @@ import decodelab as dl  # noqa: E402
 from decodelab import sampling, sharding  # noqa: E402
 from decodelab.cache.dense import KVCache  # noqa: E402
 from decodelab.decode import generation as decode
-from decodelab.decode import request
+from decodelab.decode import request, shapes
 from decodelab.serving import Request, SlotEngine  # noqa: E402
 from decodelab.text import data
 from decodelab.train import checkpoint  # noqa: E402
@@ -187,7 +187,9 @@ def programs() -> dict:
     lap("sampled")
     # the cache and the decode loop's parameters stay sharded: no all-gather of their size
     graphdef, weights = nnx.split(smodel)
-    block, lengths = request.prompt_block([np.asarray(r, np.int32) for r in rows], 32)
+    block, lengths = shapes.prompt_block([np.asarray(r, np.int32) for r in rows],
+                                         shapes.Shapes(rows=B, padded_rows=B, columns=STEPS,
+                                                       max_len=32))
     inputs = request.RowInputs(prompt_lengths=lengths, keys=sampling.batch_keys(0, B),
                                params=greedy.per_row(B, 512), eos_mask=np.zeros((512,), bool),
                                stop_ids=np.full((0, 1), -1, np.int32))
@@ -220,6 +222,8 @@ def programs() -> dict:
     out["beam"] = {"tokens_equal": bool((got.tokens == ref_beam.tokens).all()),
                    "max_score_diff": float(np.abs(got.scores - ref_beam.scores).max())}
     lap("beam")
+    out["padded"] = padded(model, rows, ref, (sampled, ref_sampled))
+    lap("padded batches")
     # one training step, data and tensor parallel
     # Plain gradient descent: the update is the gradient times 0.1, so comparing parameters
     # compares the partitioned gradients (Adam's first step moves each parameter by about +-lr
@@ -284,8 +288,37 @@ def programs() -> dict:
         "mesh_too_large": error_message(lambda: sharding.make_mesh(4, 4)),
         "heads": error_message(lambda: sharding.shard(model_of(config(n_heads=4, head_dim=16)),
                                                       sharding.make_mesh(1, 8))),
-        "batch": error_message(lambda: dl.generate(smodel, rows[:3], greedy, 2)),
     }
+    return out
+
+
+def padded(model: dl.Transformer, rows: list[list[int]], ref, sampled_ref) -> dict:
+    """Batches of 2 and 6 on a data axis of 4 (padded to 4 and 8 rows, the padding never
+    returned) against one device: generate (greedy, and sampled with seed 7: ``sampled_ref`` is
+    the parameters and the output of the 8-row batch, whose row r draws as row r of any batch),
+    speculative decoding, beam search, and an engine of 6 slots."""
+    smodel = sharding.shard(model, sharding.make_mesh(4, 2))
+    greedy, (sampled, ref_sampled) = dl.SamplingParams.greedy(), sampled_ref
+    out = {}
+    for B in (2, 6):
+        got = dl.generate(smodel, rows[:B], greedy, STEPS, max_len=32)
+        got_sampled = dl.generate(smodel, rows[:B], sampled, STEPS, seed=7, max_len=32)
+        spec = dl.speculative_generate(smodel, dl.NgramDrafter(), rows[:B], greedy, 3, STEPS)
+        beam = dl.beam_search(smodel, rows[:B], 2, STEPS, max_len=32)
+        ref_beam = dl.beam_search(model, rows[:B], 2, STEPS, max_len=32)
+        out[f"batch {B}"] = {
+            "shape": list(got.tokens.shape),
+            "generate": bool((got.tokens == ref.tokens[:B]).all()),
+            "sampled": bool((got_sampled.tokens == ref_sampled.tokens[:B]).all()),
+            "speculative": bool((spec.tokens == ref.tokens[:B]).all()),
+            "beam": bool((beam.tokens == ref_beam.tokens).all()),
+            "beam_shape": list(beam.tokens.shape)}
+    requests = [Request(id=i, prompt=tuple(r), max_new_tokens=STEPS) for i, r in enumerate(rows)]
+    engine = SlotEngine(smodel, num_slots=6, max_len=32)
+    done = engine.run(requests, n=4)
+    out["engine"] = {"slots": len(engine.free_slots), "rows": engine.state.tokens.shape[0],
+                     "tokens_equal": all(done[i].tokens == ref.tokens[i].tolist()
+                                         for i in range(len(rows)))}
     return out
 
 

@@ -327,6 +327,44 @@ def test_stop_strings_with_a_padded_vocabulary_decode_only_the_tokenizers_ids(pa
     assert out.token_lists() == [[597, 598, 599, 0]] and out.finish_reason == ["stop"]
 
 
+def test_a_sweep_of_budgets_and_batch_sizes_compiles_once_per_bucket():
+    """max_new_tokens 1..64 (one row), then batch sizes 1..8 (one new token each), on a stand-in
+    of its own vocabulary (no other test's program is reused): the output buffers and the batch
+    are padded to buckets, so each program compiles once per bucket touched, widths 8, 16, 32,
+    64 and rows 1, 2, 4, 8 with the one-row width-8 program shared: 7, not 72. Each output is
+    cut back to its own rows and columns. (Not the 64 x 8 cross product: each axis is bucketed
+    alone, and the cross product would cost minutes.)"""
+    V = 29
+    model = NextToken(vocab_size=V)
+    with compiles.count_compiles() as counts:
+        for n in range(1, 65):
+            out = run(model, [[3]], n)
+            assert out.tokens.tolist() == [[(4 + i) % V for i in range(n)]]
+            assert out.finish_reason == ["length"]
+        for b in range(1, 9):
+            out = run(model, [[i] for i in range(b)], 1)
+            assert out.tokens.tolist() == [[i + 1] for i in range(b)]
+    assert counts["_decode_loop"] == 7 and counts["prefill"] == 7
+
+
+def test_padding_rows_and_columns_change_no_row(tiny, mixed_batch):
+    """Three of the mixed batch's requests with a budget of 5 run as 4 rows of 8 columns, the
+    mixed batch's own shapes, so they reuse its programs; the padding is cut from the output and
+    each row's tokens and log-probabilities are the unpadded batch's, for per-request seeds and
+    for one seed (row r draws from fold_in(key(seed), r) whatever the padding)."""
+    rows = [0, 1, 2]
+    with compiles.count_compiles() as counts:
+        out = run(tiny, PROMPTS[:3], 5, _row(MIXED, rows), seed=SEEDS[:3], options=TOP_2)
+    assert counts["_decode_loop"] == 0 and counts["prefill"] == 0
+    assert out.tokens.shape == (3, 5) and out.top_logprobs.shape == (3, 5, 2)
+    np.testing.assert_array_equal(out.tokens, mixed_batch.tokens[:3, :5])
+    np.testing.assert_allclose(out.logprobs, mixed_batch.logprobs[:3, :5], rtol=0, atol=1e-5)
+    one_seed = run(tiny, PROMPTS, 8, MIXED, seed=5)
+    padded = run(tiny, PROMPTS[:3], 5, _row(MIXED, rows), seed=5)
+    np.testing.assert_array_equal(padded.tokens, one_seed.tokens[:3, :5])
+    assert (padded.tokens != out.tokens).any()  # the seeds matter: this compares sampled rows
+
+
 # --- Bad input ------------------------------------------------------------------------------------
 
 

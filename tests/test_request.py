@@ -9,10 +9,11 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
-from standins import Uniform
+from standins import NextToken, Uniform
 
 import decodelab as dl
 from decodelab.decode import output, request
+from decodelab.measure import compiles
 from decodelab.serving import EngineOptions, Request, SlotEngine
 
 V = 512
@@ -156,8 +157,29 @@ def test_a_beam_length_penalty_past_float32_is_refused(uniform):
 
 
 def test_a_default_max_len_past_int32_is_refused(uniform):
-    with pytest.raises(ValueError, match=r"max_len \(default: .*\) is 2147483663, past 2\*\*31 - 1"):
+    # the prompt bucket 16 plus the budget's bucket 2**31
+    with pytest.raises(ValueError,
+                       match=r"max_len \(default: .*\) is 2147483664, past 2\*\*31 - 1"):
         dl.generate(uniform, [[1]], GREEDY, 2**31 - 1)
+
+
+# --- Buckets --------------------------------------------------------------------------------------
+
+
+def test_speculative_decoding_and_beam_search_compile_once_per_bucket():
+    """Budgets 9, 12 and 16 (one output width) with 3 or 4 prompts (one row bucket): each loop
+    compiles once, on a stand-in of its own vocabulary (no other test's program is reused), and
+    each output is cut back to its own prompts and budget."""
+    model = NextToken(vocab_size=27)
+    with compiles.count_compiles() as counts:
+        for n, b in [(9, 3), (12, 4), (16, 3)]:
+            prompts = [[i] for i in range(b)]
+            spec = dl.speculative_generate(model, dl.NgramDrafter(), prompts, GREEDY, 2, n)
+            beams = dl.beam_search(model, prompts, 2, n)
+            assert spec.token_lists() == [[(i + 1 + k) % 27 for k in range(n)] for i in range(b)]
+            assert spec.stats.accepted_per_round.shape == (b, n)
+            assert beams.best() == spec.token_lists()
+    assert counts["_speculative_loop"] == 1 and counts["_beam_loop"] == 1
 
 
 # --- One table ------------------------------------------------------------------------------------
@@ -227,13 +249,14 @@ def test_set_memory_limit_returns_the_previous_setting_and_none_restores_the_def
 def test_a_cache_past_the_memory_limit_is_refused_stating_its_size(uniform, one_gib_limit,
                                                                    monkeypatch):
     """Uniform's cache holds 2 x 4 bytes per slot: max_len 10**9 is 8e9 bytes of cache, 4e9 of
-    token buffer, a [1, 16, 512] float32 prefill block and 4 logprobs."""
+    token buffer, a [1, 16, 512] float32 prefill block and 8 logprobs (4 new tokens: the
+    bucket of 8 columns)."""
     allocation_forbidden(monkeypatch)
     with pytest.raises(ValueError) as error:
         dl.generate(uniform, [[1]], GREEDY, 4, max_len=10**9)
     assert str(error.value) == (
         "generate with len(prompts)=1, max_new_tokens=4, max_len=1000000000 needs 11.2 GiB "
-        "(KV cache 7.5 GiB, token buffer 3.7 GiB, prefill logits 32.0 KiB, logprobs 16 B), more "
+        "(KV cache 7.5 GiB, token buffer 3.7 GiB, prefill logits 32.0 KiB, logprobs 32 B), more "
         "than the memory limit of 1.0 GiB (set by set_memory_limit); lower len(prompts) or "
         "max_new_tokens or max_len, or raise the limit with decodelab.set_memory_limit")
 
@@ -323,14 +346,15 @@ def test_beam_max_new_tokens_is_clamped_to_the_room_after_the_shortest_prompt(un
     assert out.lengths.tolist() == [[5, 5], [7, 7]]
 
 
-def test_speculative_gamma_is_capped_at_max_new_tokens(uniform, monkeypatch):
-    """gamma = 10**6 with 4 new tokens drafts 4 per round; the output is greedy's (token 0)."""
+def test_speculative_gamma_is_capped_at_the_max_new_tokens_bucket(uniform, monkeypatch):
+    """gamma = 10**6 with 4 new tokens drafts 8 per round (the budget's bucket, so that another
+    budget in it compiles nothing); the output is greedy's (token 0), 4 tokens."""
     from decodelab.speculative import generation as speculative
 
-    sizes_at_most(monkeypatch, speculative, "initial_state", 24)
-    sizes_at_most(monkeypatch, speculative, "prefill", 24)
+    sizes_at_most(monkeypatch, speculative, "initial_state", 32)
+    sizes_at_most(monkeypatch, speculative, "prefill", 32)
     out = dl.speculative_generate(uniform, dl.NgramDrafter(), [[1, 2, 3]], GREEDY, 10**6, 4)
-    assert out.stats.gamma == 4 and out.stats.tested_by_position.shape == (1, 4)
+    assert out.stats.gamma == 8 and out.stats.tested_by_position.shape == (1, 8)
     assert out.token_lists() == [[0, 0, 0, 0]]
 
 

@@ -268,8 +268,23 @@ def test_bad_meshes_are_errors_naming_the_axis(checks):
     # 4 query heads on a model axis of 8 (the first parameter that splits them reports it)
     assert re.fullmatch(r"mesh axis 'model' has size 8, which does not divide dimension \d "
                         r"\(size 4\) of blocks/0/attn/[qo]/kernel .*", errors["heads"])
-    assert errors["batch"].startswith("mesh axis 'data' has size 2, which does not divide the "
-                                      "batch size 3")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch", [2, 6])
+def test_a_batch_the_data_axis_does_not_divide_is_padded_and_equals_one_device(checks, batch):
+    """On a data axis of 4, 2 and 6 prompts run as 4 and 8 rows; the padding rows are never
+    returned, and every decoder gives one device's tokens (a sampled row r draws as row r of a
+    batch of 8: the padding changes no row's key)."""
+    result = checks["programs"]["padded"][f"batch {batch}"]
+    assert result == {"shape": [batch, 6], "generate": True, "sampled": True,
+                      "speculative": True, "beam": True, "beam_shape": [batch, 2, 6]}
+
+
+@pytest.mark.slow
+def test_an_engine_of_6_slots_on_a_data_axis_of_4_serves_like_one_device(checks):
+    assert checks["programs"]["padded"]["engine"] == {"slots": 6, "rows": 8,
+                                                      "tokens_equal": True}
 
 
 @pytest.mark.slow

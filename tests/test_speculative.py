@@ -420,8 +420,8 @@ def learned_draft(tiny_config):
     ("gamma 2.0", dict(gamma=2.0), r"gamma must be an int >= 1, got 2.0"),
     ("gamma too large", dict(gamma=5, options=SpeculativeOptions(max_len=20),
                              prompts=[[1] * 17, [1]]),
-     r"gamma=4 is too large for the cache: prompts\[0\] has 17 tokens and one round needs "
-     r"len\(prompt\) \+ gamma = 21 slots, but max_len is 20"),
+     r"gamma=5 is too large for the cache: prompts\[0\] has 17 tokens and one round needs "
+     r"len\(prompt\) \+ gamma = 22 slots, but max_len is 20"),
     ("vocabularies", dict(draft="other vocab"),
      r"draft must have the target's vocabulary: draft vocab_size 256, target vocab_size 512"),
     ("tokenizers", dict(options=SpeculativeOptions(tokenizer=FakeTokenizer("a"),

@@ -17,9 +17,9 @@ from decodelab.cache.paged import PagedKVCache, pages_for
 from decodelab.cache.kinds import KINDS, bytes_per_token, check_kind, init_cache, max_rewind
 
 # Bucket lengths
-from decodelab.cache.buckets import bucket_length
+from decodelab.cache.buckets import bucket_length, bucket_rows, round_up
 
 __all__ = ["BeamCache", "Cache", "CacheWrapper", "FloatTail", "KINDS", "KVCache", "Kivi",
            "KiviKVCache", "PagedKVCache", "QuantizedKVCache", "RowView", "bucket_length",
-           "bytes_per_token", "cache_dtype", "check_kind", "init_cache", "max_rewind",
-           "pages_for"]
+           "bucket_rows", "bytes_per_token", "cache_dtype", "check_kind", "init_cache",
+           "max_rewind", "pages_for", "round_up"]

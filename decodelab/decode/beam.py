@@ -26,8 +26,10 @@ Conventions (every caller relies on them):
   ``logprob / lp(budget)``. The pool cannot change after that, so stopping early changes no output.
 - Ties go to the lower beam index, then the lower token id. Prompts never interact: a prompt's
   hypotheses do not depend on its batch-mates or its position in the batch.
-- The programs compile once per (prompts, prompt bucket, ``W``, ``max_new_tokens``, ``max_len``);
-  prompt lengths, EOS ids, ``alpha`` and ``min_new_tokens`` are array values. ``BEAM_LOOP`` runs
+- The programs compile once per (batch bucket, prompt bucket, ``W``, output width, ``max_len``):
+  the prompts and the output columns are padded to ``request``'s buckets (padding prompts are
+  born done, with a budget of 0, and cut from the output); prompt lengths, budgets, EOS ids,
+  ``alpha`` and ``min_new_tokens`` are array values. ``BEAM_LOOP`` runs
   the steps compiled or, with ``python_loop``, as their Python twin.
 - Finish codes are ``request``'s table: a hypothesis ends with ``EOS`` or ``LENGTH``, and an empty
   slot of the n-best list is ``NO_HYPOTHESIS`` (finish reason "none").
@@ -50,9 +52,10 @@ from decodelab.checks import (check_bool, check_memory, check_model, check_numbe
                               is_int, nbytes, position_limit)
 from decodelab.decode.loop import CompiledLoop
 from decodelab.decode.request import (EOS, FINISH_REASONS, LENGTH, NO_HYPOTHESIS, PAD_TOKEN,
-                                      BeamOptions, bucket_length, check_eos, check_prompts,
-                                      clamp_new_tokens, prompt_block, resolve_max_len)
+                                      BeamOptions, check_eos, check_prompts)
+from decodelab.decode.shapes import Shapes, batch_shapes, prompt_block
 from decodelab.decode.state import LoopState
+from decodelab.sharding import data_size
 
 
 @struct.dataclass(kw_only=True)
@@ -192,7 +195,7 @@ class BeamInputs:
     """What each prompt row of a beam search starts with, beside its tokens."""
 
     prompt_lengths: jax.Array  # [B] int32
-    budgets: jax.Array  # [B] int32, new tokens each prompt may take
+    budgets: jax.Array  # [B] int32, new tokens each prompt may take (0: a padding row)
     eos_mask: jax.Array  # [V] bool
     alpha: jax.Array  # [] float32, the length penalty's exponent
     min_new_tokens: jax.Array  # [] int32
@@ -221,7 +224,7 @@ def beam_prefill(weights, block, rows: BeamInputs, *, graphdef, width, max_len, 
         budgets=budgets,
         min_new_tokens=min_new_tokens,
         lengths=jnp.zeros((B,), jnp.int32),
-        done=jnp.zeros((B,), bool),
+        done=budgets == 0,  # padding rows are born done
         cache=BeamCache.from_prompts(cache, W),
         logits=last[beams],
         tokens=jnp.full((B, W, N), PAD_TOKEN, jnp.int32),
@@ -266,11 +269,12 @@ class BeamSearchOutput:
         return [hypotheses[0] for hypotheses in self.token_lists()]
 
 
-def _output(state: BeamState, num_return: int) -> BeamSearchOutput:
+def _output(state: BeamState, num_return: int, shapes: Shapes) -> BeamSearchOutput:
+    """The n-best lists of the real prompts, in ``shapes.columns`` columns."""
+    B, R, N = shapes.rows, num_return, shapes.columns
     tokens, lengths, scores, logprobs, reasons = jax.device_get(
-        (state.pool_tokens, state.pool_lengths, state.pool_scores, state.pool_logprobs,
-         state.pool_reasons))
-    R = num_return
+        (state.pool_tokens[:B, :, :N], state.pool_lengths[:B], state.pool_scores[:B],
+         state.pool_logprobs[:B], state.pool_reasons[:B]))
     if np.isnan(scores).any():
         bad = sorted({int(b) for b in np.argwhere(np.isnan(scores))[:, 0]})
         raise ValueError(f"beam search failed for prompts {bad}: the model's logits hold NaN")
@@ -325,8 +329,8 @@ def beam_search(
         prompt (no hypothesis can be longer), which sets the output's column count.
       length_penalty: GNMT's alpha in [0, 4]; hypotheses are ranked by log-probability over
         ``((5 + length) / 6) ** alpha`` (0: by log-probability; larger favours longer outputs).
-      max_len: cache slots per row (prompt + output). Default: the prompt bucket plus
-        ``max_new_tokens``, at most the model's position table if it has one.
+      max_len: cache slots per row (prompt + output). Default: the prompt bucket plus the
+        bucket of ``max_new_tokens``, at most the model's position table if it has one.
       kv_cache: None (a float cache) or "int8" (module docstring; "int4" is refused).
       options: a ``BeamOptions``, the rarer arguments:
         num_return: hypotheses returned per prompt, in ``[1, width]``; default ``width``.
@@ -356,18 +360,19 @@ def beam_search(
     min_new = check_size("min_new_tokens", options.min_new_tokens, 0)
     check_bool("python_loop", options.python_loop)
     check_kind("kv_cache", kv_cache, shared_by="beam search")
-    longest = max(len(r) for r in rows)
-    S = resolve_max_len(max_len, rows, bucket_length(longest) + N, position_limit(model))
-    N = clamp_new_tokens(N, rows, S)
-    check_memory("beam_search", _buffers(model.config, len(rows), W, S, N, kv_cache),
+    shapes = batch_shapes(rows, N, max_len, position_limit(model), data_size(model))
+    S, N = shapes.max_len, shapes.columns
+    check_memory("beam_search", _buffers(model.config, shapes.padded_rows, W, S, shapes.width,
+                                         kv_cache),
                  {"len(prompts)": len(rows), "width": W, "max_new_tokens": N, "max_len": S})
 
-    block, lengths = prompt_block(rows, S)
-    budgets = np.minimum(N, S - lengths).astype(np.int32)
+    block, lengths = prompt_block(rows, shapes)
+    real = np.arange(shapes.padded_rows) < shapes.rows
+    budgets = np.where(real, np.minimum(N, S - lengths), 0).astype(np.int32)
     graphdef, weights = nnx.split(model)
-    rows = BeamInputs(prompt_lengths=lengths, budgets=budgets, eos_mask=eos_mask,
-                      alpha=np.float32(alpha), min_new_tokens=np.int32(min_new))
-    state = beam_prefill(weights, block, rows, graphdef=graphdef, width=W, max_len=S,
-                         max_new_tokens=N, kv_cache=kv_cache)
+    inputs = BeamInputs(prompt_lengths=lengths, budgets=budgets, eos_mask=eos_mask,
+                        alpha=np.float32(alpha), min_new_tokens=np.int32(min_new))
+    state = beam_prefill(weights, block, inputs, graphdef=graphdef, width=W, max_len=S,
+                         max_new_tokens=shapes.width, kv_cache=kv_cache)
     state = BEAM_LOOP.run(weights, state, python_loop=options.python_loop, graphdef=graphdef)
-    return _output(state, R)
+    return _output(state, R, shapes)

@@ -8,9 +8,10 @@ Conventions (every caller relies on them):
   compiled once, in the loop, and the cache holds every token of a running row.
 - Prompts are padded to a power-of-two block (``request.bucket_length``) for one prefill; a row's
   cache advances by its own prompt length only, so padding is never attended. Every other varying
-  input (sampling parameters, seeds, prompt lengths within a bucket) is an array value, so the
-  programs compile once per (batch size, prompt bucket, ``max_new_tokens``, ``max_len``, number
-  and width of stop sequences, output options).
+  input (sampling parameters, seeds, prompt lengths within a bucket, each row's budget) is an
+  array value, so the programs compile once per (batch bucket, prompt bucket, output width,
+  ``max_len``, number and width of stop sequences, output options): the batch and the output
+  are padded to buckets, the padding rows born done and cut from the output (``request``).
 - Sampling is one program for every setting: every processor is traced and skipped at run time
   when no row enables it, and a step whose running rows are all greedy takes the argmax path (no
   softmax, no random numbers) by a ``lax.cond``, in the same program. The counts the penalties
@@ -38,7 +39,6 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx, struct
 
 from decodelab import sampling
@@ -48,11 +48,12 @@ from decodelab.checks import check_memory, check_model, position_limit
 from decodelab.decode.loop import CompiledLoop
 from decodelab.decode.output import GenerateOutput, finish_output, host_output
 from decodelab.decode.request import (BAD_LOGITS, EOS, LENGTH, NO_ALLOWED_TOKEN, RUNNING, STOP,
-                                      DecodeOptions, OutputSpec, RowInputs, bucket_length,
-                                      check_request, clamp_new_tokens, decode_buffers,
-                                      prompt_block, resolve_max_len)
+                                      DecodeOptions, OutputSpec, RowInputs, check_request,
+                                      decode_buffers)
+from decodelab.decode.shapes import batch_shapes, prompt_block, prompt_width
 from decodelab.decode.state import RowState
 from decodelab.sampling.params import SamplingParams
+from decodelab.sharding import data_size
 
 # --- The loop -------------------------------------------------------------------------------------
 
@@ -198,11 +199,12 @@ def generate(
       prompts: one list of token ids per request, of any lengths.
       params: ``SamplingParams``; each field a scalar or one value per prompt.
       max_new_tokens: the output budget per row; clamped to ``max_len`` minus the shortest
-        prompt (no row can generate more), which sets the output's column count.
+        prompt (no row can generate more), which sets the output's column count. A value
+        within a bucket (``request``: 1..8, 9..16, 17..32, ...) compiles nothing new.
       seed: one int per prompt (its output then depends only on its own prompt, parameters and
         seed), or one int s: row r draws from ``fold_in(key(s), r)``.
-      max_len: cache slots per row (prompt + output). Default: the prompt bucket plus
-        ``max_new_tokens``, at most the model's position table if it has one.
+      max_len: cache slots per row (prompt + output). Default: the prompt bucket plus the
+        bucket of ``max_new_tokens``, at most the model's position table if it has one.
       kv_cache: None (a float cache), "int8" (``cache.QuantizedKVCache``: a scale per token
         and kv head) or "int4" (``cache.KiviKVCache``, KIVI's layout: keys per channel over
         groups of 32 slots, values per token, the newest group in float); a ``cache.Kivi``
@@ -227,20 +229,20 @@ def generate(
     check_kind("kv_cache", kv_cache)
     V = model.config.vocab_size
     request = check_request(V, prompts, params, max_new_tokens, seed, options)
-    rows, N = request.rows, request.max_new_tokens
-    longest = max(len(r) for r in rows)
-    S = resolve_max_len(max_len, rows, bucket_length(longest) + N, position_limit(model))
-    N = clamp_new_tokens(N, rows, S)
-    buffers = decode_buffers(model.config, len(rows), S, N, min(bucket_length(longest), S),
-                             request.top_n, request.with_entropy)
-    check_memory("generate", buffers, {"len(prompts)": len(rows), "max_new_tokens": N,
-                                       "max_len": S})
-    block, lengths = prompt_block(rows, S)
+    rows = request.rows
+    shapes = batch_shapes(rows, request.max_new_tokens, max_len, position_limit(model),
+                          data_size(model))
+    S = shapes.max_len
+    buffers = decode_buffers(model.config, shapes.padded_rows, S, shapes.width,
+                             prompt_width(rows, S), request.top_n, request.with_entropy)
+    check_memory("generate", buffers, {"len(prompts)": len(rows),
+                                       "max_new_tokens": shapes.columns, "max_len": S})
+    block, lengths = prompt_block(rows, shapes)
     graphdef, weights = nnx.split(model)
-    state = prefill(weights, block, request.row_inputs(lengths, V), graphdef=graphdef, max_len=S,
-                    outputs=request.outputs(N), kv_cache=kv_cache)
+    state = prefill(weights, block, request.row_inputs(lengths, V, shapes), graphdef=graphdef,
+                    max_len=S, outputs=request.outputs(shapes), kv_cache=kv_cache)
     state = DECODE_LOOP.run(weights, state, python_loop=request.python_loop, graphdef=graphdef)
-    return finish_output(host_output(state), np.asarray(state.finish), request)
+    return finish_output(host_output(state, shapes), state.finish, request)
 
 
 def greedy(model: nnx.Module, prompts: Sequence[Sequence[int]],

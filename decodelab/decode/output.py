@@ -23,6 +23,7 @@ import numpy as np
 
 from decodelab.decode.request import (BAD_LOGITS, FINISH_REASONS, NO_ALLOWED_TOKEN, PAD_TOKEN,
                                       BatchRequest)
+from decodelab.decode.shapes import Shapes
 from decodelab.decode.state import RowState
 
 
@@ -58,14 +59,16 @@ class GenerateOutput:
         return [row[:n].tolist() for row, n in zip(self.tokens, self.lengths)]
 
 
-def host_output(state: RowState) -> GenerateOutput:
-    """The host-side output of a finished loop state (generate's or speculative decoding's): only
-    the output fields come to the host, never the cache. The top logprobs and the entropy are
-    there when the loop recorded them (``OutputSpec``)."""
+def host_output(state: RowState, shapes: Shapes) -> GenerateOutput:
+    """The host-side output of a finished loop state (generate's or speculative decoding's), cut
+    back to the real rows and ``columns`` of ``shapes``: only those rows of the output fields
+    come to the host, never the cache. The top logprobs and the entropy are there when the loop
+    recorded them (``OutputSpec``)."""
+    B, N = shapes.rows, shapes.columns
     (tokens, prompt_lengths, lengths, finish, logprobs, top_logprobs, top_ids, entropy) = (
-        jax.device_get((state.tokens, state.prompt_lengths, state.lengths, state.finish,
-                        state.logprobs, state.top_logprobs, state.top_ids, state.entropy)))
-    N = logprobs.shape[1]
+        jax.device_get((state.tokens[:B], state.prompt_lengths[:B], state.lengths[:B],
+                        state.finish[:B], state.logprobs[:B, :N], state.top_logprobs[:B, :N],
+                        state.top_ids[:B, :N], state.entropy[:B, :N])))
     generated = (lengths - prompt_lengths).astype(np.int32)
     index = np.minimum(prompt_lengths[:, None] + np.arange(N)[None, :], tokens.shape[1] - 1)
     valid = np.arange(N)[None, :] < generated[:, None]
@@ -123,7 +126,8 @@ def cut_at_stop_strings(out: GenerateOutput, stop_strings: Sequence[str],
 def finish_output(out: GenerateOutput, finish: np.ndarray,
                   request: BatchRequest) -> GenerateOutput:
     """Raise for rows that failed (unless the request says not to), then cut rows at their stop
-    strings."""
+    strings. ``finish``: the loop's finish codes, of ``out``'s rows first."""
+    finish = np.asarray(finish)[:len(out.lengths)]
     errors = [i for i, c in enumerate(finish) if c in (BAD_LOGITS, NO_ALLOWED_TOKEN)]
     if errors and request.raise_on_error:
         causes = {BAD_LOGITS: "the model's logits hold NaN or +inf",

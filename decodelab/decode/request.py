@@ -25,6 +25,16 @@ on them):
 - Prompts are padded to a power-of-two block (``bucket_length``) for one prefill, so a new prompt
   length within a bucket does not recompile; ``BatchRequest.row_inputs`` puts the per-row values
   on the device (``RowInputs``), as every loop state starts from them.
+- Nor does a new batch size or ``max_new_tokens``: the compiled shapes are buckets (``Shapes``).
+  The batch is padded to ``cache.bucket_rows`` rows (a power of two, then a multiple of the
+  mesh's ``data`` axis: fewer than twice the rows asked for off a mesh) and the output buffers
+  to ``output_width`` columns (a power of two >= 8, fewer than twice ``max_new_tokens`` past 8:
+  a sweep of 1..64 touches 4 widths); the default ``max_len`` adds the buckets (prompt bucket
+  plus output width), so it does not recompile either. Each row's budget stays an array value
+  (``RowInputs.budgets``). A padding row has a one-token prompt, a budget of 0 and the last real
+  row's parameters and key: it is born done, so it is never sampled, never advances its cache,
+  and the output is cut back to the real rows and ``max_new_tokens`` columns. A row's tokens
+  do not depend on the padding: its key and parameters are computed for the real batch first.
 """
 
 from __future__ import annotations
@@ -42,7 +52,9 @@ from decodelab import sampling
 from decodelab.cache import bucket_length
 from decodelab.checks import (INT32_MAX, check_bool, check_memory, check_size, is_int,
                               kv_cache_bytes, nbytes, position_limit, tokenizer_size)
+from decodelab.decode.shapes import Shapes, batch_shapes, output_width, pad_rows, prompt_width
 from decodelab.sampling.params import SamplingParams
+from decodelab.sharding import data_size
 from decodelab.sampling.processors import RowParams
 
 # Finish codes of a row (DecodeState.finish, SpecState.finish, BeamState.pool_reasons).
@@ -204,6 +216,8 @@ class RowInputs:
     params: RowParams  # [B] per field
     eos_mask: jax.Array  # [V] bool
     stop_ids: jax.Array  # [M, W] int32 (or per row [B, M, W]), right-aligned, -1 before
+    budgets: jax.Array | None = None  # [B] int32, output tokens each row may generate (0: a
+    #   padding row, born done); None: every row the output width
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,16 +244,23 @@ class BatchRequest:
         a compiled function), after every check has passed."""
         return request_keys(self.seeds, len(self.rows))
 
-    def outputs(self, max_new_tokens: int) -> OutputSpec:
-        """What the loop records, in ``max_new_tokens`` columns (the budget after clamping)."""
-        return OutputSpec(max_new_tokens, self.top_n, self.with_entropy)
+    def outputs(self, shapes: Shapes) -> OutputSpec:
+        """What the loop records, in the output width of ``shapes``."""
+        return OutputSpec(shapes.width, self.top_n, self.with_entropy)
 
-    def row_inputs(self, prompt_lengths: np.ndarray, vocab_size: int) -> RowInputs:
-        """The per-row values on the device, the last step after every check has passed (the
-        parameters' per-row checks first: the keys run a compiled function)."""
-        params = self.params.per_row(len(self.rows), vocab_size, self.tokenizer_size)
-        return RowInputs(prompt_lengths=prompt_lengths, keys=self.keys(), params=params,
-                         eos_mask=self.eos_mask, stop_ids=self.stop_block)
+    def row_inputs(self, prompt_lengths: np.ndarray, vocab_size: int,
+                   shapes: Shapes) -> RowInputs:
+        """The per-row values on the device for ``prompt_lengths: [P]`` (``prompt_block``'s,
+        padding rows included), the last step after every check has passed (the parameters'
+        per-row checks first: the keys run a compiled function). Each real row may generate
+        ``shapes.columns`` tokens, a padding row none; its parameters and key are the last real
+        row's, computed for the real batch, so no row's values depend on the padding."""
+        B, P = len(self.rows), len(prompt_lengths)
+        params = pad_rows(self.params.per_row(B, vocab_size, self.tokenizer_size), P)
+        budgets = np.where(np.arange(P) < B, shapes.columns, 0).astype(np.int32)
+        return RowInputs(prompt_lengths=prompt_lengths, keys=pad_rows(self.keys(), P),
+                         params=params, eos_mask=self.eos_mask, stop_ids=self.stop_block,
+                         budgets=budgets)
 
 
 def check_request(vocab_size: int, prompts: Any, params: Any, max_new_tokens: Any, seed: Any,
@@ -281,36 +302,6 @@ def check_request(vocab_size: int, prompts: Any, params: Any, max_new_tokens: An
                         tokenizer_size=usable)
 
 
-def resolve_max_len(max_len: Any, rows: list[np.ndarray], default: int,
-                    limit: int | None) -> int:
-    """Cache slots per row: ``max_len``, or ``default`` capped by the position table ``limit``;
-    every prompt must be shorter than it."""
-    if max_len is None:
-        S = min(default, limit) if limit else default
-        source = "max_len (default: prompt bucket + max_new_tokens, capped by the position table)"
-        if S > INT32_MAX:
-            raise ValueError(f"{source} is {S}, past 2**31 - 1 (cache lengths are int32); give a "
-                             f"smaller max_new_tokens or a max_len")
-    else:
-        S = check_size("max_len", max_len, 2)
-        source = "max_len"
-        if limit and S > limit:
-            raise ValueError(f"max_len must be <= {limit}, the model's position table "
-                             f"(max_seq_len), got {S}")
-    for i, r in enumerate(rows):
-        if len(r) >= S:
-            raise ValueError(f"prompts[{i}] has {len(r)} tokens but {source} is {S}; a prompt "
-                             f"must be shorter than max_len to leave room for output")
-    return S
-
-
-def clamp_new_tokens(max_new_tokens: int, rows: list[np.ndarray], max_len: int) -> int:
-    """The output columns a call needs: ``max_new_tokens``, at most the room ``max_len`` leaves
-    after the shortest prompt. A row stops at ``max_len`` anyway, so clamping changes no output
-    and keeps a huge budget from sizing buffers nothing can fill."""
-    return min(max_new_tokens, max_len - min(len(r) for r in rows))
-
-
 def decode_buffers(cfg: Any, batch_size: int, max_len: int, max_new_tokens: int,
                    prompt_len: int, top_n: int = 0, with_entropy: bool = False) -> dict[str, int]:
     """Bytes of the largest buffers of a ``decode.DecodeState`` (also the serving engine's) of
@@ -326,12 +317,12 @@ def decode_buffers(cfg: Any, batch_size: int, max_len: int, max_new_tokens: int,
 
 
 def speculative_sizes(request: BatchRequest, gamma: int, max_len: Any, target: Any,
-                      draft: Any) -> tuple[int, int, int]:
-    """``(max_len, max_new_tokens, gamma)`` of a ``speculative_generate`` call (``draft``: the
-    draft model, None for a model-free drafter): ``max_len`` within both position tables,
-    ``max_new_tokens`` clamped as in ``generate``, ``gamma`` capped at it (proposals past the
-    budget could never be kept), every prompt with room for one round, and the caches and
-    buffers within the memory limit."""
+                      draft: Any) -> tuple[Shapes, int]:
+    """``(shapes, gamma)`` of a ``speculative_generate`` call (``draft``: the draft model, None
+    for a model-free drafter): ``max_len`` within both position tables, ``max_new_tokens``
+    clamped as in ``generate``, ``gamma`` capped at the output width (proposals past the budget
+    could never be kept; the width, not the budget, so that a new budget compiles nothing), every
+    prompt with room for one round, and the caches and buffers within the memory limit."""
     rows, N = request.rows, request.max_new_tokens
     draft_limit = position_limit(draft) if draft is not None else None
     if draft_limit is not None:
@@ -344,31 +335,22 @@ def speculative_sizes(request: BatchRequest, gamma: int, max_len: Any, target: A
             raise ValueError(f"max_len must be <= {draft_limit}, the draft's position table "
                              f"(max_seq_len), got {max_len}")
     known = [x for x in (position_limit(target), draft_limit) if x is not None]
-    T = bucket_length(max(len(r) for r in rows))
-    gamma = min(gamma, N)
-    S = resolve_max_len(max_len, rows, T + N + gamma, min(known) if known else None)
-    N = clamp_new_tokens(N, rows, S)
-    gamma = min(gamma, N)
-    buffers = decode_buffers(target.config, len(rows), S, N, min(T, S), request.top_n,
-                             request.with_entropy)
-    buffers["verify history"] = nbytes((len(rows) * (gamma + 1), S), np.int32)
+    gamma = min(gamma, output_width(N))
+    shapes = batch_shapes(rows, N, max_len, min(known) if known else None,
+                          data_size(target), extra=gamma)
+    S, B = shapes.max_len, shapes.padded_rows
+    gamma = min(gamma, shapes.width)
+    buffers = decode_buffers(target.config, B, S, shapes.width, prompt_width(rows, S),
+                             request.top_n, request.with_entropy)
+    buffers["verify history"] = nbytes((B * (gamma + 1), S), np.int32)
     if draft is not None:
-        buffers["draft KV cache"] = kv_cache_bytes(draft.config, len(rows), S)
+        buffers["draft KV cache"] = kv_cache_bytes(draft.config, B, S)
     check_memory("speculative_generate", buffers, {"len(prompts)": len(rows), "gamma": gamma,
-                                                   "max_new_tokens": N, "max_len": S})
+                                                   "max_new_tokens": shapes.columns,
+                                                   "max_len": S})
     for i, r in enumerate(rows):
         if len(r) + gamma > S:
             raise ValueError(f"gamma={gamma} is too large for the cache: prompts[{i}] has "
                              f"{len(r)} tokens and one round needs len(prompt) + gamma = "
                              f"{len(r) + gamma} slots, but max_len is {S}")
-    return S, N, gamma
-
-
-def prompt_block(rows: list[np.ndarray], max_len: int) -> tuple[np.ndarray, np.ndarray]:
-    """The prompts left-aligned in a ``[B, T]`` block (T: the bucket of the longest, at most
-    ``max_len``), zero-padded, and their lengths ``[B]``."""
-    T = min(bucket_length(max(len(r) for r in rows)), max_len)
-    block = np.zeros((len(rows), T), np.int32)
-    for i, r in enumerate(rows):
-        block[i, :len(r)] = r
-    return block, np.asarray([len(r) for r in rows], np.int32)
+    return shapes, gamma

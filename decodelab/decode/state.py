@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from decodelab import sampling
-from decodelab.decode.request import RUNNING, OutputSpec, RowInputs
+from decodelab.decode.request import LENGTH, RUNNING, OutputSpec, RowInputs
 from decodelab.sampling.processors import RowParams
 
 
@@ -63,16 +63,19 @@ class RowState(LoopState):
               **own: Any) -> RowState:
         """The state before the first step: the prompt block ``[B, T]`` left-aligned in
         ``max_len`` slots, every row running with the whole budget, empty output buffers, and
-        the subclass's ``own`` fields."""
+        the subclass's ``own`` fields. A row with a budget of 0 (a padding row) is born done
+        (finish ``LENGTH``): never sampled, never advanced."""
         B, T = block.shape
+        budgets = (jnp.full((B,), outputs.max_new_tokens, jnp.int32) if rows.budgets is None
+                   else jnp.asarray(rows.budgets, jnp.int32))
         return cls(
             step=jnp.zeros((), jnp.int32),
-            budgets=jnp.full((B,), outputs.max_new_tokens, jnp.int32),
+            budgets=budgets,
             eos_mask=rows.eos_mask,
             tokens=jnp.pad(block, ((0, 0), (0, max_len - T))),
             prompt_lengths=rows.prompt_lengths,
             lengths=rows.prompt_lengths,
-            finish=jnp.full((B,), RUNNING, jnp.int32),
+            finish=jnp.where(budgets > 0, RUNNING, LENGTH).astype(jnp.int32),
             keys=rows.keys,
             params=rows.params,
             stop_ids=rows.stop_ids,

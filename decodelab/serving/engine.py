@@ -63,7 +63,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from decodelab.cache import check_kind
+from decodelab.cache import check_kind, round_up
 from decodelab.checks import (check_memory, check_model, check_size, is_int, kv_cache_bytes, nbytes,
                               position_limit, tokenizer_size)
 from decodelab.decode.generation import DecodeState
@@ -75,6 +75,7 @@ from decodelab.serving.options import EngineOptions
 from decodelab.serving.pool import PagedMemory, PagePool
 from decodelab.serving.requests import Completion, Request, StepResult
 from decodelab.serving.slots import Slot, tokens_after_call
+from decodelab.sharding import data_size
 
 
 class SlotEngine:
@@ -82,7 +83,8 @@ class SlotEngine:
 
     Args:
       model: a ``Transformer`` (or a module with its call signature and a ``config``).
-      num_slots: rows of the shared state (the largest batch).
+      num_slots: requests decoding together (the largest batch). On a mesh the shared state
+        has a multiple of the ``data`` axis rows: the rows past ``num_slots`` are never used.
       max_len: cache slots per row: a request needs ``len(prompt) + max_new_tokens <= max_len``.
         Default: the model's position table (``max_seq_len``).
       kv_cache: as in ``generate``: None (a float cache), "int8", "int4" or a ``cache.Kivi``.
@@ -132,25 +134,29 @@ class SlotEngine:
             raise ValueError(f"prefill_chunk must be None (whole prompts) or an int in [1, "
                              f"max_len={self.max_len}], got {options.prefill_chunk!r}")
         self._memory = None
+        # The state's rows: the slots, padded to a multiple of the mesh's data axis.
+        self._data = data_size(model)
+        self._rows = round_up(self.num_slots, self._data)
         if kv_tokens is not None:
             if kv_cache is not None:
                 raise ValueError(f"kv_cache must be None (float) with paged memory (kv_tokens="
                                  f"{kv_tokens!r}), got {kv_cache!r}")
-            self._memory = PagedMemory(kv_tokens, page_size, self.num_slots, self.max_len)
+            self._memory = PagedMemory(kv_tokens, page_size, self._rows, self.max_len,
+                                       row_multiple=self._data)
         self.vocab_size = model.config.vocab_size
         self.tokenizer_size = tokenizer_size("options.tokenizer", options.tokenizer,
                                              self.vocab_size)
         eos_mask = check_eos(options.eos_ids, self.vocab_size)
         # The shared state holds max_len output columns per slot; a prefill is up to every slot.
-        buffers = decode_buffers(model.config, self.num_slots, self.max_len, self.max_len, 0)
+        buffers = decode_buffers(model.config, self._rows, self.max_len, self.max_len, 0)
         if self._memory is not None:  # the pool instead of num_slots x max_len slots
             buffers["KV cache"] = kv_cache_bytes(model.config, 1, self._memory.tokens)
         buffers["prefill logits"] = nbytes(
-            (self.num_slots, options.prefill_chunk or self.max_len, self.vocab_size), np.float32)
+            (self._rows, options.prefill_chunk or self.max_len, self.vocab_size), np.float32)
         check_memory("SlotEngine", buffers, {"num_slots": self.num_slots,
                                              "max_len": self.max_len})
         self._graphdef, self._weights = nnx.split(model)
-        self._state = empty_state(model.config, self.num_slots, self.max_len, options, eos_mask,
+        self._state = empty_state(model.config, self._rows, self.max_len, options, eos_mask,
                                   kv_cache, None if self._memory is None else
                                   (self._memory.num_pages, self._memory.page_size))
         self._slots: list[Slot | None] = [None] * self.num_slots
@@ -308,9 +314,10 @@ class SlotEngine:
         if not waiting:
             return 0
         chunk, reach = slot_prefill.next_chunk(
-            waiting, num_slots=self.num_slots, max_len=self.max_len,
+            waiting, num_slots=self._rows, max_len=self.max_len,
             prefill_chunk=self.options.prefill_chunk,
-            stop_shape=(self.options.max_stop_sequences, self.options.max_stop_width))
+            stop_shape=(self.options.max_stop_sequences, self.options.max_stop_width),
+            row_multiple=self._data)
         self._state = slot_prefill.prefill_rows(self._weights, self._state, chunk,
                                                 graphdef=self._graphdef, reach=reach)
         for (_, held), count in zip(waiting, chunk.counts):
@@ -335,7 +342,8 @@ class SlotEngine:
             rounds, self._state = advance_rows(self._weights, self._state, rows,
                                                 jnp.asarray(n, jnp.int32),
                                                 graphdef=self._graphdef)
-        starts = np.asarray([s.written if s is not None else 0 for s in self._slots], np.int32)
+        starts = np.zeros((self._rows,), np.int32)
+        starts[:self.num_slots] = [s.written if s is not None else 0 for s in self._slots]
         width = bucket_length(n, minimum=8)  # a few window widths: n itself is traced
         packed = jax.device_get(harvest(self._state, starts, rounds, n=width))  # one transfer
         generated, new_tokens, finished = collect(packed, self._slots, starts, width)

@@ -23,8 +23,8 @@ from collections.abc import Hashable, Iterable, Mapping
 
 import numpy as np
 
+from decodelab.cache import bucket_rows
 from decodelab.checks import is_int
-from decodelab.decode.request import bucket_length
 from decodelab.model.attention import BLOCKING
 from decodelab.serving.paged import check_page_size, pages_for
 
@@ -114,9 +114,11 @@ class PagedMemory:
     of keys and values in pages of ``page_size`` (a power of two dividing the blocked
     attention's block, and ``max_len`` a multiple of it), each slot's block-table row, and the
     policy that decides which pages a slot takes and which request gives its pages back
-    (module docstring). The slots are the pool's owners."""
+    (module docstring). The slots are the pool's owners. A call decodes a number of slots that
+    is a multiple of ``row_multiple`` (a mesh's ``data`` axis)."""
 
-    def __init__(self, kv_tokens: int, page_size: int, num_slots: int, max_len: int):
+    def __init__(self, kv_tokens: int, page_size: int, num_slots: int, max_len: int,
+                 row_multiple: int = 1):
         if not is_int(kv_tokens) or kv_tokens < 1:
             raise ValueError(f"kv_tokens must be None (a max_len cache per slot) or an int "
                              f">= 1 (tokens of KV memory in the pool), got {kv_tokens!r}")
@@ -131,6 +133,7 @@ class PagedMemory:
         self.table = np.full((num_slots, max_len // page_size), self.pool.num_pages, np.int32)
         self._admitted: list[int] = []  # slots holding a request, oldest admission first
         self._changed = False  # the table differs from the one last handed out
+        self._row_multiple = row_multiple
 
     @property
     def num_pages(self) -> int:
@@ -193,12 +196,12 @@ class PagedMemory:
         return preempted
 
     def decode_rows(self) -> np.ndarray | None:
-        """The slots a call decodes: the occupied ones, padded with free slots to a power of two
-        (``R``: a few compiled sizes), increasing; None to decode every slot (``R`` =
-        ``num_slots``)."""
+        """The slots a call decodes: the occupied ones, padded with free slots to
+        ``cache.bucket_rows`` (``R``: a few compiled sizes), increasing; None to decode every
+        slot (``R`` = ``num_slots``)."""
         num_slots = self.table.shape[0]
         occupied = sorted(self._admitted)
-        R = bucket_length(max(len(occupied), 1), minimum=1)
+        R = bucket_rows(max(len(occupied), 1), self._row_multiple)
         if R >= num_slots:
             return None
         free = [i for i in range(num_slots) if i not in self._admitted]

@@ -15,6 +15,7 @@ import numpy as np
 from flax import nnx, struct
 
 from decodelab import sampling
+from decodelab.cache import bucket_rows
 from decodelab.cache.dense import KVCache, RowView
 from decodelab.decode import generation as decode
 from decodelab.decode.generation import DecodeState
@@ -34,8 +35,8 @@ class PrefillChunk:
 
     Row ``i`` holds prompt tokens ``offsets[i] .. offsets[i] + counts[i] - 1`` of the request in
     slot ``rows[i]``, left-aligned in ``block``; ``rows`` increase, and a padding row (there to
-    round ``R`` up to a power of two) has a row index ``>= num_slots`` of its own and writes
-    nothing."""
+    round ``R`` up to ``cache.bucket_rows``) has a row index past the state's rows of its own and
+    writes nothing."""
 
     block: jax.Array  # [R, T] int32, padded with 0
     rows: jax.Array  # [R] int32
@@ -51,16 +52,17 @@ class PrefillChunk:
 
 
 def next_chunk(waiting: Sequence[tuple[int, Slot]], *, num_slots: int,
-               max_len: int, prefill_chunk: int | None, stop_shape: tuple[int, int]
-               ) -> tuple[PrefillChunk, int]:
+               max_len: int, prefill_chunk: int | None, stop_shape: tuple[int, int],
+               row_multiple: int = 1) -> tuple[PrefillChunk, int]:
     """The next chunk of the ``waiting`` slots (``(slot, Slot)`` pairs, slots increasing): at
     most ``prefill_chunk`` tokens of each one's sequence (None: the rest), in a block of ``R``
-    rows (the count rounded up to a power of two; padding rows repeat the first request's fields
-    and write nothing) and ``T`` columns (the longest count rounded up, at most
-    ``prefill_chunk`` and ``max_len``), with each request's fields; and the
-    chunk's ``reach`` (``prefill_rows``). ``stop_shape``: ``(M, W)``, the engine's room for
-    stop sequences."""
-    R = bucket_length(len(waiting), minimum=1)
+    rows (the count rounded up by ``cache.bucket_rows`` to a multiple of ``row_multiple``, a
+    mesh's ``data`` axis; padding rows repeat the first request's fields and write nothing) and
+    ``T`` columns (the longest count rounded up, at most ``prefill_chunk`` and ``max_len``),
+    with each request's fields; and the chunk's ``reach`` (``prefill_rows``). ``num_slots``:
+    the rows of the engine's state; ``stop_shape``: ``(M, W)``, the engine's room for stop
+    sequences."""
+    R = bucket_rows(len(waiting), row_multiple)
     limit = prefill_chunk
     counts = [min(len(s.sequence) - s.prefilled, limit or len(s.sequence)) for _, s in waiting]
     T = min(bucket_length(max(counts)), limit or max_len, max_len)

@@ -61,7 +61,8 @@ from decodelab.checks import check_model, check_size, tokenizer_size
 from decodelab.decode.loop import CompiledLoop
 from decodelab.decode.output import GenerateOutput, finish_output, host_output
 from decodelab.decode.request import (DecodeOptions, OutputSpec, RowInputs, check_request,
-                                      prompt_block, speculative_sizes)
+                                      speculative_sizes)
+from decodelab.decode.shapes import Shapes, prompt_block
 from decodelab.sampling.params import SamplingParams
 from decodelab.speculative.drafters import Drafter, ModelDrafter, NgramDrafter, Proposal
 from decodelab.speculative.rounds import SpecState, speculative_round, verify
@@ -248,9 +249,10 @@ def speculative_generate(
       draft: a draft model with the target's vocabulary (it samples with ``params`` too), or a
         model-free ``Drafter`` such as ``NgramDrafter()``.
       prompts, params, max_new_tokens, seed: as in ``generate``.
-      gamma: proposals per round (>= 1); capped at ``max_new_tokens`` (after its clamping), as
-        proposals past the budget could never be kept. The tokens are those of the uncapped
-        gamma; ``stats.gamma`` reports the gamma used.
+      gamma: proposals per round (>= 1); capped at the bucket of ``max_new_tokens`` (after its
+        clamping; ``request``'s output width), as proposals past the budget could never be
+        kept, and a new budget within the bucket compiles nothing. The tokens are those of the
+        uncapped gamma; ``stats.gamma`` reports the gamma used.
       options: a ``SpeculativeOptions`` (or a ``DecodeOptions``):
         eos_ids, stop_sequences, stop_strings, return_top_logprobs, return_entropy,
           python_loop, raise_on_error: as in ``generate``; the logprobs, top logprobs and
@@ -258,10 +260,11 @@ def speculative_generate(
         tokenizer, draft_tokenizer: the models' tokenizers; when both are given they must be
           the same (``tokenizer`` also serves ``stop_strings``). Ids past its size (a padded
           vocabulary's padding) are never sampled, as in ``generate``.
-        max_len: cache slots per row, for both models. Default: the prompt bucket plus
-          ``max_new_tokens`` plus ``gamma``, capped by the smaller position table. Every prompt
-          needs room for one round: ``len(prompt) + gamma <= max_len``. ``max_new_tokens`` is
-          clamped to ``max_len`` minus the shortest prompt, as in ``generate``.
+        max_len: cache slots per row, for both models. Default: the prompt bucket plus the
+          bucket of ``max_new_tokens`` plus ``gamma``, capped by the smaller position table.
+          Every prompt needs room for one round: ``len(prompt) + gamma <= max_len``.
+          ``max_new_tokens`` is clamped to ``max_len`` minus the shortest prompt, as in
+          ``generate``.
         kv_cache: as in ``generate``, for the target's cache and a draft model's; with "int4" a
           round's rewind (up to ``gamma + 1`` slots) must be within ``Kivi.max_rewind``.
 
@@ -278,22 +281,22 @@ def speculative_generate(
     if request.tokenizer_size is None:  # the draft's tokenizer, the same, masks the padding
         request = dataclasses.replace(
             request, tokenizer_size=tokenizer_size("draft_tokenizer", o.draft_tokenizer, V))
-    S, N, gamma = speculative_sizes(request, gamma, o.max_len, target,
-                                    None if isinstance(draft, Drafter) else draft)
+    shapes, gamma = speculative_sizes(request, gamma, o.max_len, target,
+                                      None if isinstance(draft, Drafter) else draft)
     _check_rewind_depth(gamma, o.kv_cache)
 
     graphdef, target_weights = nnx.split(target)
     drafter, draft_weights = _drafter(draft, o.kv_cache)
     # Both caches hold each prompt but its last token, which heads the first verify block.
-    block, lengths = prompt_block(request.rows, S)
+    block, lengths = prompt_block(request.rows, shapes)
     caches = prefill(target_weights, draft_weights, block, lengths - 1, graphdef=graphdef,
-                     drafter=drafter, max_len=S, kv_cache=o.kv_cache)
-    state = initial_state(*caches, block, request.row_inputs(lengths, V), gamma=gamma,
-                          outputs=request.outputs(N))
+                     drafter=drafter, max_len=shapes.max_len, kv_cache=o.kv_cache)
+    state = initial_state(*caches, block, request.row_inputs(lengths, V, shapes), gamma=gamma,
+                          outputs=request.outputs(shapes))
     state = SPECULATIVE_LOOP.run((target_weights, draft_weights), state,
                                  python_loop=request.python_loop, graphdef=graphdef,
                                  drafter=drafter)
-    return finish_output(_output(state, gamma), np.asarray(state.finish), request)
+    return finish_output(_output(state, gamma, shapes), state.finish, request)
 
 
 def _check_models(target, draft, tokenizer, draft_tokenizer, kv_cache) -> None:
@@ -331,11 +334,13 @@ def _drafter(draft, kv_cache: str | None) -> tuple[Drafter, Any]:
     return ModelDrafter(draft_graphdef, kv_cache), draft_weights
 
 
-def _output(state: SpecState, gamma: int) -> SpeculativeOutput:
-    """The final state on the host: ``generate``'s output fields and the statistics."""
-    out = host_output(state)
+def _output(state: SpecState, gamma: int, shapes: Shapes) -> SpeculativeOutput:
+    """The final state on the host, cut back to the real rows and columns of ``shapes``:
+    ``generate``'s output fields and the statistics."""
+    out = host_output(state, shapes)
+    B, N = shapes.rows, shapes.columns
     rounds, tested, accepted, per_round = jax.device_get(
-        (state.rounds, state.tested, state.accepted, state.per_round))
+        (state.rounds[:B], state.tested[:B], state.accepted[:B], state.per_round[:B, :N]))
     stats = SpeculativeStats(gamma=gamma, rounds=rounds, generated=out.lengths.copy(),
                              tested_by_position=tested, accepted_by_position=accepted,
                              accepted_per_round=per_round)
