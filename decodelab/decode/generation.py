@@ -47,8 +47,8 @@ from decodelab.cache.dense import KVCache
 from decodelab.checks import check_memory, check_model, position_limit
 from decodelab.decode.loop import CompiledLoop
 from decodelab.decode.output import GenerateOutput, finish_output, host_output
-from decodelab.decode.request import (BAD_LOGITS, EOS, LENGTH, NO_ALLOWED_TOKEN, RUNNING, STOP,
-                                      DecodeOptions, OutputSpec, RowInputs, check_request,
+from decodelab.decode.request import (BAD_LOGITS, EOS, INCOMPLETE, LENGTH, NO_ALLOWED_TOKEN,
+                                      RUNNING, STOP, DecodeOptions, OutputSpec, RowInputs, check_request,
                                       decode_buffers)
 from decodelab.decode.shapes import batch_shapes, prompt_block, prompt_width
 from decodelab.decode.state import RowState
@@ -88,8 +88,11 @@ def _choose(state: DecodeState, with_distribution: bool):
     each row, from ``state.logits``: when every running row is greedy, the argmax of the scores
     before temperature (``sampling.greedy_choice``: no softmax, no random numbers, a one-token
     distribution with log-probability 0); otherwise the processed distribution and its draw. A
-    run-time ``lax.cond``, so both are one program."""
-    logits, params, history = state.logits, state.params, state.history
+    run-time ``lax.cond``, so both are one program. A constrained row's logits are masked to
+    its state's tokens first, so both paths, the reported logprobs and every processor see the
+    constrained distribution; bad logits are judged before the mask, on the model's own."""
+    params, history = state.params, state.history
+    logits = state.constrained(state.logits)
     B, V = logits.shape
     vocab = jnp.arange(V, dtype=jnp.int32)[None, :]  # [1, V]
 
@@ -105,7 +108,11 @@ def _choose(state: DecodeState, with_distribution: bool):
         return (token, chosen, sampling.bad_logits(logits),
                 ~jnp.any(logprobs > -jnp.inf, axis=-1), logprobs if with_distribution else None)
 
-    return jax.lax.cond(sampling.all_greedy(params, skip=state.done), greedy, sampled)
+    token, chosen, bad, none, distribution = jax.lax.cond(
+        sampling.all_greedy(params, skip=state.done), greedy, sampled)
+    if state.constraint is not None:  # a NaN the mask hid is still the model's failure
+        bad = bad | sampling.bad_logits(state.logits)
+    return token, chosen, bad, none, distribution
 
 
 def _sample_and_record(state: DecodeState) -> DecodeState:
@@ -132,11 +139,13 @@ def _sample_and_record(state: DecodeState) -> DecodeState:
         record.update(seen=state.seen.at[rows, counted].set(True, mode="drop"))
 
     lengths = state.lengths + write.astype(jnp.int32)
+    record.update(state.advanced(token, write))
+    at_end = (lengths - state.prompt_lengths >= state.budgets) | (lengths >= S)
     code = jnp.select(
         [bad_logits, no_token, state.eos_mask[token],
-         state.ends_with_stop(tokens, lengths[:, None])[:, 0],
-         (lengths - state.prompt_lengths >= state.budgets) | (lengths >= S)],
-        [BAD_LOGITS, NO_ALLOWED_TOKEN, EOS, STOP, LENGTH],
+         state.ends_with_stop(tokens, lengths[:, None])[:, 0], at_end],
+        [BAD_LOGITS, NO_ALLOWED_TOKEN, EOS, STOP,
+         jnp.where(state.replace(**record).incomplete(), INCOMPLETE, LENGTH)],
         RUNNING,
     )
     finish = jnp.where(running, code, state.finish)

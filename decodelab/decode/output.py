@@ -39,7 +39,7 @@ class GenerateOutput:
 
     tokens: np.ndarray  # [B, N] int32, the output only; PAD_TOKEN past lengths[b]
     lengths: np.ndarray  # [B] int32, output tokens per row
-    finish_reason: list[str]  # per row: "eos" | "stop" | "length" | "error"
+    finish_reason: list[str]  # per row: "eos" | "stop" | "length" | "incomplete" | "error"
     logprobs: np.ndarray  # [B, N] float32, of each token under the distribution it was drawn
     #   from; NaN past lengths[b] (padding)
     top_logprobs: np.ndarray | None  # [B, N, n] float32, that distribution's n largest,
@@ -131,8 +131,9 @@ def finish_output(out: GenerateOutput, finish: np.ndarray,
     errors = [i for i, c in enumerate(finish) if c in (BAD_LOGITS, NO_ALLOWED_TOKEN)]
     if errors and request.raise_on_error:
         causes = {BAD_LOGITS: "the model's logits hold NaN or +inf",
-                  NO_ALLOWED_TOKEN: "no token has a finite probability (the sampling parameters "
-                                    "or the model's logits exclude every token)"}
+                  NO_ALLOWED_TOKEN: "no token has a finite probability (the constraint, the "
+                                    "sampling parameters or the model's logits exclude every "
+                                    "token)"}
         detail = "; ".join(f"row {i} after {int(out.lengths[i])} tokens: {causes[int(finish[i])]}"
                            for i in errors)
         raise ValueError(f"generation failed, nothing was sampled from these rows: {detail} "

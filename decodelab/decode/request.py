@@ -14,7 +14,13 @@ on them):
   parameters and seed, never on its batch-mates or its row.
 - Finish codes are one table (``FINISH_REASONS``) for every decoder and the engine. A row is
   ``RUNNING`` until it stops; both error codes are reported as finish reason "error";
-  ``NO_HYPOTHESIS`` marks an empty slot of a beam's n-best list.
+  ``NO_HYPOTHESIS`` marks an empty slot of a beam's n-best list; ``INCOMPLETE`` ("incomplete")
+  is a constrained row that ran out of budget (or cache) before its output matched its pattern.
+- Constraints (``SamplingParams.regex`` / ``json_schema``) become one ``ConstraintTable`` and
+  a start state per row here, in ``check_request``, only when some row has one: then
+  ``RowInputs.constraint`` holds the table (data, not a static value: one program per table
+  bucket, whatever the patterns); without one it is None and the programs are those of
+  unconstrained decoding, with no table work at all.
 - Sizes are bounded by what the model and the cache can use: ``max_new_tokens`` is clamped to
   the room ``max_len`` leaves after the shortest prompt (no row can generate more), and before
   anything is allocated the bytes of the cache and buffers are checked against the memory limit
@@ -53,13 +59,14 @@ from decodelab.cache import bucket_length
 from decodelab.checks import (INT32_MAX, check_bool, check_memory, check_size, is_int,
                               kv_cache_bytes, nbytes, position_limit, tokenizer_size)
 from decodelab.decode.shapes import Shapes, batch_shapes, output_width, pad_rows, prompt_width
+from decodelab.sampling.constraint import ConstraintTable
 from decodelab.sampling.params import SamplingParams
 from decodelab.sharding import data_size
 from decodelab.sampling.processors import RowParams
 
 # Finish codes of a row (DecodeState.finish, SpecState.finish, BeamState.pool_reasons).
-RUNNING, EOS, STOP, LENGTH, BAD_LOGITS, NO_ALLOWED_TOKEN, NO_HYPOTHESIS = range(7)
-FINISH_REASONS = ("running", "eos", "stop", "length", "error", "error", "none")
+RUNNING, EOS, STOP, LENGTH, BAD_LOGITS, NO_ALLOWED_TOKEN, NO_HYPOTHESIS, INCOMPLETE = range(8)
+FINISH_REASONS = ("running", "eos", "stop", "length", "error", "error", "none", "incomplete")
 
 PAD_TOKEN = -1  # output token ids past a row's length
 
@@ -170,6 +177,7 @@ class DecodeOptions:
     stop_strings: Sequence[str] = ()  # strings that end a row ("stop"); need ``tokenizer``
     # With encode / decode. Its ids past its size (``len`` or ``vocab_size``), a padded
     # vocabulary's padding, are never sampled; one with more ids than the model is refused.
+    # A constraint (``SamplingParams.regex`` / ``json_schema``) is compiled over its tokens.
     tokenizer: Any = None
     return_top_logprobs: int = 0  # n > 0: the n largest log-probabilities of each step
     return_entropy: bool = False  # the entropy of each step's sampling distribution
@@ -218,6 +226,8 @@ class RowInputs:
     stop_ids: jax.Array  # [M, W] int32 (or per row [B, M, W]), right-aligned, -1 before
     budgets: jax.Array | None = None  # [B] int32, output tokens each row may generate (0: a
     #   padding row, born done); None: every row the output width
+    constraint: ConstraintTable | None = None  # the batch's automata; None: no row constrained
+    constraint_states: jax.Array | None = None  # [B] int32, each row's start state (FREE: free)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,6 +248,8 @@ class BatchRequest:
     python_loop: bool
     raise_on_error: bool
     tokenizer_size: int | None = None  # ids of ``tokenizer``; ids past it are masked
+    # The batch's constraint table and each row's start state [B]; None: no row constrained.
+    constraint: tuple[ConstraintTable, np.ndarray] | None = None
 
     def keys(self) -> np.ndarray:
         """``[B, ...]`` uint32 key data of each row's request key: computed on request (it runs
@@ -258,9 +270,11 @@ class BatchRequest:
         B, P = len(self.rows), len(prompt_lengths)
         params = pad_rows(self.params.per_row(B, vocab_size, self.tokenizer_size), P)
         budgets = np.where(np.arange(P) < B, shapes.columns, 0).astype(np.int32)
+        table, starts = self.constraint or (None, None)
         return RowInputs(prompt_lengths=prompt_lengths, keys=pad_rows(self.keys(), P),
                          params=params, eos_mask=self.eos_mask, stop_ids=self.stop_block,
-                         budgets=budgets)
+                         budgets=budgets, constraint=table,
+                         constraint_states=None if starts is None else pad_rows(starts, P))
 
 
 def check_request(vocab_size: int, prompts: Any, params: Any, max_new_tokens: Any, seed: Any,
@@ -295,11 +309,13 @@ def check_request(vocab_size: int, prompts: Any, params: Any, max_new_tokens: An
         ids = list(o.tokenizer.encode(s))
         if ids and s in o.tokenizer.decode(ids):
             stops.append(token_ids(f"tokenizer.encode({s!r})", ids, V))
+    # The last check: it compiles the patterns (on the host), if any row has one.
+    constraint = params.constraint_table(B, V, o.tokenizer, np.flatnonzero(eos_mask).tolist())
     return BatchRequest(rows=rows, max_new_tokens=N, seeds=seeds, params=params,
                         eos_mask=eos_mask, stop_block=stop_block(stops), stop_strings=strings,
                         tokenizer=o.tokenizer, top_n=top_n, with_entropy=o.return_entropy,
                         python_loop=o.python_loop, raise_on_error=o.raise_on_error,
-                        tokenizer_size=usable)
+                        tokenizer_size=usable, constraint=constraint)
 
 
 def decode_buffers(cfg: Any, batch_size: int, max_len: int, max_new_tokens: int,

@@ -24,6 +24,7 @@ from flax import struct
 
 from decodelab import sampling
 from decodelab.decode.request import LENGTH, RUNNING, OutputSpec, RowInputs
+from decodelab.sampling.constraint import ConstraintTable
 from decodelab.sampling.processors import RowParams
 
 
@@ -57,6 +58,10 @@ class RowState(LoopState):
     top_logprobs: jax.Array  # [B, N, n] float32 (n = 0 unless requested)
     top_ids: jax.Array  # [B, N, n] int32
     entropy: jax.Array  # [B, N] float32 in nats, or [B, 0] unless requested
+    # Structured output: the batch's automata and each row's state (``sampling.constraint``);
+    # None when no row is constrained, and then no step reads or advances a table.
+    constraint: ConstraintTable | None = None
+    constraint_states: jax.Array | None = None  # [B] int32, FREE for a free row
 
     @classmethod
     def start(cls, block: jax.Array, rows: RowInputs, max_len: int, outputs: OutputSpec,
@@ -79,6 +84,8 @@ class RowState(LoopState):
             keys=rows.keys,
             params=rows.params,
             stop_ids=rows.stop_ids,
+            constraint=rows.constraint,
+            constraint_states=rows.constraint_states,
             **outputs.buffers(B),
             **own,
         )
@@ -94,6 +101,35 @@ class RowState(LoopState):
     @property
     def max_new_tokens(self) -> int:
         return self.logprobs.shape[1]
+
+    def constrained(self, logits: jax.Array, states: jax.Array | None = None) -> jax.Array:
+        """``logits [B, ..., V]`` with the tokens each row's constraint state forbids at -inf
+        (``states``: ``[B, ...]``, by default the rows' own): the first thing done to the
+        model's logits, before every processor. The logits unchanged when no row is
+        constrained."""
+        if self.constraint is None:
+            return logits
+        states = self.constraint_states if states is None else states
+        V = logits.shape[-1]
+        masked = self.constraint.mask_logits(logits.reshape(-1, V), states.reshape(-1))
+        return masked.reshape(logits.shape)
+
+    def advanced(self, tokens: jax.Array, kept: jax.Array) -> dict[str, jax.Array]:
+        """The field update that moves each row's constraint state along ``tokens [B]`` where
+        ``kept [B]`` (empty when no row is constrained)."""
+        if self.constraint is None:
+            return {}
+        moved = self.constraint.advance(self.constraint_states, tokens)
+        return dict(constraint_states=jnp.where(kept, moved, self.constraint_states))
+
+    def incomplete(self, states: jax.Array | None = None) -> jax.Array:
+        """``[B]`` bool: the row's constraint state (by default its own) is not accepting, so
+        its output so far does not match its pattern (a constant False when none is
+        constrained)."""
+        if self.constraint is None:
+            return jnp.zeros((), bool)
+        states = self.constraint_states if states is None else states
+        return ~self.constraint.accepting[states]
 
     def history_at(self, tokens: jax.Array, lengths: jax.Array) -> sampling.History:
         """The rows' history with ``tokens: [B, S]`` up to ``lengths: [B]`` (no carried counts)."""

@@ -35,7 +35,9 @@ import numpy as np
 from decodelab.checks import check_number, is_int
 from decodelab.sampling import select
 from decodelab.sampling.base import argmax
+from decodelab.sampling.constraint import ConstraintTable
 from decodelab.sampling.inputs import MAX_SHIFT, History
+from decodelab.sampling.patterns import check_patterns, pattern_table
 from decodelab.sampling.processors import PARAMETERS, PROCESSORS, RowParams
 
 __all__ = ["SamplingParams", "all_greedy", "bad_logits", "batch_keys", "draw", "greedy_choice",
@@ -119,12 +121,17 @@ class SamplingParams:
     logit_bias: Mapping[int, float] | Sequence[Mapping[int, float]] | None = None
     # Never sampled: a list of ids, or a list with one list per row.
     banned_tokens: Sequence[int] | Sequence[Sequence[int]] | None = None
+    # Structured output (``patterns``), applied before every processor: a regex (str), or a
+    # JSON schema (dict or JSON str), or a list with one per row; None is free text.
+    regex: str | Sequence[str | None] | None = None
+    json_schema: Any = None
 
     def __post_init__(self) -> None:
         for name, parameter in PARAMETERS.items():
             parameter.values(getattr(self, name))
         _check_bias(self.logit_bias)
         _check_banned(self.banned_tokens)
+        check_patterns(self.regex, self.json_schema)
 
     @classmethod
     def greedy(cls) -> SamplingParams:
@@ -155,6 +162,13 @@ class SamplingParams:
         bias = self._bias(B, V, V if tokenizer_size is None else tokenizer_size)  # the last check
         return RowParams(**{name: jnp.asarray(a) for name, a in values.items()},
                          logit_bias=jnp.asarray(bias), biased=jnp.asarray(np.any(bias != 0, -1)))
+
+    def constraint_table(self, batch_size: int, vocab_size: int, tokenizer: Any,
+                         eos_ids: Sequence[int]) -> tuple[ConstraintTable, np.ndarray] | None:
+        """The batch's constraint table and each row's start state ``[B]``, or None when no row
+        has a ``regex`` or ``json_schema`` (``patterns.pattern_table``)."""
+        return pattern_table(self.regex, self.json_schema, batch_size, vocab_size, tokenizer,
+                             eos_ids)
 
     def _bias(self, B: int, V: int, usable: int) -> np.ndarray:
         bias = np.zeros((B, V), np.float32)  # [B, V]

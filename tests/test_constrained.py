@@ -1,0 +1,137 @@
+"""Constrained decoding in the loops (issue 33): the mask before every processor, each row's
+automaton state, EOS only where the pattern is complete, "incomplete" at the budget, and one
+program per table bucket.
+
+The tables are hand-built (``standins.HandBuiltAutomata`` stands in for the host-side builder,
+``sampling.automaton``): "even{n}" is n even ids then EOS, "even+" one or more. On the stand-in
+``NextToken`` (next token ``last + 1`` by 10 logits) the expected outputs are exact: where the
+model's favourite is odd, the mask leaves only tied even ids, of which greedy takes the lowest.
+"""
+
+import sys
+
+import numpy as np
+import pytest
+from standins import HandBuiltAutomata, NextToken
+
+import decodelab as dl
+from decodelab.measure import compiles
+
+V, EOS = 32, 31
+GREEDY = dl.SamplingParams.greedy()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def automata():
+    fake = HandBuiltAutomata()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(sys.modules, "decodelab.sampling.automaton", fake)
+        yield fake
+
+
+@pytest.fixture(scope="module")
+def stand_in():
+    return NextToken(V)
+
+
+def run(model, prompts, n, params=GREEDY, seed=0, **options):
+    return dl.generate(model, prompts, params, n, seed,
+                       options=dl.DecodeOptions(eos_ids=[EOS], **options))
+
+
+# --- generate -------------------------------------------------------------------------------------
+
+
+def test_the_mask_the_state_and_eos_only_where_the_pattern_is_complete(stand_in):
+    """From 3 the model wants 4 (even: kept), then 5 (odd: masked, so the lowest tied even id,
+    0), ...; after four even ids only EOS is allowed, and the row ends "eos"."""
+    out = run(stand_in, [[3]], 8, GREEDY.replace(regex="even{4}"))
+    assert out.token_lists() == [[4, 0, 0, 0, EOS]] and out.finish_reason == ["eos"]
+    np.testing.assert_array_equal(out.logprobs[0, :5], 0.0)  # greedy: one-token distributions
+
+
+def test_a_row_out_of_budget_before_its_pattern_completes_is_incomplete(stand_in):
+    out = run(stand_in, [[3], [3]], 3, GREEDY.replace(regex=["even{4}", "even+"]))
+    assert out.token_lists() == [[4, 0, 0], [4, 0, 0]]
+    assert out.finish_reason == ["incomplete", "length"]  # even+ accepts after one even id
+
+
+def test_logprobs_and_top_k_are_those_of_the_constrained_distribution(stand_in):
+    """From 5 the model wants 6 (allowed, logit 10) over 15 other allowed even ids (logit 0):
+    p(6) = e^10 / (e^10 + 15) renormalised over the allowed ids, never over all 32. Then 7 is
+    masked and the 16 even ids tie: top_k=2 keeps the two lowest (0 and 2), each 1/2; applied
+    after the mask, not before (top-k of the raw logits would keep only the masked 7)."""
+    params = dl.SamplingParams(temperature=1.0, top_k=[0, 2], regex="even+")
+    out = run(stand_in, [[5], [4]], 2, params, return_top_logprobs=3)
+    expected = 10.0 - np.log(np.exp(10.0) + 15.0)
+    np.testing.assert_allclose(out.logprobs[0, 0], expected, rtol=0, atol=1e-5)
+    assert out.tokens[1, 0] in (0, 2)
+    np.testing.assert_allclose(out.logprobs[1], np.log(0.5), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(out.top_logprobs[1, :, :2], np.log(0.5), rtol=0, atol=1e-6)
+    assert np.isneginf(out.top_logprobs[1, :, 2]).all()
+    assert (out.top_ids[0, 0] % 2 == 0).all()  # the top ids are allowed ones: even
+
+
+def test_mixed_constrained_and_free_rows_match_each_row_run_alone():
+    """Sampled rows (margin 1, so the draw matters) with per-request seeds: two patterns, a
+    free row and a greedy constrained row in one batch give each row's tokens and logprobs of
+    the row run alone."""
+    model = NextToken(V, margin=1.0)
+    prompts, seeds = [[3], [8], [5], [20]], [11, 12, 13, 14]
+    params = dl.SamplingParams(temperature=[1.0, 1.0, 0.7, 0.0],
+                               regex=["even{4}", None, "even+", "even+"])
+    batch = run(model, prompts, 6, params, seeds)
+    for r in range(4):
+        alone = run(model, [prompts[r]], 6, params.replace(
+            temperature=params.temperature[r], regex=params.regex[r]), [seeds[r]])
+        assert alone.token_lists()[0] == batch.token_lists()[r]
+        assert alone.finish_reason[0] == batch.finish_reason[r]
+        np.testing.assert_allclose(alone.logprobs[0], batch.logprobs[r], rtol=0, atol=1e-6)
+    assert batch.finish_reason[0] == "eos" and batch.token_lists()[0][-1] == EOS
+    assert all(t % 2 == 0 for t in batch.token_lists()[2] if t != EOS)
+
+
+def test_tables_of_one_bucket_share_the_program_and_free_batches_build_none(stand_in, automata):
+    """even{4} and even{5} have 6 and 7 states, both padded to 8: the second pattern (and a
+    free row beside it) compiles nothing new. A batch without a pattern builds no table."""
+    run(stand_in, [[3]], 8, GREEDY.replace(regex="even{4}"))
+    with compiles.count_compiles() as counts:
+        out = run(stand_in, [[3]], 8, GREEDY.replace(regex="even{5}"))
+    assert out.token_lists() == [[4, 0, 0, 0, 0, EOS]]
+    assert counts["_decode_loop"] == 0 and counts["prefill"] == 0
+    calls = automata.calls
+    assert run(stand_in, [[3]], 2).token_lists() == [[4, 5]] and automata.calls == calls
+
+
+def test_a_state_that_allows_nothing_fails_the_row_and_never_samples_from_it(stand_in):
+    """The builder trims its automata, so no row can reach a state without an allowed token;
+    an untrimmed table's dead end fails the row ("error", or the ValueError that names it)
+    after the tokens before it, with no NaN among them, while the other rows finish."""
+    params = GREEDY.replace(regex=["even{1}!", "even+"])
+    out = run(stand_in, [[3], [3]], 4, params, raise_on_error=False)
+    assert out.token_lists() == [[4], [4, 0, 0, 0]] and out.finish_reason == ["error", "length"]
+    assert not np.isnan(out.logprobs[out.valid]).any()
+    with pytest.raises(ValueError, match=r"row 0 after 1 tokens: no token .* \(the constraint"):
+        run(stand_in, [[3]], 4, params.replace(regex="even{1}!"))
+
+
+# --- Bad input ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fields, match", [
+    (dict(regex="a", json_schema={"type": "string"}), "row 0 has both regex='a'"),
+    (dict(regex=["a", None], json_schema=[None, {}, None]), "regex has 2 values but json_schema"),
+    (dict(regex=[3]), r"regex\[0\] must be a str or None, got 3"),
+    (dict(json_schema=4), "json_schema must be a dict or a JSON str or None, got 4"),
+    (dict(regex=[]), "regex must be a str, None, or a non-empty list"),
+])
+def test_bad_patterns_are_refused_when_the_params_are_built(fields, match):
+    with pytest.raises(ValueError, match=match):
+        dl.SamplingParams(**fields)
+
+
+def test_a_per_row_pattern_list_of_another_length_is_refused_before_compiling(stand_in):
+    with compiles.count_compiles() as counts, pytest.raises(
+            ValueError, match="regex has 2 values but the batch has 3 rows"):
+        run(stand_in, [[1], [2], [3]], 4, GREEDY.replace(regex=["even+", None]))
+    assert sum(counts.values()) == 0
