@@ -15,6 +15,7 @@ import pytest
 from standins import HandBuiltAutomata, NextToken
 
 import decodelab as dl
+from decodelab import serving
 from decodelab.measure import compiles
 
 V, EOS = 32, 31
@@ -113,6 +114,51 @@ def test_a_state_that_allows_nothing_fails_the_row_and_never_samples_from_it(sta
     assert not np.isnan(out.logprobs[out.valid]).any()
     with pytest.raises(ValueError, match=r"row 0 after 1 tokens: no token .* \(the constraint"):
         run(stand_in, [[3]], 4, params.replace(regex="even{1}!"))
+
+
+# --- beam_search ----------------------------------------------------------------------------------
+
+
+def beams(model, prompts, n, width=2, **options):
+    return dl.beam_search(model, prompts, width, n,
+                          options=dl.BeamOptions(eos_ids=[EOS], **options))
+
+
+def test_each_beam_carries_its_own_state_and_ends_only_where_complete(stand_in):
+    """even{2} from 3: step 1 keeps 4 (logit 10) and 0 among the 16 allowed even ids; step 2
+    extends 4 by the masked 5's tied even ids (0 and 2 first, 1/16 each); then only EOS is
+    allowed. A free prompt beside it decodes as unconstrained, 4 5 6."""
+    out = beams(stand_in, [[3], [3]], 4, regex=["even{2}", None])
+    first = 10.0 - np.log(np.exp(10.0) + 15.0)
+    assert out.token_lists()[0] == [[4, 0, EOS], [4, 2, EOS]]
+    assert out.finish_reason[0] == ["eos", "eos"]
+    np.testing.assert_allclose(out.logprobs[0], first - np.log(16.0), rtol=0, atol=1e-5)
+    assert out.token_lists()[1][0] == [4, 5, 6, 7]
+
+
+def test_beams_out_of_budget_before_the_pattern_completes_are_incomplete(stand_in):
+    """even+ is complete after one even id: there EOS ties with the 16 even ids (the odd
+    favourite masked), and the EOS hypothesis enters the pool first, a running one at the
+    budget second, complete ("length")."""
+    out = beams(stand_in, [[3], [3]], 2, regex=["even{4}", "even+"])
+    assert out.finish_reason == [["incomplete", "incomplete"], ["eos", "length"]]
+    assert out.token_lists()[1] == [[4, EOS], [4, 0]]
+    assert all(t % 2 == 0 for h in out.token_lists()[0] for t in h)
+
+
+# --- Not yet constrained -------------------------------------------------------------------------
+
+
+def test_speculative_decoding_and_the_engine_refuse_constraints_before_any_work(stand_in,
+                                                                                automata):
+    params, calls = GREEDY.replace(regex="even+"), automata.calls
+    with pytest.raises(ValueError, match="speculative_generate does not take constraints yet"):
+        dl.speculative_generate(stand_in, dl.NgramDrafter(), [[3]], params, 2, 4)
+    engine = serving.SlotEngine(stand_in, 1, 16)
+    with pytest.raises(ValueError, match="cannot be served: params: the engine does not take "
+                                         "constraints yet, got regex='even\\+'"):
+        engine.insert(serving.Request(id=0, prompt=(3,), max_new_tokens=4, params=params))
+    assert automata.calls == calls
 
 
 # --- Bad input ------------------------------------------------------------------------------------

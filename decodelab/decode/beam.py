@@ -33,11 +33,15 @@ Conventions (every caller relies on them):
   the steps compiled or, with ``python_loop``, as their Python twin.
 - Finish codes are ``request``'s table: a hypothesis ends with ``EOS`` or ``LENGTH``, and an empty
   slot of the n-best list is ``NO_HYPOTHESIS`` (finish reason "none").
+- Constraints (``BeamOptions.regex`` / ``json_schema``, per prompt): each beam carries its own
+  automaton state, gathered with its parent when the beams reorder; a beam's log-probabilities
+  are those of the constrained distribution (the logits masked to its state's tokens, then
+  ``log_softmax``), so EOS ends a hypothesis only where its pattern is complete, and a running
+  beam that meets the budget before then joins the pool as "incomplete".
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Sequence
 from typing import Any
@@ -50,11 +54,14 @@ from flax import nnx, struct
 from decodelab.cache import BeamCache, bytes_per_token, check_kind, init_cache
 from decodelab.checks import (check_bool, check_memory, check_model, check_number, check_size,
                               is_int, nbytes, position_limit)
+from decodelab.decode.beam_output import BeamSearchOutput, n_best
 from decodelab.decode.loop import CompiledLoop
-from decodelab.decode.request import (EOS, FINISH_REASONS, LENGTH, NO_HYPOTHESIS, PAD_TOKEN,
+from decodelab.decode.request import (EOS, INCOMPLETE, LENGTH, NO_HYPOTHESIS, PAD_TOKEN,
                                       BeamOptions, check_eos, check_prompts)
-from decodelab.decode.shapes import Shapes, batch_shapes, prompt_block
+from decodelab.decode.shapes import batch_shapes, pad_rows, prompt_block
 from decodelab.decode.state import LoopState
+from decodelab.sampling.constraint import ConstraintTable
+from decodelab.sampling.patterns import pattern_table
 from decodelab.sharding import data_size
 
 
@@ -77,6 +84,10 @@ class BeamState(LoopState):
     pool_lengths: jax.Array  # [B, W] int32
     pool_reasons: jax.Array  # [B, W] int32, NO_HYPOTHESIS | EOS | LENGTH (request's codes)
     alpha: jax.Array  # [] float32, the length penalty exponent
+    # Structured output: the batch's automata and each running beam's state (None: no prompt
+    # constrained, and no step reads a table).
+    constraint: ConstraintTable | None = None
+    constraint_states: jax.Array | None = None  # [B, W] int32, FREE for a free prompt
 
     @property
     def width(self) -> int:
@@ -112,7 +123,13 @@ def _select_and_record(state: BeamState) -> tuple[BeamState, jax.Array]:
     beam of each new running beam (the identity for prompts that were already done)."""
     B, W, N = state.tokens.shape
     V = state.logits.shape[-1]
-    logp = jax.nn.log_softmax(state.logits, axis=-1).reshape(B, W, V)
+    logits, table = state.logits, state.constraint
+    if table is not None:  # a beam's distribution is the constrained one
+        logits = table.mask_logits(logits, state.constraint_states.reshape(B * W))
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    if table is not None:  # a state that allows nothing (untrimmed) extends nothing, not NaN
+        logp = jnp.where(jnp.any(logits > -jnp.inf, axis=-1, keepdims=True), logp, -jnp.inf)
+    logp = logp.reshape(B, W, V)
     extended = state.logprobs[:, :, None] + logp  # [B, W, V]
     n = state.lengths + 1  # [B], output length after this step
     penalty = length_penalty(n, state.alpha)  # [B]
@@ -138,8 +155,16 @@ def _select_and_record(state: BeamState) -> tuple[BeamState, jax.Array]:
     cand_tokens = jnp.concatenate([state.pool_tokens, ended_tokens, tokens], axis=1)
     n_col = jnp.broadcast_to(n[:, None], (B, W))
     cand_lengths = jnp.concatenate([state.pool_lengths, n_col, n_col], axis=1)
+    states = {}
+    if table is not None:  # each new beam's state: its parent's, advanced by its token
+        moved = table.advance(_rows(state.constraint_states, running_parent).reshape(B * W),
+                              running_token.reshape(B * W).astype(jnp.int32)).reshape(B, W)
+        states = dict(constraint_states=moved)
+        out_of_budget = jnp.where(table.accepting[moved], LENGTH, INCOMPLETE).astype(jnp.int32)
+    else:
+        out_of_budget = jnp.full((B, W), LENGTH, jnp.int32)
     cand_reasons = jnp.concatenate([state.pool_reasons, jnp.full((B, W), EOS, jnp.int32),
-                                    jnp.full((B, W), LENGTH, jnp.int32)], axis=1)
+                                    out_of_budget], axis=1)
     pool_scores, keep = jax.lax.top_k(cand_scores, W)  # [B, W]
     filled = pool_scores > -jnp.inf  # [B, W]; empty slots hold nothing
 
@@ -165,6 +190,7 @@ def _select_and_record(state: BeamState) -> tuple[BeamState, jax.Array]:
         pool_lengths=keep_old(state.pool_lengths, jnp.where(filled, _rows(cand_lengths, keep), 0)),
         pool_reasons=keep_old(state.pool_reasons, jnp.where(filled, _rows(cand_reasons, keep),
                                                             NO_HYPOTHESIS)),
+        **{name: keep_old(getattr(state, name), x) for name, x in states.items()},
     )
     return state, keep_old(identity, running_parent.astype(jnp.int32))
 
@@ -199,6 +225,8 @@ class BeamInputs:
     eos_mask: jax.Array  # [V] bool
     alpha: jax.Array  # [] float32, the length penalty's exponent
     min_new_tokens: jax.Array  # [] int32
+    constraint: ConstraintTable | None = None  # the batch's automata; None: none constrained
+    constraint_states: jax.Array | None = None  # [B] int32, each prompt's start state
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "width", "max_len", "max_new_tokens",
@@ -236,55 +264,9 @@ def beam_prefill(weights, block, rows: BeamInputs, *, graphdef, width, max_len, 
         pool_reasons=jnp.full((B, W), NO_HYPOTHESIS, jnp.int32),
         eos_mask=eos_mask,
         alpha=alpha,
-    )
-
-
-# --- Output ---------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class BeamSearchOutput:
-    """The n-best hypotheses of each prompt, best first (``R`` = ``num_return``, ``N`` =
-    ``min(max_new_tokens, max_len - shortest prompt)``).
-
-    Padding is never NaN: token ids are ``PAD_TOKEN`` past a hypothesis's length, and an empty
-    slot (finish reason "none") has length 0 and score and log-probability -inf. A NaN in the
-    model's logits raises instead of reaching the output."""
-
-    tokens: np.ndarray  # [B, R, N] int32, the output only; PAD_TOKEN past lengths
-    lengths: np.ndarray  # [B, R] int32, output tokens, a finishing EOS included
-    scores: np.ndarray  # [B, R] float32, logprobs / lp(lengths): what the ranking sorts by;
-    #   -inf for an empty slot
-    logprobs: np.ndarray  # [B, R] float32, the model's log-probability of the output; -inf for
-    #   an empty slot
-    finish_reason: list[list[str]]  # "eos" | "length" ("none": fewer hypotheses than R exist)
-
-    def token_lists(self) -> list[list[list[int]]]:
-        """Per prompt, its hypotheses best first, each a list of token ids."""
-        return [[row[:n].tolist() for row, n in zip(rows, ns)]
-                for rows, ns in zip(self.tokens, self.lengths)]
-
-    def best(self) -> list[list[int]]:
-        """The top hypothesis of each prompt."""
-        return [hypotheses[0] for hypotheses in self.token_lists()]
-
-
-def _output(state: BeamState, num_return: int, shapes: Shapes) -> BeamSearchOutput:
-    """The n-best lists of the real prompts, in ``shapes.columns`` columns."""
-    B, R, N = shapes.rows, num_return, shapes.columns
-    tokens, lengths, scores, logprobs, reasons = jax.device_get(
-        (state.pool_tokens[:B, :, :N], state.pool_lengths[:B], state.pool_scores[:B],
-         state.pool_logprobs[:B], state.pool_reasons[:B]))
-    if np.isnan(scores).any():
-        bad = sorted({int(b) for b in np.argwhere(np.isnan(scores))[:, 0]})
-        raise ValueError(f"beam search failed for prompts {bad}: the model's logits hold NaN")
-    valid = np.arange(tokens.shape[2])[None, None, :] < lengths[:, :R, None]
-    return BeamSearchOutput(
-        tokens=np.where(valid, tokens[:, :R], PAD_TOKEN).astype(np.int32),
-        lengths=lengths[:, :R].astype(np.int32),
-        scores=scores[:, :R],
-        logprobs=logprobs[:, :R],
-        finish_reason=[[FINISH_REASONS[c] for c in row[:R]] for row in reasons],
+        constraint=rows.constraint,
+        constraint_states=(None if rows.constraint_states is None
+                           else jnp.repeat(rows.constraint_states[:, None], W, axis=1)),
     )
 
 
@@ -338,6 +320,8 @@ def beam_search(
         min_new_tokens: no hypothesis ends with an EOS id before this many output tokens (beam
           search's best hypotheses are often short: Stahlberg and Byrne 2019).
         python_loop: run the steps from Python (same step function, same hypotheses).
+        regex, json_schema, tokenizer: structured output, as ``SamplingParams``' fields (one
+          pattern per prompt or shared), compiled over ``tokenizer``'s tokens.
 
     Raises ValueError before anything is allocated when the cache and buffers need more than the
     memory limit (``checks.check_memory``).
@@ -360,6 +344,8 @@ def beam_search(
     min_new = check_size("min_new_tokens", options.min_new_tokens, 0)
     check_bool("python_loop", options.python_loop)
     check_kind("kv_cache", kv_cache, shared_by="beam search")
+    constraint = pattern_table(options.regex, options.json_schema, len(rows), V,
+                               options.tokenizer, np.flatnonzero(eos_mask).tolist())
     shapes = batch_shapes(rows, N, max_len, position_limit(model), data_size(model))
     S, N = shapes.max_len, shapes.columns
     check_memory("beam_search", _buffers(model.config, shapes.padded_rows, W, S, shapes.width,
@@ -370,9 +356,12 @@ def beam_search(
     real = np.arange(shapes.padded_rows) < shapes.rows
     budgets = np.where(real, np.minimum(N, S - lengths), 0).astype(np.int32)
     graphdef, weights = nnx.split(model)
+    table, starts = constraint or (None, None)
     inputs = BeamInputs(prompt_lengths=lengths, budgets=budgets, eos_mask=eos_mask,
-                        alpha=np.float32(alpha), min_new_tokens=np.int32(min_new))
+                        alpha=np.float32(alpha), min_new_tokens=np.int32(min_new),
+                        constraint=table,
+                        constraint_states=None if starts is None else pad_rows(starts, len(block)))
     state = beam_prefill(weights, block, inputs, graphdef=graphdef, width=W, max_len=S,
                          max_new_tokens=shapes.width, kv_cache=kv_cache)
     state = BEAM_LOOP.run(weights, state, python_loop=options.python_loop, graphdef=graphdef)
-    return _output(state, R, shapes)
+    return n_best(state, R, shapes)

@@ -23,6 +23,15 @@ Conventions (every caller relies on them):
   ``max_new_tokens`` generated or ``max_len`` tokens in the row ("length"), or logits that hold
   NaN / +inf or leave no allowed token ("error"; nothing is sampled from them). The finishing
   EOS or stop sequence is part of the output. The finish codes are ``request``'s table.
+- Constraints (``SamplingParams.regex`` / ``json_schema``): each row carries its automaton
+  state (``RowState.constraint_states``, ``FREE`` for a free row) as it carries its length, and
+  the batch's ``ConstraintTable`` rides in the state as data. The model's logits are masked to
+  the state's tokens before every processor, on the greedy and the sampled path alike, so
+  truncations and the reported logprobs are those of the constrained distribution; the state
+  advances with the kept token. EOS is allowed only in accepting states, and a constrained row
+  that meets its budget (or ``max_len``) in another state ends "incomplete". One program per
+  table bucket serves any patterns and free rows; a batch with no pattern has no table and runs
+  the unconstrained program.
 - The loop ends when every row has stopped; rows that stopped earlier are carried along
   without advancing their cache. ``DECODE_LOOP`` runs it compiled or, with ``python_loop``, as
   its Python twin (same step, same tokens).
@@ -230,6 +239,8 @@ def generate(
         python_loop: run the decode steps from Python (same step function, same tokens).
         raise_on_error: raise ValueError if a row hit NaN / +inf logits or a distribution with
           no allowed token; with False such rows just finish with reason "error".
+        tokenizer: also what ``params.regex`` / ``json_schema`` are compiled over (with
+          ``eos_ids``, allowed exactly where a pattern is complete).
 
     Raises ValueError before anything is allocated when the cache and buffers need more than the
     memory limit (``checks.check_memory``).

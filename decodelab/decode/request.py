@@ -193,6 +193,11 @@ class BeamOptions:
     eos_ids: int | Sequence[int] = ()  # ids that finish a hypothesis
     min_new_tokens: int = 0  # no hypothesis ends with an EOS id before this many tokens
     python_loop: bool = False  # run the steps from Python (same step, same hypotheses)
+    # Structured output, as in SamplingParams (``sampling.patterns``): a regex or a JSON schema
+    # per prompt or shared, None free; compiled over ``tokenizer``'s tokens.
+    regex: Any = None
+    json_schema: Any = None
+    tokenizer: Any = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Structured-output patterns as a caller gives them: ``regex`` and ``json_schema``, each one
 value for the batch or one per row, and the batch's ``ConstraintTable`` built from them.
 
-Conventions (``SamplingParams``, ``BeamOptions`` and the serving engine rely on them):
+Conventions (``SamplingParams`` and ``BeamOptions`` rely on them):
 
 - A regex is a str; a JSON schema a dict or its JSON text. None (the default) is free text.
   A list or tuple gives one value per row (None where a row is free); any other value is the
@@ -78,6 +78,7 @@ def pattern_table(regex: Any, json_schema: Any, batch_size: int, vocab_size: int
     the model's ``tokenizer`` and ``eos_ids`` (allowed exactly in accepting states); the builder
     (``sampling.automaton.table``) refuses a bad pattern or a missing tokenizer with a
     ValueError naming the row and the pattern."""
+    check_patterns(regex, json_schema)
     rows = row_patterns(regex, json_schema, batch_size)
     if all(row is None for row in rows):
         return None

@@ -215,6 +215,9 @@ class SlotEngine:
                 token_ids(f"stop_sequences[{m}]", s, self.vocab_size)
             except ValueError as error:
                 return str(error)
+        if request.params.regex is not None or request.params.json_schema is not None:
+            return (f"params: the engine does not take constraints yet, got regex="
+                    f"{request.params.regex!r}, json_schema={request.params.json_schema!r}")
         try:
             request.params.per_row(1, self.vocab_size, self.tokenizer_size)
         except ValueError as error:

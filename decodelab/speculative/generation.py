@@ -277,6 +277,10 @@ def speculative_generate(
     _check_models(target, draft, o.tokenizer, o.draft_tokenizer, o.kv_cache)
     gamma = check_size("gamma", gamma, 1)
     V = target.config.vocab_size
+    if params.regex is not None or params.json_schema is not None:  # before any table work
+        raise ValueError(f"speculative_generate does not take constraints yet, got "
+                         f"regex={params.regex!r}, json_schema={params.json_schema!r}; use "
+                         f"generate or beam_search for structured output")
     request = check_request(V, prompts, params, max_new_tokens, seed, o)
     if request.tokenizer_size is None:  # the draft's tokenizer, the same, masks the padding
         request = dataclasses.replace(
