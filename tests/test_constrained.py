@@ -8,11 +8,9 @@ The tables are hand-built (``standins.HandBuiltAutomata`` stands in for the host
 model's favourite is odd, the mask leaves only tied even ids, of which greedy takes the lowest.
 """
 
-import sys
-
 import numpy as np
 import pytest
-from standins import HandBuiltAutomata, NextToken
+from standins import NextToken
 
 import decodelab as dl
 from decodelab import serving
@@ -22,12 +20,7 @@ V, EOS = 32, 31
 GREEDY = dl.SamplingParams.greedy()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def automata():
-    fake = HandBuiltAutomata()
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setitem(sys.modules, "decodelab.sampling.automaton", fake)
-        yield fake
+pytestmark = pytest.mark.usefixtures("automata")
 
 
 @pytest.fixture(scope="module")
@@ -146,14 +139,28 @@ def test_beams_out_of_budget_before_the_pattern_completes_are_incomplete(stand_i
     assert all(t % 2 == 0 for h in out.token_lists()[0] for t in h)
 
 
-# --- Not yet constrained -------------------------------------------------------------------------
+# --- speculative_generate and the engine ----------------------------------------------------------
 
 
-def test_speculative_decoding_and_the_engine_refuse_constraints_before_any_work(stand_in,
-                                                                                automata):
+@pytest.mark.parametrize("drafter", ["ngram", "model"])
+def test_speculative_greedy_equals_constrained_generate(stand_in, drafter):
+    """Prompt lookup proposes what followed "3 4" before, 5: odd, so cut before the target
+    sees it; a stand-in draft model (next = last + 2) proposes under the constraint. Either
+    way the rounds give constrained generate's tokens, EOS and "incomplete" alike, the state
+    rewound with the cache after each rejection."""
+    draft = dl.NgramDrafter() if drafter == "ngram" else NextToken(V, skip_after=1)
+    params = GREEDY.replace(regex=["even{4}", "even+", "even{9}"])
+    prompts = [[3, 4, 5, 3], [3, 4, 5, 3], [6]]
+    expected = run(stand_in, prompts, 8, params)
+    out = dl.speculative_generate(stand_in, draft, prompts, params, 3, 8,
+                                  options=dl.DecodeOptions(eos_ids=[EOS]))
+    assert out.token_lists() == expected.token_lists()
+    assert out.finish_reason == expected.finish_reason == ["eos", "length", "incomplete"]
+    assert out.stats.tested.sum() > 0
+
+
+def test_the_engine_refuses_constraints_before_any_work(stand_in, automata):
     params, calls = GREEDY.replace(regex="even+"), automata.calls
-    with pytest.raises(ValueError, match="speculative_generate does not take constraints yet"):
-        dl.speculative_generate(stand_in, dl.NgramDrafter(), [[3]], params, 2, 4)
     engine = serving.SlotEngine(stand_in, 1, 16)
     with pytest.raises(ValueError, match="cannot be served: params: the engine does not take "
                                          "constraints yet, got regex='even\\+'"):

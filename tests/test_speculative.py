@@ -257,24 +257,28 @@ def pair():
     return dl.Transformer(cfg, rngs=nnx.Rngs(3)), dl.Transformer(cfg, rngs=nnx.Rngs(4))
 
 
-def exact_two_token_distribution(target, prompt, params, eos_ids=()):
+def exact_two_token_distribution(target, prompt, params, eos_ids=(), allowed=None):
     """``[V, V]``: P(first two output tokens = (a, b)) under ``target`` with ``params``'
     processors (``eos_ids`` the ids min-new-tokens bans), from its logits:
-    p(a | prompt) * p(b | prompt + a)."""
+    p(a | prompt) * p(b | prompt + a); ``allowed``: a constraint's ``[V]`` bool masks of the
+    first and the second token, applied to the logits before the processors."""
     rows = np.asarray([prompt + [a] for a in range(SMALL_V)], np.int32)  # [V, P + 1]
     logits = target(jnp.asarray(rows))  # [V, P + 1, V], no cache
     P = len(prompt)
     eos_mask = jnp.zeros((SMALL_V,), bool).at[jnp.asarray(eos_ids, jnp.int32)].set(True)
 
-    def processed(logits_at, lengths, tokens):
+    def processed(logits_at, lengths, tokens, mask=None):
+        if mask is not None:
+            logits_at = jnp.where(jnp.asarray(mask), logits_at, -jnp.inf)
         history = dl.sampling.History(
             tokens=jnp.asarray(tokens), prompt_lengths=jnp.full((SMALL_V,), P, jnp.int32),
             lengths=jnp.asarray(lengths, jnp.int32), eos_mask=eos_mask)
         return np.exp(np.asarray(dl.sampling.processed_logprobs(
             logits_at, params.per_row(SMALL_V, SMALL_V), history), np.float64))
 
-    first = processed(logits[:, P - 1], np.full(SMALL_V, P), rows)[0]  # [V], same for all rows
-    second = processed(logits[:, P], np.full(SMALL_V, P + 1), rows)  # [V (a), V (b)]
+    first_mask, second_mask = (None, None) if allowed is None else allowed
+    first = processed(logits[:, P - 1], np.full(SMALL_V, P), rows, first_mask)[0]  # [V]
+    second = processed(logits[:, P], np.full(SMALL_V, P + 1), rows, second_mask)  # [V (a), V (b)]
     return first[:, None] * second
 
 
@@ -365,6 +369,27 @@ def test_history_dependent_processors_are_exact_at_every_verified_position(pair,
     exact = exact_two_token_distribution(target, REPEATING_PROMPT, HISTORY_SETTING,
                                          eos_ids=[EOS_ID])
     assert exact[EOS_ID].sum() == exact[:, EOS_ID].sum() == 0
+    assert chi_square_pvalue(counts, exact) > SIGNIFICANCE
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("drafter", ["model", "ngram"])
+def test_constrained_drafts_are_distributed_exactly_as_the_constrained_target(pair, drafter,
+                                                                              automata):
+    """A constraint (hand-built "even+": an even id, then even ids or EOS 7): the draft model
+    proposes under it, the n-gram drafter's forbidden proposals are cut, the target's
+    distributions are masked with each position's state. The first two tokens are distributed
+    as the target's p(a) p(b | a), each masked to its state's tokens and renormalised."""
+    target, draft = pair
+    draft = draft if drafter == "model" else NgramDrafter()
+    params = SETTINGS["temperature 1"].replace(regex="even+")
+    eos = SMALL_V - 1
+    counts, stats = first_two_tokens(target, draft, REPEATING_PROMPT, params, seed0=0,
+                                     options=SpeculativeOptions(eos_ids=[eos]))
+    assert stats.tested.sum() > 0
+    even = np.arange(SMALL_V) % 2 == 0
+    exact = exact_two_token_distribution(target, REPEATING_PROMPT, params,
+                                         allowed=(even, even | (np.arange(SMALL_V) == eos)))
     assert chi_square_pvalue(counts, exact) > SIGNIFICANCE
 
 

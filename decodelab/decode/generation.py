@@ -57,8 +57,8 @@ from decodelab.checks import check_memory, check_model, position_limit
 from decodelab.decode.loop import CompiledLoop
 from decodelab.decode.output import GenerateOutput, finish_output, host_output
 from decodelab.decode.request import (BAD_LOGITS, EOS, INCOMPLETE, LENGTH, NO_ALLOWED_TOKEN,
-                                      RUNNING, STOP, DecodeOptions, OutputSpec, RowInputs, check_request,
-                                      decode_buffers)
+                                      RUNNING, STOP, DecodeOptions, OutputSpec, RowInputs,
+                                      check_request, decode_buffers)
 from decodelab.decode.shapes import batch_shapes, prompt_block, prompt_width
 from decodelab.decode.state import RowState
 from decodelab.sampling.params import SamplingParams

@@ -20,7 +20,9 @@ on them):
   a start state per row here, in ``check_request``, only when some row has one: then
   ``RowInputs.constraint`` holds the table (data, not a static value: one program per table
   bucket, whatever the patterns); without one it is None and the programs are those of
-  unconstrained decoding, with no table work at all.
+  unconstrained decoding, with no table work at all. So a constrained batch compiles one
+  program per table bucket beside the unconstrained one, rather than every batch carrying a
+  free table: that would cost every unconstrained step a ``[B, V]`` mask for nothing.
 - Sizes are bounded by what the model and the cache can use: ``max_new_tokens`` is clamped to
   the room ``max_len`` leaves after the shortest prompt (no row can generate more), and before
   anything is allocated the bytes of the cache and buffers are checked against the memory limit

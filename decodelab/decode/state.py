@@ -122,6 +122,22 @@ class RowState(LoopState):
         moved = self.constraint.advance(self.constraint_states, tokens)
         return dict(constraint_states=jnp.where(kept, moved, self.constraint_states))
 
+    def states_along(self, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """``(states [B, T + 1], allowed [B, T])`` for candidate tokens ``[B, T]`` that follow
+        each row's output: the constraint state before each token and after the last, and
+        whether each token is allowed where it stands (past a forbidden one the states mean
+        nothing). Only for a constrained batch."""
+        table = self.constraint
+
+        def step(states, token):  # [B], [B]
+            words = table.allowed[states, token // 32]
+            ok = ((words >> (token % 32).astype(jnp.uint32)) & 1).astype(bool)
+            after = table.advance(states, token)
+            return after, (after, ok)
+
+        _, (after, allowed) = jax.lax.scan(step, self.constraint_states, tokens.T)
+        return jnp.concatenate([self.constraint_states[:, None], after.T], axis=1), allowed.T
+
     def incomplete(self, states: jax.Array | None = None) -> jax.Array:
         """``[B]`` bool: the row's constraint state (by default its own) is not accepting, so
         its output so far does not match its pattern (a constant False when none is

@@ -92,13 +92,15 @@ class ModelDrafter(Drafter):
 
         def sample(j, carry):  # d_j and log q_j(d_j) from the logits for position L + j
             history = state.history_at(carry["buffer"], L + j)
+            # Under a constraint, masked by the state advanced along the draft so far.
+            logits = state.constrained(carry["logits"], carry.get("constraint_states"))
 
             def greedy():
-                token, bad, none = sampling.greedy_choice(carry["logits"], state.params, history)
+                token, bad, none = sampling.greedy_choice(logits, state.params, history)
                 return token, jnp.zeros((B,), jnp.float32), ~bad & ~none
 
             def sampled():
-                scores = sampling.process_logits(carry["logits"], state.params, history)
+                scores = sampling.process_logits(logits, state.params, history)
                 normaliser = jax.nn.logsumexp(scores, axis=-1)  # [B]
                 token = sampling.draw(scores - normaliser[:, None],
                                       stream_keys(state.keys, L + j, DRAFT_STREAM))
@@ -107,6 +109,9 @@ class ModelDrafter(Drafter):
 
             token, logq, ok = jax.lax.cond(sampling.all_greedy(state.params, skip=state.done),
                                            greedy, sampled)
+            if state.constraint is not None:
+                carry = dict(carry, constraint_states=state.constraint.advance(
+                    carry["constraint_states"], token))
             return token, dict(carry, buffer=carry["buffer"].at[rows, L + j].set(token,
                                                                                 mode="drop"),
                                tokens=carry["tokens"].at[:, j].set(token),
@@ -124,6 +129,8 @@ class ModelDrafter(Drafter):
         carry = dict(logits=logits, cache=cache, buffer=state.tokens,
                      tokens=jnp.zeros((B, gamma), jnp.int32),
                      logq=jnp.zeros((B, gamma), jnp.float32), usable=jnp.zeros((B, gamma), bool))
+        if state.constraint is not None:
+            carry["constraint_states"] = state.constraint_states
         carry = jax.lax.fori_loop(0, gamma - 1, step, carry)
         _, carry = sample(gamma - 1, carry)
         count = jnp.sum(jnp.cumprod(carry["usable"], axis=1), axis=1)
@@ -160,6 +167,9 @@ class ModelDrafter(Drafter):
         def recompute(cache):
             cache = cache.rewind(jnp.where(rejected, L + n - 1, cache.lengths))
             logits, cache = model(before, cache=cache, num_valid=rejected.astype(jnp.int32))
+            if state.constraint is not None:  # masked as when d_n was drawn
+                at_n = jnp.take_along_axis(proposal.constraint_states, n[:, None], axis=1)[:, 0]
+                logits = state.constrained(logits, at_n)
             return sampling.processed_logprobs(logits[:, 0], state.params,
                                                state.history_at(proposal.buffer, L + n)), cache
 

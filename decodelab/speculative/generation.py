@@ -28,6 +28,13 @@ Conventions (every caller relies on them):
   them have ``q = 0``, so the token there is drawn from ``p``: the rule stays exact for any count.
   A model-free drafter's ``q`` is one-hot at its proposal: accepted with probability ``p(x)``,
   otherwise the next token is drawn from ``p`` without ``x``, renormalised.
+- Constraints (``SamplingParams.regex`` / ``json_schema``, ``generate``'s): ``p`` and ``q`` are
+  the constrained distributions, the logits masked to the tokens of the constraint state at
+  their position before the processors. A model drafter masks each draft step with the state
+  advanced along its own draft; proposals a row's state forbids (a model-free drafter's) are cut
+  before the target sees them. The round keeps each position's state (``Proposal``), so a row's
+  state after the round is the one of its kept tokens: it rewinds with the cache, and the
+  output is distributed exactly as constrained ``generate``'s.
 - Randomness is per request: the draws for the token at position ``pos`` of request r use
   ``fold_in(fold_in(request key r, pos), stream)`` (the request keys come from the seeds as in
   ``generate``; ``drafters.stream_keys``) with one stream each for the draft sample, the
@@ -40,7 +47,8 @@ Conventions (every caller relies on them):
   Python twin with ``python_loop``).
 - The loop is one ``lax.while_loop`` of rounds with static shapes; rows that have stopped are
   carried along with nothing written and their caches unchanged. Rows stop as in ``generate``
-  (EOS, stop sequences and strings, ``max_new_tokens``, ``max_len``, bad logits).
+  (EOS, stop sequences and strings, ``max_new_tokens``, ``max_len``, bad logits), a
+  constrained row out of budget before its pattern completes with "incomplete".
 """
 
 from __future__ import annotations
@@ -277,10 +285,6 @@ def speculative_generate(
     _check_models(target, draft, o.tokenizer, o.draft_tokenizer, o.kv_cache)
     gamma = check_size("gamma", gamma, 1)
     V = target.config.vocab_size
-    if params.regex is not None or params.json_schema is not None:  # before any table work
-        raise ValueError(f"speculative_generate does not take constraints yet, got "
-                         f"regex={params.regex!r}, json_schema={params.json_schema!r}; use "
-                         f"generate or beam_search for structured output")
     request = check_request(V, prompts, params, max_new_tokens, seed, o)
     if request.tokenizer_size is None:  # the draft's tokenizer, the same, masks the padding
         request = dataclasses.replace(

@@ -14,7 +14,8 @@ from flax import nnx, struct
 
 from decodelab import sampling
 from decodelab.cache.dense import KVCache
-from decodelab.decode.request import BAD_LOGITS, EOS, LENGTH, NO_ALLOWED_TOKEN, RUNNING, STOP
+from decodelab.decode.request import (BAD_LOGITS, EOS, INCOMPLETE, LENGTH, NO_ALLOWED_TOKEN,
+                                      RUNNING, STOP)
 from decodelab.sampling.processors import RowParams
 from decodelab.speculative.drafters import Drafter
 from decodelab.speculative.state import (ACCEPT_STREAM, TARGET_STREAM, Proposal, SpecState,
@@ -60,6 +61,7 @@ class Kept:
     new: jax.Array  # [B, gamma + 1] int32: d_0 .. d_{n-1}, y, then y again (unkept)
     tokens: jax.Array  # [B, S] int32, the proposals' buffer with y at L + n
     finish: jax.Array  # [B] int32, RUNNING or a finish code
+    constraint_states: jax.Array | None = None  # [B] int32, after the kept tokens
 
 
 def verify(target: nnx.Module, state: SpecState, proposal: Proposal
@@ -183,13 +185,20 @@ def _keep(state: SpecState, proposal: Proposal, verdict: Verdict) -> Kept:
     count = jnp.where(running, jnp.where(has_end, first_end + 1, count), 0)
     failed = failed & ~has_end
     lengths = L + count
+    after = {}
+    if state.constraint is not None:  # the state before token `count`: a proposal's, or after y
+        path = proposal.constraint_states
+        after = dict(constraint_states=jnp.where(
+            count > n, state.constraint.advance(_at(path, n), y), _at(path, count)))
     code = jnp.select(
         [failed & _at(verdict.bad_logits, n), failed, has_end & state.eos_mask[_at(new, first_end)],
          has_end, (lengths - P >= state.budgets) | (lengths >= S)],
-        [BAD_LOGITS, NO_ALLOWED_TOKEN, EOS, STOP, LENGTH],
+        [BAD_LOGITS, NO_ALLOWED_TOKEN, EOS, STOP,
+         jnp.where(state.replace(**after).incomplete(), INCOMPLETE, LENGTH)],
         RUNNING,
     )
-    return Kept(count=count, new=new, tokens=tokens, finish=jnp.where(running, code, state.finish))
+    return Kept(count=count, new=new, tokens=tokens, finish=jnp.where(running, code, state.finish),
+                **after)
 
 
 def _commit(state: SpecState, drafter: Drafter, proposal: Proposal, verdict: Verdict, kept: Kept,
@@ -217,6 +226,8 @@ def _commit(state: SpecState, drafter: Drafter, proposal: Proposal, verdict: Ver
     if draft_cache is not None:
         draft_cache = drafter.rewind(draft_cache, jnp.where(
             running, jnp.minimum(lengths - 1, L + gamma - 1), state.draft_cache.lengths))
+    if kept.constraint_states is not None:
+        record.update(constraint_states=kept.constraint_states)
     return state.replace(
         step=state.step + 1, tokens=kept.tokens, lengths=lengths, finish=kept.finish,
         target_cache=target_cache, draft_cache=draft_cache,
@@ -225,16 +236,33 @@ def _commit(state: SpecState, drafter: Drafter, proposal: Proposal, verdict: Ver
         accepted=state.accepted + accepted.astype(jnp.int32), per_round=per_round, **record)
 
 
+def _under_constraint(state: SpecState, proposal: Proposal) -> Proposal:
+    """The proposal cut before its first token the row's constraint forbids (a model drafter
+    proposes under the constraint already; a model-free one may not), with the constraint state
+    at each position ``L .. L+gamma``: the target's distributions there are masked with them,
+    and the row's state after the round is read from them, so it rewinds with the cache."""
+    if state.constraint is None:
+        return proposal
+    states, allowed = state.states_along(proposal.tokens)
+    count = jnp.minimum(proposal.count, jnp.sum(jnp.cumprod(allowed, axis=1), axis=1))
+    return proposal.replace(count=count.astype(jnp.int32), constraint_states=states)
+
+
 def speculative_round(target: nnx.Module, drafter: Drafter, draft_weights: Any,
                       state: SpecState) -> SpecState:
     """One round of the loop: draft, verify in one target pass, judge, keep; record and rewind.
     (Public, with ``verify`` and ``Drafter.propose``, so a study can time each part alone.)"""
     proposal, draft_cache = drafter.propose(draft_weights, state)
-    logits, target_cache = verify(target, state, proposal)
+    proposal = _under_constraint(state, proposal)
+    raw, target_cache = verify(target, state, proposal)
+    logits = state.constrained(raw, proposal.constraint_states)
     verdict, draft_cache = jax.lax.cond(
         sampling.all_greedy(state.params, skip=state.done),
         lambda cache: (_judge_greedy(state, proposal, logits), cache),
         lambda cache: _judge_sampled(drafter, draft_weights, cache, state, proposal, logits),
         draft_cache)
+    if state.constraint is not None:  # a NaN the mask hid is still the model's failure
+        bad = sampling.bad_logits(raw)
+        verdict = verdict.replace(bad_logits=verdict.bad_logits | bad, usable=verdict.usable & ~bad)
     kept = _keep(state, proposal, verdict)
     return _commit(state, drafter, proposal, verdict, kept, target_cache, draft_cache)

@@ -35,6 +35,9 @@ class Proposal:
     logq: jax.Array  # [B, gamma] float32, log q_j(tokens[:, j]); 0 for a one-hot draw
     count: jax.Array  # [B] int32 in [0, gamma]: only the first `count` are proposals
     buffer: jax.Array  # [B, S] int32, the state's tokens with the proposals at L .. L+gamma-1
+    # [B, gamma + 1] int32: the constraint state before each proposal and after the last (the
+    # round fills it in; None when no row is constrained)
+    constraint_states: jax.Array | None = None
 
 
 @struct.dataclass(kw_only=True)
