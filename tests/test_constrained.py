@@ -188,3 +188,11 @@ def test_a_per_row_pattern_list_of_another_length_is_refused_before_compiling(st
             ValueError, match="regex has 2 values but the batch has 3 rows"):
         run(stand_in, [[1], [2], [3]], 4, GREEDY.replace(regex=["even+", None]))
     assert sum(counts.values()) == 0
+
+
+def test_timed_rounds_refuse_a_constraint_they_would_ignore(stand_in):
+    from decodelab.measure import speculation
+
+    with pytest.raises(ValueError, match="params must be free of constraints for a timed round"):
+        speculation.start_state(stand_in, dl.NgramDrafter(), None, [[3]],
+                                GREEDY.replace(regex="even+"), 2, 16, 4)

@@ -196,6 +196,9 @@ def test_token_stats_count_the_candidates_each_strategy_allows(tiny):
     penalised = quality.token_stats(tiny, prompts, continuations,
                                     dl.SamplingParams(repetition_penalty=1.3), batch_size=4)
     assert "candidates" not in penalised  # its allowed set depends on the history
+    constrained = quality.token_stats(tiny, prompts, continuations,
+                                      dl.SamplingParams(regex="x+"), batch_size=4)
+    assert "candidates" not in constrained  # so does a constraint's
 
 
 def test_quality_row_of_greedy_samples_marks_them_identical_and_all_top1(tiny):

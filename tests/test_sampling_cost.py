@@ -54,6 +54,8 @@ def test_transformers_gets_the_same_processors_and_top_k_off_where_decodelab_has
         "do_sample": False, "repetition_penalty": 1.2}
     with pytest.raises(ValueError, match="eta"):
         peers.hf_sampling(SamplingParams(eta=0.01))
+    with pytest.raises(ValueError, match="a logit bias, banned tokens or a constraint"):
+        peers.hf_sampling(SamplingParams(regex=r"\d+"))  # transformers would ignore it
 
 
 def row(preset: str, batch: int, greedy_s: float, factors: dict[str, float]) -> dict:

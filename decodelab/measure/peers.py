@@ -90,9 +90,9 @@ def hf_sampling(params: SamplingParams) -> dict:
     values = {name: np.asarray(getattr(params, name)).item() for name in fields}
     others = [name for name, p in PARAMETERS.items() if name not in fields
               and np.any(np.asarray(getattr(params, name)) != p.neutral)]
-    if others or params.logit_bias or params.banned_tokens:
+    if others or params.logit_bias or params.banned_tokens or params.constrained:
         raise ValueError(f"params must use only {sorted(fields)} for a transformers peer, got "
-                         f"{others or 'a logit bias or banned tokens'}")
+                         f"{others or 'a logit bias, banned tokens or a constraint'}")
     if values["temperature"] == 0.0:
         return {"do_sample": False, "repetition_penalty": values["repetition_penalty"]}
     values["min_p"] = values["min_p"] or None

@@ -178,10 +178,11 @@ def token_stats(model: nnx.Module, prompts: Sequence[Sequence[int]],
     """Per continuation token, pooled over all continuations: ``logprob`` (raw, under ``model``),
     ``top1`` (the token is the model's argmax) and, with ``params`` free of history-dependent
     processors, ``candidates`` (tokens its processors allow at that step)."""
-    # A strategy using a processor that looks at the tokens so far has no candidate count
-    # recomputed from a forward pass (its allowed set depends on the history).
-    if params is not None and any(np.any(np.asarray(getattr(params, name)) != p.neutral)
-                                  for name, p in HISTORY_PARAMETERS.items()):
+    # A strategy using a processor that looks at the tokens so far, or a constraint, has no
+    # candidate count recomputed from a forward pass (its allowed set depends on the history).
+    if params is not None and (params.constrained or any(
+            np.any(np.asarray(getattr(params, name)) != p.neutral)
+            for name, p in HISTORY_PARAMETERS.items())):
         params = None
     # Power-of-two padding, as for prompts, so continuations of new lengths reuse the program.
     width = bucket_length(max(1, max(len(c) for c in continuations)), minimum=1)

@@ -91,6 +91,9 @@ def start_state(target, drafter, draft_weights, prompts, params, gamma: int, max
                 max_new_tokens: int) -> speculative.SpecState:
     """The state ``speculative_generate`` starts its rounds from, for ``prompts`` (equal
     lengths), seed 0."""
+    if params.constrained:  # the rows below carry no constraint table
+        raise ValueError(f"params must be free of constraints for a timed round, got "
+                         f"regex={params.regex!r}, json_schema={params.json_schema!r}")
     block = np.asarray(prompts, np.int32)
     B, V = block.shape[0], target.config.vocab_size
     lengths = np.full((B,), block.shape[1], np.int32)

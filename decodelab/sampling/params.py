@@ -163,6 +163,12 @@ class SamplingParams:
         return RowParams(**{name: jnp.asarray(a) for name, a in values.items()},
                          logit_bias=jnp.asarray(bias), biased=jnp.asarray(np.any(bias != 0, -1)))
 
+    @property
+    def constrained(self) -> bool:
+        """Whether a ``regex`` or ``json_schema`` is given (for some row): a function that
+        forms the distribution without the batch's ``constraint_table`` must refuse it."""
+        return self.regex is not None or self.json_schema is not None
+
     def constraint_table(self, batch_size: int, vocab_size: int, tokenizer: Any,
                          eos_ids: Sequence[int]) -> tuple[ConstraintTable, np.ndarray] | None:
         """The batch's constraint table and each row's start state ``[B]``, or None when no row

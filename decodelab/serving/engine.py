@@ -215,7 +215,7 @@ class SlotEngine:
                 token_ids(f"stop_sequences[{m}]", s, self.vocab_size)
             except ValueError as error:
                 return str(error)
-        if request.params.regex is not None or request.params.json_schema is not None:
+        if request.params.constrained:
             return (f"params: the engine does not take constraints yet, got regex="
                     f"{request.params.regex!r}, json_schema={request.params.json_schema!r}")
         try:
