@@ -159,13 +159,45 @@ def test_speculative_greedy_equals_constrained_generate(stand_in, drafter):
     assert out.stats.tested.sum() > 0
 
 
-def test_the_engine_refuses_constraints_before_any_work(stand_in, automata):
-    params, calls = GREEDY.replace(regex="even+"), automata.calls
-    engine = serving.SlotEngine(stand_in, 1, 16)
-    with pytest.raises(ValueError, match="cannot be served: params: the engine does not take "
-                                         "constraints yet, got regex='even\\+'"):
-        engine.insert(serving.Request(id=0, prompt=(3,), max_new_tokens=4, params=params))
-    assert automata.calls == calls
+def test_the_engine_serves_each_constrained_request_as_generate_does(automata):
+    """Requests with two patterns and none, sampled and greedy, more than the slots (a slot
+    freed by a constrained request takes a free one, a new pattern rebuilds the table while
+    others run): each completion equals constrained generate on that request alone."""
+    model = NextToken(V, margin=1.0)
+    patterns = ["even{4}", None, "even+", "even{9}", "even+", "even{2}", None]
+    requests = [serving.Request(id=i, prompt=(3 + i,), max_new_tokens=6 + i % 3, seed=i,
+                                params=dl.SamplingParams(temperature=[1.0, 0.0][i % 2],
+                                                         regex=p))
+                for i, p in enumerate(patterns)]
+    engine = serving.SlotEngine(model, 2, 32, options=serving.EngineOptions(eos_ids=[EOS]))
+    done = engine.run(requests, n=3)
+    for r in requests:
+        alone = dl.generate(model, [list(r.prompt)], r.params, r.max_new_tokens, seed=[r.seed],
+                            max_len=32, options=dl.DecodeOptions(eos_ids=[EOS]))
+        assert done[r.id].tokens == alone.token_lists()[0], r.id
+        assert done[r.id].finish_reason == alone.finish_reason[0]
+    assert done[0].finish_reason == "eos" and done[3].finish_reason == "incomplete"
+
+
+def test_a_preempted_constrained_request_resumes_from_the_state_of_its_tokens(automata):
+    """Paged memory too small for three growing requests: the newest is preempted and
+    recomputed from prompt + its tokens, its automaton state from the state after them, and
+    each ends as constrained generate alone."""
+    model = NextToken(V, margin=1.0)
+    requests = [serving.Request(id=i, prompt=(3 + i, 4), max_new_tokens=12, seed=i,
+                                params=dl.SamplingParams(temperature=1.0, regex=p))
+                for i, p in enumerate(["even{9}", "even+", "even{6}", None])]
+    engine = serving.SlotEngine(model, 3, 32, kv_tokens=32, page_size=4,
+                                options=serving.EngineOptions(eos_ids=[EOS]))
+    out = serving.replay(engine, requests, serving.Continuous(), clock=serving.VirtualClock(),
+                         steps_per_call=2)
+    assert out.summary["preemptions"] >= 1 and out.summary["completed"] == len(requests)
+    for record in out.records:
+        r = requests[record.request_id]
+        alone = dl.generate(model, [list(r.prompt)], r.params, 12, seed=[r.seed], max_len=32,
+                            options=dl.DecodeOptions(eos_ids=[EOS]))
+        assert record.tokens == alone.token_lists()[0], r.id
+        assert record.finish_reason == alone.finish_reason[0]
 
 
 # --- Bad input ------------------------------------------------------------------------------------

@@ -25,6 +25,9 @@ Conventions (every caller relies on them):
   processor is in it, skipped at run time when no running slot enables it, and the argmax path
   is taken when every running slot is greedy; admitting a request with other processors
   compiles nothing. Penalty counts are carried in the state, as in ``generate``.
+- Constraints (``SamplingParams.regex`` / ``json_schema``, per request; compiled over
+  ``EngineOptions.tokenizer``): each slot carries its automaton state, the table of the held
+  requests' patterns rides in the state (``constraints``), and the output equals ``generate``'s.
 - Request ids are unique among the requests an engine holds: ``insert`` refuses an id that is
   decoding, and ``run`` refuses a list with a repeated id before anything runs.
 - The token at position p of a request is drawn with ``fold_in(key(seed), p)``, so a request's
@@ -69,6 +72,7 @@ from decodelab.checks import (check_memory, check_model, check_size, is_int, kv_
 from decodelab.decode.generation import DecodeState
 from decodelab.decode.request import LENGTH, bucket_length, check_eos, decode_buffers, token_ids
 from decodelab.serving import slot_prefill
+from decodelab.serving.constraints import SlotConstraints
 from decodelab.serving.engine_programs import (ADVANCE, advance_rows, collect, empty_state,
                                                harvest)
 from decodelab.serving.options import EngineOptions
@@ -160,6 +164,8 @@ class SlotEngine:
                                   kv_cache, None if self._memory is None else
                                   (self._memory.num_pages, self._memory.page_size))
         self._slots: list[Slot | None] = [None] * self.num_slots
+        self._constraints = SlotConstraints(self._rows, self.vocab_size, options.tokenizer,
+                                            options.eos_ids)
         # Preempted requests' slots (their output so far), by id, until inserted again.
         self._resume: dict[int | str, Slot] = {}
         self._preempted: list[Request] = []  # since the last StepResult
@@ -215,9 +221,8 @@ class SlotEngine:
                 token_ids(f"stop_sequences[{m}]", s, self.vocab_size)
             except ValueError as error:
                 return str(error)
-        if request.params.constrained:
-            return (f"params: the engine does not take constraints yet, got regex="
-                    f"{request.params.regex!r}, json_schema={request.params.json_schema!r}")
+        if reason := self._constraints.check(request):
+            return reason
         try:
             request.params.per_row(1, self.vocab_size, self.tokenizer_size)
         except ValueError as error:
@@ -273,6 +278,7 @@ class SlotEngine:
     def _free_slot(self, slot: int) -> None:
         """Empty ``slot`` (its request retired) and return its pages."""
         self._slots[slot] = None
+        self._constraints.release(slot)
         if self._memory is not None:
             self._memory.release(slot)
 
@@ -301,7 +307,9 @@ class SlotEngine:
         params = request.params.per_row(1, self.vocab_size, self.tokenizer_size)
         slot = int(slot)
         resumed = self._resumed(request) and self._resume.pop(request.id)
-        self._slots[slot] = Slot.admit(request, params, resumed)
+        held = self._slots[slot] = Slot.admit(request, params, resumed)
+        self._state, held.constraint_start = self._constraints.admit(self._state, slot, request,
+                                                                     held.tokens)
         if self._memory is not None:
             self._memory.admit(slot)
         return slot

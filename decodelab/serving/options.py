@@ -23,7 +23,8 @@ class EngineOptions:
     max_stop_sequences: int = 4  # room for each request's own stop sequences ...
     max_stop_width: int = 8  # ... of at most this many ids each
     prefill_chunk: int | None = None  # None: whole prompts; C: at most C tokens per call
-    tokenizer: Any = None  # the model's; ids past its size (a padded vocabulary's) never sampled
+    tokenizer: Any = None  # the model's; ids past its size (a padded vocabulary's) never sampled;
+    #   what a request's regex / json_schema is compiled over
 
     def __post_init__(self) -> None:
         ids = [self.eos_ids] if is_int(self.eos_ids) else self.eos_ids

@@ -26,7 +26,7 @@ from decodelab.serving.slots import Slot
 # Fields of DecodeState with a leading slot axis (the cache's k and v have it second).
 ROW_FIELDS = ("tokens", "prompt_lengths", "lengths", "finish", "logits", "keys", "params",
               "stop_ids", "budgets", "logprobs", "top_logprobs", "top_ids", "entropy",
-              "output_counts", "seen")
+              "output_counts", "seen", "constraint_states")
 
 
 @struct.dataclass(kw_only=True)
@@ -49,6 +49,7 @@ class PrefillChunk:
     params: tuple[sampling.RowParams, ...]  # R one-row values
     stop_ids: jax.Array  # [R, M, W] int32
     budgets: jax.Array  # [R] int32
+    constraint_states: jax.Array  # [R] int32, each slot's automaton state after its sequence
 
 
 def next_chunk(waiting: Sequence[tuple[int, Slot]], *, num_slots: int,
@@ -89,7 +90,8 @@ def next_chunk(waiting: Sequence[tuple[int, Slot]], *, num_slots: int,
         ends=np.asarray([len(s.sequence) for _, s in waiting] + [1] * pad, np.int32),
         keys=sampling.seed_keys(np.asarray([r.seed for r in requests], np.uint32)),
         params=tuple(s.params for s in slots), stop_ids=stops,
-        budgets=np.asarray([r.max_new_tokens for r in requests], np.int32)), reach
+        budgets=np.asarray([r.max_new_tokens for r in requests], np.int32),
+        constraint_states=np.asarray([s.constraint_start for s in slots], np.int32)), reach
 
 
 def rows_of(cache, rows: jax.Array, offsets: jax.Array, reach: int):
@@ -159,7 +161,8 @@ def prefill_rows(weights, state: DecodeState, chunk: PrefillChunk, *, graphdef,
         logprobs=jnp.full((R, N), jnp.nan, jnp.float32),
         top_logprobs=jnp.zeros((R,) + state.top_logprobs.shape[1:], jnp.float32),
         top_ids=jnp.zeros((R,) + state.top_ids.shape[1:], jnp.int32),
-        entropy=jnp.zeros((R,) + state.entropy.shape[1:], jnp.float32))
+        entropy=jnp.zeros((R,) + state.entropy.shape[1:], jnp.float32),
+        constraint_states=None if state.constraint is None else chunk.constraint_states)
     history = sampling.History(tokens=tokens, prompt_lengths=chunk.prompt_lengths,
                                lengths=lengths, eos_mask=state.eos_mask)
     fields.update(decode.carried_counts(history, V))

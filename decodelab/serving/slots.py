@@ -39,6 +39,7 @@ class Slot:
     tokens: list[int]  # output tokens received so far
     logprobs: list[float]  # their log-probs
     prefilled: int = 0  # tokens of ``sequence`` in the slot's cache
+    constraint_start: int = 0  # the automaton state after ``sequence`` (``constraints``)
 
     @classmethod
     def admit(cls, request: Request, params: sampling.RowParams,
