@@ -14,7 +14,8 @@ Conventions (the engine relies on them):
   back. The states are padded to a power of two, so a new pattern of similar size compiles
   nothing.
 - A request's start state goes into its slot with its prompt (``slot_prefill``); a preempted
-  request resumes from the state after the tokens it had generated.
+  request resumes from the state after the tokens it had generated, walked at its ``insert``
+  (the one read of the device outside ``step``, and only for such a request).
 """
 
 from __future__ import annotations
@@ -65,6 +66,8 @@ class SlotConstraints:
             self.starts[slot] = self.starts[sharing[0]]
         else:
             state = self._rebuilt(state)
+        if not generated:
+            return state, int(self.starts[slot])
         start = jnp.asarray([self.starts[slot]], jnp.int32)
         for token in generated:  # the state's own table: the engine's programs donate it
             start = state.constraint.advance(start, jnp.asarray([token], jnp.int32))
