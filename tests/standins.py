@@ -92,6 +92,61 @@ def padded_next_token(vocab_size: int, tokenizer_size: int) -> NextToken:
     return NextToken(vocab_size, base=jnp.where(padding, 50.0, 0.0))
 
 
+# --- Hand-built constraints -----------------------------------------------------------------------
+
+
+def even_automaton(V: int, eos: int, count: int | None):
+    """The dense automaton (``ConstraintTable.from_dense``'s arrays, state 0 free) of "``count``
+    even non-EOS ids, then EOS" (``count=None``: one or more): states 1..count each take an even
+    id to the next; the last state accepts and takes EOS, or (``None``) more even ids too."""
+    Q = 3 if count is None else count + 2
+    allowed, nxt = np.zeros((Q, V), bool), np.zeros((Q, V), np.int32)
+    accepting = np.zeros((Q,), bool)
+    allowed[0], accepting[0], accepting[Q - 1] = True, True, True
+    even = (np.arange(V) % 2 == 0) & (np.arange(V) != eos)
+    for q in range(1, Q - 1):
+        allowed[q], nxt[q] = even, np.where(even, q + 1, 0)
+    if count is None:
+        allowed[Q - 1], nxt[Q - 1] = even, np.where(even, Q - 1, 0)
+    allowed[Q - 1, eos], nxt[Q - 1, eos] = True, Q - 1
+    return allowed, nxt, accepting
+
+
+class HandBuiltAutomata:
+    """Stands in for ``sampling.automaton`` (its ``table``): regexes named "even+" and "even{n}"
+    (``even_automaton``), stacked after the free state as the real builder stacks its patterns;
+    "even{n}!" is even{n} untrimmed, its last state a dead end that allows nothing (the real
+    builder trims such states away). ``calls`` counts the tables built."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def table(self, constraints, tokenizer, vocab_size, eos_ids):
+        self.calls += 1
+        parts, starts, offset = [], [], 1
+        automata = {}
+        for row in constraints:
+            if row is None:
+                starts.append(0)
+                continue
+            pattern = row[1]
+            if pattern not in automata:
+                count = None if pattern == "even+" else int(pattern.strip("!")[len("even{"):-1])
+                allowed, nxt, accepting = even_automaton(vocab_size, eos_ids[0], count)
+                if pattern.endswith("!"):
+                    allowed[-1], accepting[-1] = False, False
+                automata[pattern] = offset
+                parts.append((allowed[1:], np.where(allowed[1:], nxt[1:] + offset - 1, 0),
+                              accepting[1:]))
+                offset += len(accepting) - 1
+            starts.append(automata[pattern])
+        free = (np.ones((1, vocab_size), bool), np.zeros((1, vocab_size), np.int32), [True])
+        allowed, nxt, accepting = (np.concatenate([np.asarray(a) for a in arrays])
+                                   for arrays in zip(free, *parts))
+        return (ConstraintTable.from_dense(allowed, nxt, accepting),
+                np.array(starts, np.int32))
+
+
 class Uniform(nnx.Module):
     """Every next token equally likely, so a sample shows its random stream alone."""
 
@@ -215,58 +270,3 @@ class FakeTokenizer:
 
     def serialized_model(self):
         return self.name.encode()
-
-
-# --- Hand-built constraints -----------------------------------------------------------------------
-
-
-def even_automaton(V: int, eos: int, count: int | None):
-    """The dense automaton (``ConstraintTable.from_dense``'s arrays, state 0 free) of "``count``
-    even non-EOS ids, then EOS" (``count=None``: one or more): states 1..count each take an even
-    id to the next; the last state accepts and takes EOS, or (``None``) more even ids too."""
-    Q = 3 if count is None else count + 2
-    allowed, nxt = np.zeros((Q, V), bool), np.zeros((Q, V), np.int32)
-    accepting = np.zeros((Q,), bool)
-    allowed[0], accepting[0], accepting[Q - 1] = True, True, True
-    even = (np.arange(V) % 2 == 0) & (np.arange(V) != eos)
-    for q in range(1, Q - 1):
-        allowed[q], nxt[q] = even, np.where(even, q + 1, 0)
-    if count is None:
-        allowed[Q - 1], nxt[Q - 1] = even, np.where(even, Q - 1, 0)
-    allowed[Q - 1, eos], nxt[Q - 1, eos] = True, Q - 1
-    return allowed, nxt, accepting
-
-
-class HandBuiltAutomata:
-    """Stands in for ``sampling.automaton`` (its ``table``): regexes named "even+" and "even{n}"
-    (``even_automaton``), stacked after the free state as the real builder stacks its patterns;
-    "even{n}!" is even{n} untrimmed, its last state a dead end that allows nothing (the real
-    builder trims such states away). ``calls`` counts the tables built."""
-
-    def __init__(self):
-        self.calls = 0
-
-    def table(self, constraints, tokenizer, vocab_size, eos_ids):
-        self.calls += 1
-        parts, starts, offset = [], [], 1
-        automata = {}
-        for row in constraints:
-            if row is None:
-                starts.append(0)
-                continue
-            pattern = row[1]
-            if pattern not in automata:
-                count = None if pattern == "even+" else int(pattern.strip("!")[len("even{"):-1])
-                allowed, nxt, accepting = even_automaton(vocab_size, eos_ids[0], count)
-                if pattern.endswith("!"):
-                    allowed[-1], accepting[-1] = False, False
-                automata[pattern] = offset
-                parts.append((allowed[1:], np.where(allowed[1:], nxt[1:] + offset - 1, 0),
-                              accepting[1:]))
-                offset += len(accepting) - 1
-            starts.append(automata[pattern])
-        free = (np.ones((1, vocab_size), bool), np.zeros((1, vocab_size), np.int32), [True])
-        allowed, nxt, accepting = (np.concatenate([np.asarray(a) for a in arrays])
-                                   for arrays in zip(free, *parts))
-        return (ConstraintTable.from_dense(allowed, nxt, accepting),
-                np.array(starts, np.int32))
