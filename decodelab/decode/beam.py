@@ -49,7 +49,7 @@ from flax import nnx, struct
 
 from decodelab.cache import BeamCache, bytes_per_token, check_kind, init_cache
 from decodelab.checks import (check_bool, check_memory, check_model, check_number, check_size,
-                              is_int, nbytes, position_limit)
+                              is_int, nbytes, position_limit, tokenizer_size)
 from decodelab.decode.loop import CompiledLoop
 from decodelab.decode.request import (EOS, FINISH_REASONS, LENGTH, NO_HYPOTHESIS, PAD_TOKEN,
                                       BeamOptions, check_eos, check_prompts)
@@ -77,6 +77,7 @@ class BeamState(LoopState):
     pool_lengths: jax.Array  # [B, W] int32
     pool_reasons: jax.Array  # [B, W] int32, NO_HYPOTHESIS | EOS | LENGTH (request's codes)
     alpha: jax.Array  # [] float32, the length penalty exponent
+    usable: jax.Array  # [V] bool, ids a hypothesis may take (False: a padded vocabulary's padding)
 
     @property
     def width(self) -> int:
@@ -112,7 +113,8 @@ def _select_and_record(state: BeamState) -> tuple[BeamState, jax.Array]:
     beam of each new running beam (the identity for prompts that were already done)."""
     B, W, N = state.tokens.shape
     V = state.logits.shape[-1]
-    logp = jax.nn.log_softmax(state.logits, axis=-1).reshape(B, W, V)
+    logits = jnp.where(state.usable[None, :], state.logits, -jnp.inf)  # padding never taken
+    logp = jax.nn.log_softmax(logits, axis=-1).reshape(B, W, V)
     extended = state.logprobs[:, :, None] + logp  # [B, W, V]
     n = state.lengths + 1  # [B], output length after this step
     penalty = length_penalty(n, state.alpha)  # [B]
@@ -199,6 +201,7 @@ class BeamInputs:
     eos_mask: jax.Array  # [V] bool
     alpha: jax.Array  # [] float32, the length penalty's exponent
     min_new_tokens: jax.Array  # [] int32
+    usable: jax.Array  # [V] bool, ids below the tokenizer's size (all without a tokenizer)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "width", "max_len", "max_new_tokens",
@@ -236,6 +239,7 @@ def beam_prefill(weights, block, rows: BeamInputs, *, graphdef, width, max_len, 
         pool_reasons=jnp.full((B, W), NO_HYPOTHESIS, jnp.int32),
         eos_mask=eos_mask,
         alpha=alpha,
+        usable=rows.usable,
     )
 
 
@@ -337,6 +341,9 @@ def beam_search(
         eos_ids: ids that finish a hypothesis (kept in its output, never extended).
         min_new_tokens: no hypothesis ends with an EOS id before this many output tokens (beam
           search's best hypotheses are often short: Stahlberg and Byrne 2019).
+        tokenizer: the model's tokenizer, when its vocabulary is padded past the tokenizer's
+          (``checks.tokenizer_size``): ids past its size are never taken, and each step's
+          log-probabilities are those of the tokenizer's ids. ``width`` is at most its size.
         python_loop: run the steps from Python (same step function, same hypotheses).
 
     Raises ValueError before anything is allocated when the cache and buffers need more than the
@@ -357,6 +364,9 @@ def beam_search(
         raise ValueError(f"num_return must be an int in [1, width={W}], got "
                          f"{options.num_return!r}")
     eos_mask = check_eos(options.eos_ids, V)
+    U = tokenizer_size("tokenizer", options.tokenizer, V) or V
+    if W > U:
+        raise ValueError(f"width must be <= the tokenizer's size {U}, got {width}")
     min_new = check_size("min_new_tokens", options.min_new_tokens, 0)
     check_bool("python_loop", options.python_loop)
     check_kind("kv_cache", kv_cache, shared_by="beam search")
@@ -371,7 +381,8 @@ def beam_search(
     budgets = np.where(real, np.minimum(N, S - lengths), 0).astype(np.int32)
     graphdef, weights = nnx.split(model)
     inputs = BeamInputs(prompt_lengths=lengths, budgets=budgets, eos_mask=eos_mask,
-                        alpha=np.float32(alpha), min_new_tokens=np.int32(min_new))
+                        alpha=np.float32(alpha), min_new_tokens=np.int32(min_new),
+                        usable=np.arange(V) < U)
     state = beam_prefill(weights, block, inputs, graphdef=graphdef, width=W, max_len=S,
                          max_new_tokens=shapes.width, kv_cache=kv_cache)
     state = BEAM_LOOP.run(weights, state, python_loop=options.python_loop, graphdef=graphdef)

@@ -185,6 +185,7 @@ class BeamOptions:
     eos_ids: int | Sequence[int] = ()  # ids that finish a hypothesis
     min_new_tokens: int = 0  # no hypothesis ends with an EOS id before this many tokens
     python_loop: bool = False  # run the steps from Python (same step, same hypotheses)
+    tokenizer: Any = None  # a padded vocabulary's tokenizer: ids past its size are never taken
 
 
 @dataclasses.dataclass(frozen=True)
