@@ -52,6 +52,7 @@ def hide(monkeypatch):
     ("transformers", "peer", "transformers"),
     ("llama_cpp", "llamacpp", "llama-cpp-python"),
     ("qwix", "quant", "qwix"),
+    ("outlines_core", "structured", "outlines-core"),
 ])
 def test_every_missing_optional_package_names_its_extra(hide, module, extra, distribution):
     hide(module.partition(".")[0])
