@@ -64,6 +64,17 @@ def test_every_missing_optional_package_names_its_extra(hide, module, extra, dis
     assert isinstance(caught.value, ImportError)  # `except ImportError` still catches it
 
 
+def test_a_constraint_without_outlines_core_says_to_install_the_structured_extra(hide):
+    from decodelab.sampling import automaton
+
+    tokenizer = dl.Tokenizer.train([REPO / "README.md"], vocab_size=400)
+    hide("outlines_core")
+    with pytest.raises(optional.MissingExtra, match=r"compiling a regex or JSON-schema constraint "
+                                                    r".*pip install -e '\.\[structured\]'"):
+        automaton.table([("regex", "[0-9]+")], tokenizer, 400, tokenizer.eos_id)
+    assert automaton.table([None], tokenizer, 400, tokenizer.eos_id)[0].num_states == 1
+
+
 def test_load_gguf_without_gguf_says_to_install_the_real_extra(hide, tmp_path):
     path = tmp_path / "model.gguf"
     path.write_bytes(b"GGUF")
