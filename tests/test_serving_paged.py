@@ -12,7 +12,8 @@ import decodelab as dl
 from decodelab.cache.dense import KVCache
 from decodelab.serving import EngineOptions, Request, SlotEngine
 from decodelab.serving.paged import PagedKVCache, pages_for
-from decodelab.serving.pool import PagedMemory, PagePool
+from decodelab.serving.pages import PagePool
+from decodelab.serving.pool import PagedMemory
 from decodelab.serving.schedulers import Continuous, VirtualClock, replay
 
 S = 64  # the tiny model's position table
