@@ -44,6 +44,7 @@ class PagePool:
         self._keys: dict[int, Hashable] = {}  # kept page -> key
         self._ids: dict[int, int] = {}  # kept page -> its entry's id (never reused)
         self._next_id = itertools.count(1)
+        self.evictions = 0  # idle pages taken by allocations (their keys forgotten)
 
     @property
     def free(self) -> int:
@@ -86,6 +87,7 @@ class PagePool:
             page = next(iter(self._idle))
             del self._idle[page], self._index[self._keys.pop(page)], self._ids[page]
             new.append(page)
+            self.evictions += 1
         self.share(owner, new)
         return new
 
