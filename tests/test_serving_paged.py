@@ -372,5 +372,7 @@ def test_prefix_cache_races_preemption_and_eviction(tiny):
             assert (table[slot, len(held):] == pool.num_pages).all()
     assert preempted > 0 and engine.pool.evictions > 0
     assert sum(c.cached_tokens > 0 for c in done.values()) >= 4
+    prompts = {r.id: len(r.prompt) for r in requests}  # a resumed request shares its own pages:
+    assert any(c.cached_tokens > prompts[i] for i, c in done.items())  # past its prompt
     assert {i: c.tokens for i, c in done.items()} == {i: c.tokens for i, c in plain.items()}
     assert engine.pool.used == 0
