@@ -59,6 +59,7 @@ class Completion:
     tokens: list[int]  # the output only
     logprobs: np.ndarray  # [n] float32, each token's log-prob under its sampling distribution
     finish_reason: str  # "eos" | "stop" | "length" | "error"
+    cached_tokens: int = 0  # leading tokens its (last) prefill took from the prefix cache
 
 
 @dataclasses.dataclass(frozen=True)
