@@ -37,6 +37,8 @@ OPTIONAL = {
     "transformers": Extra("peer", "transformers", "the transformers peer of the decode benchmark"),
     "llama_cpp": Extra("llamacpp", "llama-cpp-python", "the llama.cpp peer of the decode benchmark"),
     "qwix": Extra("quant", "qwix", "quantizing weights with qwix rules (quantize)"),
+    "outlines_core": Extra("structured", "outlines-core",
+                           "compiling a regex or JSON-schema constraint (sampling.automaton)"),
 }
 
 

@@ -270,3 +270,14 @@ class FakeTokenizer:
 
     def serialized_model(self):
         return self.name.encode()
+
+
+class Spelled:
+    """A vocabulary given by its spelling: id i stands for ``tokens[i]`` (None: a special id no
+    text spells), as a constraint's builder reads a tokenizer (``token_bytes``)."""
+
+    def __init__(self, tokens):
+        self.tokens = list(tokens)
+
+    def token_bytes(self):
+        return list(self.tokens)

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from standins import Chain, chain_logp
+from standins import Chain, Pieces, chain_logp, padded_next_token
 
 import decodelab as dl
 from decodelab import experiment
@@ -334,3 +334,17 @@ def test_bad_input_is_rejected_before_anything_is_traced(disagree, kwargs, messa
     with experiment.count_traces() as counts, pytest.raises(ValueError, match=message):
         dl.beam_search(disagree, args.pop("prompts"), **args)
     assert not counts
+
+
+def test_a_padded_vocabulary_is_never_taken_with_its_tokenizer():
+    """The padding's logits are the largest: without the tokenizer every beam takes padding;
+    with it none does, the log-probabilities are over the tokenizer's ids, and a beam wider than
+    the tokenizer is refused."""
+    padded = padded_next_token(40, 30)
+    bare = dl.beam_search(padded, [[26]], 2, 4)
+    assert (bare.tokens[0, 0] >= 30).all()
+    out = dl.beam_search(padded, [[26]], 2, 4, options=dl.BeamOptions(tokenizer=Pieces(30)))
+    assert (out.tokens[0] < 30).all() and out.tokens[0, 0].tolist() == [27, 28, 29, 0]
+    assert np.isfinite(out.logprobs[0]).all()
+    with pytest.raises(ValueError, match="width must be <= the tokenizer's size 30, got 31"):
+        dl.beam_search(padded, [[26]], 31, 4, options=dl.BeamOptions(tokenizer=Pieces(30)))

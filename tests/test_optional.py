@@ -52,6 +52,7 @@ def hide(monkeypatch):
     ("transformers", "peer", "transformers"),
     ("llama_cpp", "llamacpp", "llama-cpp-python"),
     ("qwix", "quant", "qwix"),
+    ("outlines_core", "structured", "outlines-core"),
 ])
 def test_every_missing_optional_package_names_its_extra(hide, module, extra, distribution):
     hide(module.partition(".")[0])
@@ -61,6 +62,17 @@ def test_every_missing_optional_package_names_its_extra(hide, module, extra, dis
     assert f"needs the optional package '{distribution}', which is not installed: " in message
     assert f"pip install -e '.[{extra}]' (or pip install {distribution})" in message
     assert isinstance(caught.value, ImportError)  # `except ImportError` still catches it
+
+
+def test_a_constraint_without_outlines_core_says_to_install_the_structured_extra(hide):
+    from decodelab.sampling import automaton
+
+    tokenizer = dl.Tokenizer.train([REPO / "README.md"], vocab_size=400)
+    hide("outlines_core")
+    with pytest.raises(optional.MissingExtra, match=r"compiling a regex or JSON-schema constraint "
+                                                    r".*pip install -e '\.\[structured\]'"):
+        automaton.table([("regex", "[0-9]+")], tokenizer, 400, tokenizer.eos_id)
+    assert automaton.table([None], tokenizer, 400, tokenizer.eos_id)[0].num_states == 1
 
 
 def test_load_gguf_without_gguf_says_to_install_the_real_extra(hide, tmp_path):

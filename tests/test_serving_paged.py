@@ -1,7 +1,9 @@
 """Paged KV memory: the paged cache reads back what the padded cache holds; a request decoded
 through pages gives the tokens and log-probs of the padded engine and of ``generate`` alone
 (greedy and sampled, ragged, chunked), also when it is preempted and recomputed; the allocator and
-the engine's block tables keep exact accounting under random events; bad input is refused."""
+the engine's block tables keep exact accounting under random events; shared pages return only
+when no one reads them, and the prefix cache gives the tokens of no cache, also when preemption
+and eviction race; bad input is refused."""
 
 import jax.numpy as jnp
 import numpy as np
@@ -12,7 +14,8 @@ import decodelab as dl
 from decodelab.cache.dense import KVCache
 from decodelab.serving import EngineOptions, Request, SlotEngine
 from decodelab.serving.paged import PagedKVCache, pages_for
-from decodelab.serving.pool import PagedMemory, PagePool
+from decodelab.serving.pages import PagePool
+from decodelab.serving.pool import PagedMemory
 from decodelab.serving.schedulers import Continuous, VirtualClock, replay
 
 S = 64  # the tiny model's position table
@@ -232,6 +235,10 @@ def test_bad_paged_arguments(tiny):
         SlotEngine(tiny, 2, S, kv_tokens=64, kv_cache="int8")
     with pytest.raises(ValueError, match="max_len must be a multiple of page_size"):
         SlotEngine(tiny, 2, 60, kv_tokens=64, page_size=16)
+    with pytest.raises(ValueError, match="prefix_cache=True needs paged memory"):
+        SlotEngine(tiny, 2, S, prefix_cache=True)
+    with pytest.raises(ValueError, match="prefix_cache must be"):
+        SlotEngine(tiny, 2, S, kv_tokens=64, prefix_cache="yes")
     engine = SlotEngine(tiny, 2, S, kv_tokens=32, page_size=8)
     too_long = Request(id="x", prompt=[1] * 20, max_new_tokens=20)
     assert "more than the whole pool (kv_tokens=32)" in engine.check(too_long)
@@ -244,3 +251,128 @@ def test_bad_paged_arguments(tiny):
         with pytest.raises(ValueError, match="dtype must be a float dtype"):
             PagedKVCache.init(tiny.config, 2, 4, 8, 2, dtype=dtype)
     assert PagedKVCache.init(tiny.config, 2, 4, 8, 2, dtype="bfloat16").k.dtype == jnp.bfloat16
+
+
+def test_shared_pages_return_only_when_no_one_reads_them_and_idle_ones_are_evicted_lru():
+    """A page read by two owners survives one release; a kept page goes to the idle queue (tail
+    page first) and stays findable by its key until the free list runs out, then the least
+    recently released idle page is evicted (its key forgotten) before any other."""
+    pool = PagePool(6, 4)
+    a = pool.allocate("a", 3)  # [0, 1, 2]
+    first = pool.keep(a[0], (0, (1, 2, 3, 4)))
+    second = pool.keep(a[1], (first, (5, 6, 7, 8)))
+    assert pool.keep(a[2], (0, (1, 2, 3, 4))) == first  # a key already held: not kept again
+    pool.share("b", a[:2])
+    assert [pool.refs(p) for p in a] == [2, 2, 1]
+    assert pool.release("a") == 3 and pool.free == 4 and pool.idle == 0  # 0, 1 still read
+    pool.release("b")
+    assert pool.idle == 2 and pool.free == 6 and pool.used == 0
+    assert pool.find((first, (5, 6, 7, 8))) == (a[1], second)
+    pool.share("c", [a[0]])  # a hit takes an idle page back
+    assert pool.idle == 1 and pool.refs(a[0]) == 1
+    assert pool.allocate("d", 4) == [3, 4, 5, 2] and pool.evictions == 0  # free list first
+    assert pool.allocate("d", 1) == [a[1]] and pool.evictions == 1  # then the idle queue
+    assert pool.find((first, (5, 6, 7, 8))) is None and pool.find((0, (1, 2, 3, 4)))
+    with pytest.raises(ValueError, match="cannot allocate 1 pages"):
+        pool.allocate("e", 1)
+    pool.check()
+
+
+def test_pool_fuzz_never_frees_or_evicts_a_page_someone_reads():
+    """Random allocate / share / keep / release events: after each, every count equals the
+    owners listing the page, and no page with a positive count is free or idle (``check``)."""
+    rng = np.random.default_rng(7)
+    pool, kept = PagePool(16, 4), {}
+    for event in range(3000):
+        owner = int(rng.integers(0, 6))
+        kind = rng.choice(["allocate", "share", "keep", "release"], p=[0.35, 0.25, 0.2, 0.2])
+        held = pool.pages(owner)
+        if kind == "allocate" and pool.free:
+            pool.allocate(owner, int(rng.integers(1, pool.free + 1)))
+        elif kind == "share":
+            others = [p for o in pool.owners for p in pool.pages(o) if p not in held]
+            pool.share(owner, sorted(set(others))[:int(rng.integers(0, 3))])
+        elif kind == "keep":
+            kept = {k: p for k, p in kept.items() if pool.find(k) is not None}  # not evicted
+            fresh = [p for p in held if p not in kept.values()]
+            if fresh:
+                page = fresh[int(rng.integers(0, len(fresh)))]
+                kept[(0, event)] = page
+                assert pool.keep(page, (0, event)) == pool.find((0, event))[1]
+        elif kind == "release":
+            readers = {p: pool.refs(p) for p in held}
+            pool.release(owner)
+            assert all(pool.refs(p) == readers[p] - 1 for p in held)
+        pool.check()
+    assert pool.evictions > 0
+
+
+def shared_prefix_requests(n: int, seed: int) -> list[Request]:
+    """Requests whose prompts start with one 21-token prefix (2 full pages of 8 and 5 tokens
+    into the third); a quarter are exactly its first 16 tokens (2 full pages: the second is
+    recomputed for the last token's logits) and one in eight has a prompt of its own."""
+    rng = np.random.default_rng(seed)
+    prefix = rng.integers(0, 512, 21).tolist()
+    prompts = [prefix[:16] if i % 4 == 1 else
+               rng.integers(0, 512, 12).tolist() if i % 8 == 3 else
+               prefix + rng.integers(0, 512, int(rng.integers(0, 9))).tolist()
+               for i in range(n)]
+    return [Request(id=i, prompt=p, max_new_tokens=int(rng.integers(3, 20)),
+                    params=(GREEDY, SAMPLED)[i % 2], seed=100 + i) for i, p in enumerate(prompts)]
+
+
+def test_prefix_cache_gives_the_tokens_of_no_cache(tiny):
+    """Requests that share a prefix ending mid-page, greedy and sampled: the later ones take
+    its full pages from the cache and prefill only the rest; tokens equal those without the
+    cache, log-probs within float32 rounding."""
+    requests = shared_prefix_requests(8, seed=2)
+    plain = SlotEngine(tiny, 2, S, kv_tokens=16 * S, page_size=8).run(requests, n=3)
+    engine = SlotEngine(tiny, 2, S, kv_tokens=16 * S, page_size=8, prefix_cache=True)
+    cached = engine.run(requests, n=3)
+    for request in requests:
+        assert cached[request.id].tokens == plain[request.id].tokens, request.id
+        np.testing.assert_allclose(cached[request.id].logprobs, plain[request.id].logprobs,
+                                   rtol=1e-5, atol=1e-5)
+    # The first two prefill from scratch; each later one shares 2 full pages (16 tokens), or 1
+    # when its prompt is those 16 tokens (its last token is computed: on the second page).
+    hits = {r.id: cached[r.id].cached_tokens for r in requests}
+    assert hits == {0: 0, 1: 0, 2: 16, 3: 0, 4: 16, 5: 8, 6: 16, 7: 16}
+    assert engine.pool.used == 0 and engine.pool.idle > 0
+    engine.pool.check()
+
+
+@pytest.mark.slow
+def test_prefix_cache_races_preemption_and_eviction(tiny):
+    """A tight pool, 4 slots, chunked prefill, shared prefixes, a seeded random order of
+    arrivals and random steps per call: requests are preempted, idle pages evicted and pages
+    shared; after every call no page someone reads is free or idle, each slot's device table
+    lists exactly its own pages, and every request ends with the tokens of the no-cache run."""
+    rng = np.random.default_rng(5)
+    requests = [shared_prefix_requests(12, seed=3)[i] for i in rng.permutation(12)]
+    options = EngineOptions(prefill_chunk=8)
+    plain = SlotEngine(tiny, 4, S, kv_tokens=16 * S, page_size=8,
+                       options=options).run(requests, n=2)
+    engine = SlotEngine(tiny, 4, S, kv_tokens=96, page_size=8, options=options,
+                        prefix_cache=True)
+    queue, done, preempted = list(requests), {}, 0
+    while queue or engine.active:
+        for _ in range(int(rng.integers(0, engine.room(queue) + 1)) if engine.active else
+                       engine.room(queue)):
+            engine.insert(queue.pop(0))
+        result = engine.step(int(rng.integers(1, 4)))
+        preempted += len(result.preempted)
+        queue[:0] = result.preempted
+        done |= {c.request_id: c for c in result.finished}
+        pool = engine.pool
+        pool.check()
+        table = np.asarray(engine.state.cache.table)
+        for slot in range(engine.num_slots):
+            held = pool.pages(slot)
+            assert table[slot, :len(held)].tolist() == held
+            assert (table[slot, len(held):] == pool.num_pages).all()
+    assert preempted > 0 and engine.pool.evictions > 0
+    assert sum(c.cached_tokens > 0 for c in done.values()) >= 4
+    prompts = {r.id: len(r.prompt) for r in requests}  # a resumed request shares its own pages:
+    assert any(c.cached_tokens > prompts[i] for i, c in done.items())  # past its prompt
+    assert {i: c.tokens for i, c in done.items()} == {i: c.tokens for i, c in plain.items()}
+    assert engine.pool.used == 0

@@ -100,7 +100,7 @@ def test_beam_step_reorders_beams_without_copying_keys_and_values(tiny):
         rows = beam.BeamInputs(prompt_lengths=np.full((prompts,), 10, np.int32),
                                budgets=np.full((prompts,), 8, np.int32),
                                eos_mask=np.zeros(cfg.vocab_size, bool), alpha=np.float32(0.0),
-                               min_new_tokens=np.int32(0))
+                               min_new_tokens=np.int32(0), usable=np.ones(cfg.vocab_size, bool))
         state = beam.beam_prefill(weights, np.zeros((prompts, 16), np.int32), rows,
                                   graphdef=graphdef, width=width, max_len=max_len,
                                   max_new_tokens=8)

@@ -1,6 +1,7 @@
 """The paged view: keys and values in a pool of fixed-size pages shared by every row, each row
-reading and writing its own pages through a block table (as in vLLM's PagedAttention). The host
-side that hands pages out, ``serving.pool.PagePool``, is the serving engine's.
+reading and writing its own pages through a block table (as in vLLM's PagedAttention); rows may
+also list pages they only read (a shared prefix's, full, never written again). The host side that
+hands pages out and counts their readers, ``serving.pages.PagePool``, is the serving engine's.
 
 Conventions (every caller relies on them):
 

@@ -10,6 +10,7 @@ Two sources build one: a Hugging Face ``tokenizer.json`` as it is, or a GGUF fil
 (``tokenizer.ggml.*``), rebuilt here the way llama.cpp tokenizes it: ``gpt2`` files are byte-level
 BPE with the file's merges and the split rule of its ``pre`` name; ``llama`` files are
 SentencePiece-style BPE over ``▁``-spelled pieces with byte fallback, merges ranked by score.
+``token_bytes`` spells each id as bytes either way (what a constraint's automaton reads).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from decodelab.optional import require
+from decodelab.text.tokenizer import piece_bytes
 
 # GGUF token types (llama.cpp's llama_token_type) that this module reads.
 _NORMAL, _CONTROL, _USER_DEFINED = 1, 3, 4
@@ -60,6 +62,37 @@ def _llama3_split():
                                                              use_regex=False)])
 
 
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, character -> byte: printable bytes stand for themselves, the
+    others (space, control bytes, ...) for the characters from U+0100 on, in byte order."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+            *range(ord("®"), ord("ÿ") + 1)]
+    moved = [b for b in range(256) if b not in kept]
+    return {**{chr(b): b for b in kept}, **{chr(256 + i): b for i, b in enumerate(moved)}}
+
+
+BYTE_LEVEL_ALPHABET = _byte_level_alphabet()
+
+
+def byte_level_bytes(piece: str) -> bytes | None:
+    """The bytes a byte-level BPE piece (``Ġthe``) stands for; None for a piece outside the
+    alphabet, which no text spells."""
+    try:
+        return bytes(BYTE_LEVEL_ALPHABET[c] for c in piece)
+    except KeyError:
+        return None
+
+
+def _decoder_kinds(backend) -> set[str]:
+    """The ``type`` of the backend's decoder and of every decoder a Sequence of them holds."""
+    found, todo = set(), [json.loads(backend.decoder.__getstate__())] if backend.decoder else []
+    while todo:
+        decoder = todo.pop()
+        found.add(decoder.get("type"))
+        todo += decoder.get("decoders", [])
+    return found
+
+
 # GGUF `tokenizer.ggml.pre` -> the split rule of a byte-level BPE vocabulary.
 BYTE_LEVEL_SPLITS = {"default": _gpt2_split, "gpt-2": _gpt2_split, "smollm": _smollm_split,
                      "llama-bpe": _llama3_split, "llama3": _llama3_split,
@@ -91,6 +124,23 @@ class PretrainedTokenizer:
     def backend(self):
         """The underlying ``tokenizers.Tokenizer``."""
         return self._tok
+
+    def token_bytes(self) -> list[bytes | None]:
+        """``[vocab_size]``: the bytes each id stands for in a decoded text, None for special
+        tokens (and ids the vocabulary skips). Byte-level vocabularies (a ``ByteLevel`` decoder,
+        as SmolLM2's) spell pieces in GPT-2's alphabet, so a piece may be part of a UTF-8
+        character; the others are SentencePiece-style (``piece_bytes``). Added tokens that are
+        not special stand for their text."""
+        spell = byte_level_bytes if "ByteLevel" in _decoder_kinds(self._tok) else piece_bytes
+        added = self._tok.get_added_tokens_decoder()
+        spelled: list[bytes | None] = [None] * self.vocab_size
+        for piece, i in self._tok.get_vocab(with_added_tokens=True).items():
+            token = added.get(i)
+            if token is None:
+                spelled[i] = spell(piece)
+            elif not token.special:
+                spelled[i] = token.content.encode("utf-8")
+        return spelled
 
     def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False) -> list[int]:
         """Token ids of ``text`` (special-token strings in it, e.g. ``<|im_start|>``, become their

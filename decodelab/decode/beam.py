@@ -53,7 +53,7 @@ from flax import nnx, struct
 
 from decodelab.cache import BeamCache, bytes_per_token, check_kind, init_cache
 from decodelab.checks import (check_bool, check_memory, check_model, check_number, check_size,
-                              is_int, nbytes, position_limit)
+                              is_int, nbytes, position_limit, tokenizer_size)
 from decodelab.decode.beam_output import BeamSearchOutput, n_best
 from decodelab.decode.loop import CompiledLoop
 from decodelab.decode.request import (EOS, INCOMPLETE, LENGTH, NO_HYPOTHESIS, PAD_TOKEN,
@@ -84,6 +84,7 @@ class BeamState(LoopState):
     pool_lengths: jax.Array  # [B, W] int32
     pool_reasons: jax.Array  # [B, W] int32, NO_HYPOTHESIS | EOS | LENGTH (request's codes)
     alpha: jax.Array  # [] float32, the length penalty exponent
+    usable: jax.Array  # [V] bool, ids a hypothesis may take (False: a padded vocabulary's padding)
     # Structured output: the batch's automata and each running beam's state (None: no prompt
     # constrained, and no step reads a table).
     constraint: ConstraintTable | None = None
@@ -123,10 +124,10 @@ def _select_and_record(state: BeamState) -> tuple[BeamState, jax.Array]:
     beam of each new running beam (the identity for prompts that were already done)."""
     B, W, N = state.tokens.shape
     V = state.logits.shape[-1]
-    logits, table = state.logits, state.constraint
+    logits, table = jnp.where(state.usable[None, :], state.logits, -jnp.inf), state.constraint
     if table is not None:  # a beam's distribution is the constrained one
         logits = table.mask_logits(logits, state.constraint_states.reshape(B * W))
-    logp = jax.nn.log_softmax(logits, axis=-1)
+    logp = jax.nn.log_softmax(logits, axis=-1)  # padding never taken
     if table is not None:  # a state that allows nothing (untrimmed) extends nothing, not NaN
         logp = jnp.where(jnp.any(logits > -jnp.inf, axis=-1, keepdims=True), logp, -jnp.inf)
     logp = logp.reshape(B, W, V)
@@ -225,6 +226,7 @@ class BeamInputs:
     eos_mask: jax.Array  # [V] bool
     alpha: jax.Array  # [] float32, the length penalty's exponent
     min_new_tokens: jax.Array  # [] int32
+    usable: jax.Array  # [V] bool, ids below the tokenizer's size (all without a tokenizer)
     constraint: ConstraintTable | None = None  # the batch's automata; None: none constrained
     constraint_states: jax.Array | None = None  # [B] int32, each prompt's start state
 
@@ -264,6 +266,7 @@ def beam_prefill(weights, block, rows: BeamInputs, *, graphdef, width, max_len, 
         pool_reasons=jnp.full((B, W), NO_HYPOTHESIS, jnp.int32),
         eos_mask=eos_mask,
         alpha=alpha,
+        usable=rows.usable,
         constraint=rows.constraint,
         constraint_states=(None if rows.constraint_states is None
                            else jnp.repeat(rows.constraint_states[:, None], W, axis=1)),
@@ -319,9 +322,12 @@ def beam_search(
         eos_ids: ids that finish a hypothesis (kept in its output, never extended).
         min_new_tokens: no hypothesis ends with an EOS id before this many output tokens (beam
           search's best hypotheses are often short: Stahlberg and Byrne 2019).
+        tokenizer: the model's tokenizer, when its vocabulary is padded past the tokenizer's
+          (``checks.tokenizer_size``): ids past its size are never taken, and each step's
+          log-probabilities are those of the tokenizer's ids. ``width`` is at most its size.
         python_loop: run the steps from Python (same step function, same hypotheses).
-        regex, json_schema, tokenizer: structured output, as ``SamplingParams``' fields (one
-          pattern per prompt or shared), compiled over ``tokenizer``'s tokens.
+        regex, json_schema: structured output, as ``SamplingParams``' fields (one pattern
+          per prompt or shared), compiled over ``tokenizer``'s tokens.
 
     Raises ValueError before anything is allocated when the cache and buffers need more than the
     memory limit (``checks.check_memory``).
@@ -341,6 +347,9 @@ def beam_search(
         raise ValueError(f"num_return must be an int in [1, width={W}], got "
                          f"{options.num_return!r}")
     eos_mask = check_eos(options.eos_ids, V)
+    U = tokenizer_size("tokenizer", options.tokenizer, V) or V
+    if W > U:
+        raise ValueError(f"width must be <= the tokenizer's size {U}, got {width}")
     min_new = check_size("min_new_tokens", options.min_new_tokens, 0)
     check_bool("python_loop", options.python_loop)
     check_kind("kv_cache", kv_cache, shared_by="beam search")
@@ -359,7 +368,7 @@ def beam_search(
     table, starts = constraint or (None, None)
     inputs = BeamInputs(prompt_lengths=lengths, budgets=budgets, eos_mask=eos_mask,
                         alpha=np.float32(alpha), min_new_tokens=np.int32(min_new),
-                        constraint=table,
+                        usable=np.arange(V) < U, constraint=table,
                         constraint_states=None if starts is None else pad_rows(starts, len(block)))
     state = beam_prefill(weights, block, inputs, graphdef=graphdef, width=W, max_len=S,
                          max_new_tokens=shapes.width, kv_cache=kv_cache)

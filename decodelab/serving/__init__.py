@@ -8,7 +8,7 @@ from decodelab.serving.requests import Completion, Request, StepResult
 
 # Paged memory: the cache view and the host's pool
 from decodelab.serving.paged import PagedKVCache
-from decodelab.serving.pool import PagePool
+from decodelab.serving.pages import PagePool
 
 # Metrics
 from decodelab.serving.metrics import RequestRecord, per_request, summarize

@@ -28,6 +28,7 @@ import numpy as np
 from decodelab.decode.generation import DecodeState
 from decodelab.sampling.constraint import FREE
 from decodelab.sampling.patterns import pattern_table, row_patterns
+from decodelab.serving.options import EngineOptions
 from decodelab.serving.requests import Request
 
 
@@ -35,8 +36,9 @@ class SlotConstraints:
     """The host's record of which pattern each of ``rows`` slots holds and where its states
     start in the engine's table."""
 
-    def __init__(self, rows: int, vocab_size: int, tokenizer: Any, eos_ids: tuple[int, ...]):
-        self.vocab_size, self.tokenizer, self.eos_ids = vocab_size, tokenizer, eos_ids
+    def __init__(self, rows: int, vocab_size: int, options: EngineOptions):
+        self.vocab_size, self.tokenizer, self.eos_ids = (vocab_size, options.tokenizer,
+                                                         options.eos_ids)
         self.patterns: list[tuple[str, Any] | None] = [None] * rows
         self.starts = np.zeros((rows,), np.int32)  # each slot's pattern's start in the table
 

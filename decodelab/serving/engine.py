@@ -25,9 +25,8 @@ Conventions (every caller relies on them):
   processor is in it, skipped at run time when no running slot enables it, and the argmax path
   is taken when every running slot is greedy; admitting a request with other processors
   compiles nothing. Penalty counts are carried in the state, as in ``generate``.
-- Constraints (``SamplingParams.regex`` / ``json_schema``, per request; compiled over
-  ``EngineOptions.tokenizer``): each slot carries its automaton state, the table of the held
-  requests' patterns rides in the state (``constraints``), and the output equals ``generate``'s.
+- Constraints (``SamplingParams.regex`` / ``json_schema``) are per request: each slot carries
+  its automaton state, the held patterns' table rides in the state (``constraints``).
 - Request ids are unique among the requests an engine holds: ``insert`` refuses an id that is
   decoding, and ``run`` refuses a list with a repeated id before anything runs.
 - The token at position p of a request is drawn with ``fold_in(key(seed), p)``, so a request's
@@ -47,7 +46,10 @@ Conventions (every caller relies on them):
   hands it back to the caller, who queues it again); when it is inserted again its prompt and the
   tokens it had generated are prefilled together (recompute, as vLLM does), and it goes on from
   there. Each token is drawn with its request's seed at its position, so a preempted request
-  ends with the tokens (and log-probs) of an uninterrupted run.
+  ends with the tokens (and log-probs) of an uninterrupted run. With ``prefix_cache=True`` the
+  full pages of every request's tokens stay recorded by their prefix (``prefix``), and an
+  inserted request shares those of its prompt (a preempted one's: of its prompt and tokens)
+  and prefills only the rest: the same tokens as without the cache.
 - An engine call (``step``) reads the device once: one packed array with each slot's finish code,
   length and the tokens (with log-probs) of its last ``n`` positions, from which the host appends
   each request's new tokens; no other value is read back and nothing else waits for the device.
@@ -67,8 +69,8 @@ import numpy as np
 from flax import nnx
 
 from decodelab.cache import check_kind, round_up
-from decodelab.checks import (check_memory, check_model, check_size, is_int, kv_cache_bytes, nbytes,
-                              position_limit, tokenizer_size)
+from decodelab.checks import (check_bool, check_memory, check_model, check_size, is_int,
+                              kv_cache_bytes, nbytes, position_limit, tokenizer_size)
 from decodelab.decode.generation import DecodeState
 from decodelab.decode.request import LENGTH, bucket_length, check_eos, decode_buffers, token_ids
 from decodelab.serving import slot_prefill
@@ -76,8 +78,9 @@ from decodelab.serving.constraints import SlotConstraints
 from decodelab.serving.engine_programs import (ADVANCE, advance_rows, collect, empty_state,
                                                harvest)
 from decodelab.serving.options import EngineOptions
-from decodelab.serving.pool import PagedMemory, PagePool
-from decodelab.serving.requests import Completion, Request, StepResult
+from decodelab.serving.pages import PagePool
+from decodelab.serving.pool import PagedMemory
+from decodelab.serving.requests import Completion, Request, StepResult, stops_refused
 from decodelab.serving.slots import Slot, tokens_after_call
 from decodelab.sharding import data_size
 
@@ -98,6 +101,9 @@ class SlotEngine:
         preemption (module docstring). A float cache only.
       page_size: slots per page of the pool (a power of two dividing the blocked attention's
         block); ``max_len`` must be a multiple of it.
+      prefix_cache: keep the full pages of requests' tokens, shared by every request whose
+        prompt starts with them, and evicted least recently used when the pool needs room
+        (paged memory only; ``prefix`` module docstring).
       options: the rarer arguments, an ``EngineOptions``:
         eos_ids: ids that end any request (finish reason "eos"): the model's, shared by all slots.
         max_stop_sequences, max_stop_width: room for each request's own stop sequences.
@@ -117,7 +123,7 @@ class SlotEngine:
 
     def __init__(self, model: nnx.Module, num_slots: int, max_len: int | None = None, *,
                  kv_cache: str | None = None, kv_tokens: int | None = None, page_size: int = 16,
-                 options: EngineOptions = EngineOptions()):
+                 options: EngineOptions = EngineOptions(), prefix_cache: bool = False):
         check_model("model", model)
         self.num_slots = check_size("num_slots", num_slots, 1)
         check_kind("kv_cache", kv_cache)
@@ -138,6 +144,8 @@ class SlotEngine:
             raise ValueError(f"prefill_chunk must be None (whole prompts) or an int in [1, "
                              f"max_len={self.max_len}], got {options.prefill_chunk!r}")
         self._memory = None
+        if check_bool("prefix_cache", prefix_cache) and kv_tokens is None:
+            raise ValueError("prefix_cache=True needs paged memory: kv_tokens must be an int")
         # The state's rows: the slots, padded to a multiple of the mesh's data axis.
         self._data = data_size(model)
         self._rows = round_up(self.num_slots, self._data)
@@ -146,7 +154,7 @@ class SlotEngine:
                 raise ValueError(f"kv_cache must be None (float) with paged memory (kv_tokens="
                                  f"{kv_tokens!r}), got {kv_cache!r}")
             self._memory = PagedMemory(kv_tokens, page_size, self._rows, self.max_len,
-                                       row_multiple=self._data)
+                                       row_multiple=self._data, prefix_cache=prefix_cache)
         self.vocab_size = model.config.vocab_size
         self.tokenizer_size = tokenizer_size("options.tokenizer", options.tokenizer,
                                              self.vocab_size)
@@ -164,8 +172,7 @@ class SlotEngine:
                                   kv_cache, None if self._memory is None else
                                   (self._memory.num_pages, self._memory.page_size))
         self._slots: list[Slot | None] = [None] * self.num_slots
-        self._constraints = SlotConstraints(self._rows, self.vocab_size, options.tokenizer,
-                                            options.eos_ids)
+        self._constraints = SlotConstraints(self._rows, self.vocab_size, options)
         # Preempted requests' slots (their output so far), by id, until inserted again.
         self._resume: dict[int | str, Slot] = {}
         self._preempted: list[Request] = []  # since the last StepResult
@@ -210,18 +217,8 @@ class SlotEngine:
                     f"max_len={self.max_len}")
         if self._memory is not None and (reason := self._memory.refuses(need)):
             return f"prompt + max_new_tokens = {reason}"
-        if len(request.stop_sequences) > self.options.max_stop_sequences:
-            return (f"{len(request.stop_sequences)} stop sequences, the engine has room for "
-                    f"max_stop_sequences={self.options.max_stop_sequences}")
-        for m, s in enumerate(request.stop_sequences):
-            if len(s) > self.options.max_stop_width:
-                return (f"stop sequence {list(s)} must have <= max_stop_width="
-                        f"{self.options.max_stop_width} ids")
-            try:
-                token_ids(f"stop_sequences[{m}]", s, self.vocab_size)
-            except ValueError as error:
-                return str(error)
-        if reason := self._constraints.check(request):
+        if reason := (stops_refused(request, self.options, self.vocab_size)
+                      or self._constraints.check(request)):
             return reason
         try:
             request.params.per_row(1, self.vocab_size, self.tokenizer_size)
@@ -237,13 +234,14 @@ class SlotEngine:
         count = min(len(waiting), len(self.free_slots))
         if self._memory is None:
             return count
-        first = []
+        first, shared = [], []
         for request in itertools.islice(waiting, count):
             resumed = self._resumed(request)
-            sequence = len(request.prompt) + (len(resumed.tokens) if resumed else 0)
-            first.append(tokens_after_call(request, sequence, 0, self.options.prefill_chunk,
-                                           self._lookahead))
-        return self._memory.room(self._demand(), first)
+            sequence = request.prompt + (tuple(resumed.tokens) if resumed else ())
+            shared.append(pages := self._memory.cached(sequence))
+            first.append(tokens_after_call(request, len(sequence), len(pages) * self._memory.
+                                           page_size, self.options.prefill_chunk, self._lookahead))
+        return self._memory.room(self._demand(), first, shared)
 
     def _resumed(self, request: Request) -> Slot | None:
         """The slot ``request`` was preempted from (its output so far), else None."""
@@ -312,6 +310,7 @@ class SlotEngine:
                                                                      held.tokens)
         if self._memory is not None:
             self._memory.admit(slot)
+            held.prefilled = held.cached = self._memory.share(slot, held.sequence)
         return slot
 
     def prefill(self) -> int:
@@ -358,6 +357,9 @@ class SlotEngine:
         width = bucket_length(n, minimum=8)  # a few window widths: n itself is traced
         packed = jax.device_get(harvest(self._state, starts, rounds, n=width))  # one transfer
         generated, new_tokens, finished = collect(packed, self._slots, starts, width)
+        for slot, held in enumerate(self._slots):  # the prefix cache records their full pages
+            if self._memory is not None and held is not None:
+                self._memory.remember(slot, *held.in_cache())
         for slot in finished:
             self._free_slot(slot)
         if self._memory is not None:  # retired slots' rows hold no page from now on

@@ -3,9 +3,9 @@
 The view, ``PagedKVCache`` (a pool of fixed-size pages shared by every row and a block table per
 row, as in vLLM's PagedAttention), lives with the other caches in ``cache/paged.py`` and is
 re-exported here with ``pages_for``; the host-side allocator that hands its pages out is
-``pool.PagePool`` (``pool.PagedMemory``): the serving engine owns the device table and uploads
-the host's table before each call that reads or writes the cache, so a page freed on the host is
-never written through a stale entry.
+``pages.PagePool`` (its policy: ``pool.PagedMemory``): the serving engine owns the device table
+and uploads the host's table before each call that reads or writes the cache, so a page freed on
+the host is never written through a stale entry.
 """
 
 from __future__ import annotations

@@ -1,112 +1,36 @@
-"""The host side of paged KV memory: the page pool's accounting and the engine's paging policy.
+"""The engine's paging policy: which slot takes which pages, whom to preempt, what fits.
 
 Conventions (every caller relies on them):
 
-- ``PagePool`` keeps the free list and each owner's pages in order, with exact accounting
-  (``check`` verifies that every page is free or owned by exactly one owner). Pages are handed
-  out lowest first, so a run is deterministic.
-- ``PagedMemory`` is a ``SlotEngine``'s paged memory: the pool, the host's copy of the block
-  table (one row per slot, ``paged.PagedKVCache.table``'s layout) and the policy. The engine
-  tells it which slots hold a request (``admit``, ``release``) and how many cache slots each
-  will hold after the next call (the *demand*); the policy answers how many waiting requests
-  fit (``room``), gives every slot its pages and preempts the most recently admitted requests
-  while they do not fit (``provide``: vLLM's recompute preemption order), and frees the pages of
-  a slot that is emptied. The engine uploads the table (``changed_table``) before each call
-  that reads or writes the cache, so a page freed on the host is never written through a stale
-  entry.
+- ``PagedMemory`` is a ``SlotEngine``'s paged memory: the pool (``pages.PagePool``: each page's
+  reference count, exactly accounted), the host's copy of the block table (one row per slot,
+  ``paged.PagedKVCache.table``'s layout), the prefix cache if on (``prefix.PrefixCache``) and
+  the policy. The engine tells it which slots hold a request (``admit``, ``release``) and how
+  many cache slots each will hold after the next call (the *demand*); the policy answers how
+  many waiting requests fit (``room``), gives every slot its pages and preempts the most
+  recently admitted requests while they do not fit (``provide``: vLLM's recompute preemption
+  order), and drops the pages of a slot that is emptied: a page another slot still reads stays
+  (its count falls by one), so neither preemption nor eviction frees a page in use. The engine
+  uploads the table (``changed_table``) before each call that reads or writes the cache, so a
+  page freed on the host is never written through a stale entry.
+- With the prefix cache, an admitted slot first shares the recorded pages of its sequence's
+  prefix (``share``: its prefill starts after them), and the engine reports after each call
+  how far each slot's cache is written (``remember``), which records its full pages; a page
+  whose last reader leaves stays recorded (idle) until an allocation needs it.
 """
 
 from __future__ import annotations
 
-import collections
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
 from decodelab.cache import bucket_rows
 from decodelab.checks import is_int
 from decodelab.model.attention import BLOCKING
+from decodelab.serving.pages import PagePool
 from decodelab.serving.paged import check_page_size, pages_for
-
-
-class PagePool:
-    """The host's record of which pages are free and which owner holds which pages, in order.
-
-    ``allocate(owner, n)`` gives ``owner`` ``n`` more pages (all or none), ``release(owner)``
-    returns all of its pages; pages are handed out lowest first from the free list, so a run is
-    deterministic. ``check()`` raises if any page is lost, double-owned or both free and owned.
-    """
-
-    def __init__(self, num_pages: int, page_size: int):
-        if not is_int(num_pages) or num_pages < 1:
-            raise ValueError(f"num_pages must be a positive int, got {num_pages!r}")
-        if not is_int(page_size) or page_size < 1:
-            raise ValueError(f"page_size must be a positive int, got {page_size!r}")
-        self.num_pages, self.page_size = int(num_pages), int(page_size)
-        self._free = collections.deque(range(self.num_pages))
-        self._owned: dict[Hashable, list[int]] = {}
-
-    @property
-    def free(self) -> int:
-        """Pages on the free list."""
-        return len(self._free)
-
-    @property
-    def used(self) -> int:
-        return self.num_pages - len(self._free)
-
-    def pages(self, owner: Hashable) -> list[int]:
-        """``owner``'s pages in logical order (a copy)."""
-        return list(self._owned.get(owner, ()))
-
-    @property
-    def owners(self) -> list[Hashable]:
-        return list(self._owned)
-
-    def allocate(self, owner: Hashable, n: int) -> list[int]:
-        """Give ``owner`` ``n`` more pages and return them; raises ValueError (and gives none)
-        when fewer than ``n`` are free."""
-        if not is_int(n) or n < 0:
-            raise ValueError(f"n must be an int >= 0, got {n!r}")
-        if n > len(self._free):
-            raise ValueError(f"cannot allocate {n} pages to {owner!r}: only {len(self._free)} "
-                             f"of {self.num_pages} are free")
-        new = [self._free.popleft() for _ in range(n)]
-        self._owned.setdefault(owner, []).extend(new)
-        return new
-
-    def grow(self, owner: Hashable, tokens: int) -> list[int]:
-        """Allocate what ``owner`` lacks to hold ``tokens`` slots (all or none)."""
-        return self.allocate(owner, self.lacks(owner, tokens))
-
-    def lacks(self, owner: Hashable, tokens: int) -> int:
-        """Pages ``owner`` would need beyond its own to hold ``tokens`` slots."""
-        return max(pages_for(tokens, self.page_size) - len(self._owned.get(owner, ())), 0)
-
-    def release(self, owner: Hashable) -> int:
-        """Return every page of ``owner`` to the free list; returns how many."""
-        pages = self._owned.pop(owner, [])
-        self._free.extend(sorted(pages))
-        return len(pages)
-
-    def check(self) -> None:
-        """Raise AssertionError unless every page is either free or owned by exactly one owner."""
-        seen = collections.Counter(self._free)
-        for pages in self._owned.values():
-            seen.update(pages)
-        bad = {p: c for p, c in seen.items() if c != 1}
-        missing = set(range(self.num_pages)) - set(seen)
-        extra = set(seen) - set(range(self.num_pages))
-        if bad or missing or extra:
-            raise AssertionError(f"page pool accounting broken: counts {bad}, lost {missing}, "
-                                 f"unknown {extra}")
-
-    def table_row(self, owner: Hashable, max_pages: int) -> np.ndarray:
-        """``[max_pages]`` int32: ``owner``'s pages, then ``num_pages`` (no page)."""
-        row = np.full((max_pages,), self.num_pages, np.int32)
-        pages = self._owned.get(owner, [])
-        row[:len(pages)] = pages
-        return row
+from decodelab.serving.prefix import PrefixCache
 
 
 class PagedMemory:
@@ -115,10 +39,11 @@ class PagedMemory:
     attention's block, and ``max_len`` a multiple of it), each slot's block-table row, and the
     policy that decides which pages a slot takes and which request gives its pages back
     (module docstring). The slots are the pool's owners. A call decodes a number of slots that
-    is a multiple of ``row_multiple`` (a mesh's ``data`` axis)."""
+    is a multiple of ``row_multiple`` (a mesh's ``data`` axis); ``prefix_cache`` keeps and
+    shares the full pages of prefixes (``prefix``)."""
 
     def __init__(self, kv_tokens: int, page_size: int, num_slots: int, max_len: int,
-                 row_multiple: int = 1):
+                 row_multiple: int = 1, prefix_cache: bool = False):
         if not is_int(kv_tokens) or kv_tokens < 1:
             raise ValueError(f"kv_tokens must be None (a max_len cache per slot) or an int "
                              f">= 1 (tokens of KV memory in the pool), got {kv_tokens!r}")
@@ -134,6 +59,7 @@ class PagedMemory:
         self._admitted: list[int] = []  # slots holding a request, oldest admission first
         self._changed = False  # the table differs from the one last handed out
         self._row_multiple = row_multiple
+        self.prefix = PrefixCache(self.pool) if prefix_cache else None
 
     @property
     def num_pages(self) -> int:
@@ -161,20 +87,51 @@ class PagedMemory:
         self._admitted.append(slot)
 
     def release(self, slot: int) -> None:
-        """``slot`` is emptied (its request retired or preempted): its pages go back."""
+        """``slot`` is emptied (its request retired or preempted): it drops its pages (a page
+        no other slot reads goes back, or stays recorded if the prefix cache holds it)."""
         self._admitted.remove(slot)
+        if self.prefix is not None:
+            self.prefix.forget(slot)
         if self.pool.release(slot):
             self.table[slot] = self.num_pages
             self._changed = True
 
-    def room(self, demand: Mapping[int, int], waiting: Iterable[int]) -> int:
+    def cached(self, sequence: Sequence[int]) -> list[int]:
+        """The recorded pages a request prefilling ``sequence`` would share (none without the
+        prefix cache)."""
+        return [] if self.prefix is None else self.prefix.lookup(sequence)[0]
+
+    def share(self, slot: int, sequence: Sequence[int]) -> int:
+        """Give the just admitted ``slot`` the recorded pages of ``sequence``'s prefix; returns
+        the tokens they hold (0 without the prefix cache), where its prefill starts."""
+        if self.prefix is None:
+            return 0
+        cached = self.prefix.share(slot, sequence)
+        if cached:
+            self.table[slot] = self.pool.table_row(slot, self.table.shape[1])
+            self._changed = True
+        return cached
+
+    def remember(self, slot: int, sequence: Sequence[int], filled: int) -> None:
+        """``slot``'s cache holds the keys and values of ``sequence[:filled]``: record its full
+        pages in the prefix cache (if on)."""
+        if self.prefix is not None:
+            self.prefix.remember(slot, sequence, filled)
+
+    def room(self, demand: Mapping[int, int], waiting: Iterable[int],
+             shared: Sequence[Sequence[int]] = ()) -> int:
         """How many of ``waiting`` (cache slots each would hold after its first call, head of the
         queue first) fit in the pages left once every admitted slot has its ``demand``: first
-        come, first served, the count stops at the first that does not fit."""
+        come, first served, the count stops at the first that does not fit. ``shared[i]``: the
+        recorded pages request ``i`` would share; one that someone reads (or an earlier waiting
+        request takes) costs nothing, an idle one a free page."""
         free = self.pool.free - self._lacking(demand)
-        count = 0
-        for tokens in waiting:
-            free -= pages_for(tokens, self.page_size)
+        count, taken = 0, set()
+        for i, tokens in enumerate(waiting):
+            pages = shared[i] if i < len(shared) else []
+            free -= pages_for(tokens, self.page_size) - sum(
+                1 for p in pages if self.pool.refs(p) or p in taken)
+            taken.update(pages)
             if free < 0:
                 break
             count += 1

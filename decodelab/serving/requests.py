@@ -10,6 +10,7 @@ import numpy as np
 from decodelab.checks import INT32_MAX, check_size
 from decodelab.decode.request import check_seed, token_ids
 from decodelab.sampling.params import SamplingParams
+from decodelab.serving.options import EngineOptions
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -50,6 +51,24 @@ class Request:
                              f"{self.arrival!r}")
 
 
+def stops_refused(request: Request, options: EngineOptions, vocab_size: int) -> str | None:
+    """Why ``request``'s stop sequences do not fit an engine's room for them
+    (``EngineOptions.max_stop_sequences`` of at most ``max_stop_width`` ids in ``vocab_size``),
+    or None."""
+    if len(request.stop_sequences) > options.max_stop_sequences:
+        return (f"{len(request.stop_sequences)} stop sequences, the engine has room for "
+                f"max_stop_sequences={options.max_stop_sequences}")
+    for m, s in enumerate(request.stop_sequences):
+        if len(s) > options.max_stop_width:
+            return (f"stop sequence {list(s)} must have <= max_stop_width="
+                    f"{options.max_stop_width} ids")
+        try:
+            token_ids(f"stop_sequences[{m}]", s, vocab_size)
+        except ValueError as error:
+            return str(error)
+    return None
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Completion:
     """A retired request's output (the fields of one row of ``GenerateOutput``)."""
@@ -59,6 +78,7 @@ class Completion:
     tokens: list[int]  # the output only
     logprobs: np.ndarray  # [n] float32, each token's log-prob under its sampling distribution
     finish_reason: str  # "eos" | "stop" | "length" | "error"
+    cached_tokens: int = 0  # leading tokens its (last) prefill took from the prefix cache
 
 
 @dataclasses.dataclass(frozen=True)

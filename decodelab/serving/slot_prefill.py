@@ -50,6 +50,9 @@ class PrefillChunk:
     stop_ids: jax.Array  # [R, M, W] int32
     budgets: jax.Array  # [R] int32
     constraint_states: jax.Array  # [R] int32, each slot's automaton state after its sequence
+    # [R, S] int32: each slot's sequence, when a row starts after a shared prefix (its tokens
+    # are not in the slot's row yet); None: the tokens before ``offsets`` are the slot's own
+    known: jax.Array | None = None
 
 
 def next_chunk(waiting: Sequence[tuple[int, Slot]], *, num_slots: int,
@@ -82,6 +85,11 @@ def next_chunk(waiting: Sequence[tuple[int, Slot]], *, num_slots: int,
         for m, s in enumerate(request.stop_sequences):
             stops[r, m, W - len(s):] = s
     rows = [i for i, _ in waiting] + list(range(num_slots, num_slots + pad))
+    known = None
+    if any(s.cached and s.prefilled == s.cached for _, s in waiting):
+        known = np.zeros((R, max_len), np.int32)
+        for r, (_, s) in enumerate(waiting):
+            known[r, :len(s.sequence)] = s.sequence
     return PrefillChunk(
         block=block, rows=np.asarray(rows, np.int32),
         offsets=np.asarray(offsets + [0] * pad, np.int32),
@@ -91,7 +99,8 @@ def next_chunk(waiting: Sequence[tuple[int, Slot]], *, num_slots: int,
         keys=sampling.seed_keys(np.asarray([r.seed for r in requests], np.uint32)),
         params=tuple(s.params for s in slots), stop_ids=stops,
         budgets=np.asarray([r.max_new_tokens for r in requests], np.int32),
-        constraint_states=np.asarray([s.constraint_start for s in slots], np.int32)), reach
+        constraint_states=np.asarray([s.constraint_start for s in slots], np.int32),
+        known=known), reach
 
 
 def rows_of(cache, rows: jax.Array, offsets: jax.Array, reach: int):
@@ -144,7 +153,8 @@ def prefill_rows(weights, state: DecodeState, chunk: PrefillChunk, *, graphdef,
                                axis=1)[:, 0]  # [R, V]
     # The slot's tokens: the prompt before this chunk kept, this chunk written, the rest zero.
     slot = jnp.arange(S, dtype=jnp.int32)[None, :]  # [1, S]
-    kept = state.tokens[jnp.minimum(rows, state.tokens.shape[0] - 1)]  # [R, S]
+    kept = (state.tokens[jnp.minimum(rows, state.tokens.shape[0] - 1)]
+            if chunk.known is None else chunk.known)  # [R, S]
     tokens = jnp.where(slot < chunk.offsets[:, None], kept, 0)
     j = jnp.arange(T, dtype=jnp.int32)[None, :]  # [1, T]
     at = jnp.where(j < chunk.counts[:, None], chunk.offsets[:, None] + j, S)  # [R, T]

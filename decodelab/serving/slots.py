@@ -40,6 +40,7 @@ class Slot:
     logprobs: list[float]  # their log-probs
     prefilled: int = 0  # tokens of ``sequence`` in the slot's cache
     constraint_start: int = 0  # the automaton state after ``sequence`` (``constraints``)
+    cached: int = 0  # of those, the leading ones it shares from the prefix cache (not prefilled)
 
     @classmethod
     def admit(cls, request: Request, params: sampling.RowParams,
@@ -67,6 +68,14 @@ class Slot:
                                      rounds)
         return min(self.written + rounds, len(self.request.prompt) + self.request.max_new_tokens)
 
+    def in_cache(self) -> tuple[tuple[int, ...], int]:
+        """The tokens whose keys and values the slot's cache holds in its first ``filled`` slots
+        (once running, the last token aside: a finished request's is never fed), and
+        ``filled``."""
+        if self.prefilling:
+            return self.sequence, self.prefilled
+        return self.request.prompt + tuple(self.tokens), self.written - 1
+
     def receive(self, tokens: list[int], logprobs: list[float]) -> None:
         """Append the output tokens (and log-probs) one engine call produced."""
         self.tokens += tokens
@@ -76,4 +85,4 @@ class Slot:
         """The output of the slot's finished request (``finish``: its finish code)."""
         return Completion(request_id=self.request.id, slot=slot, tokens=self.tokens,
                           logprobs=np.asarray(self.logprobs, np.float32),
-                          finish_reason=FINISH_REASONS[finish])
+                          finish_reason=FINISH_REASONS[finish], cached_tokens=self.cached)

@@ -10,6 +10,8 @@ What every caller may rely on:
 - Training reads each file as lines, so newline is never a learned piece: it is the byte `<0x0A>`
   (as in Llama). Spaces become `▁` and start the piece that follows them; a literal `▁` in the text
   is encoded as its three UTF-8 bytes.
+- ``token_bytes()`` spells each id as the bytes it stands for (``▁`` as a space, a byte piece as its
+  byte; None for the special ids): what a constraint's automaton matches a pattern against.
 - Training is deterministic: the same files and arguments give the same model bytes. The unigram
   result depends on `num_threads` (partial sums are combined per thread), hence its fixed default.
 """
@@ -41,6 +43,7 @@ MODEL_TYPES = ("bpe", "unigram")
 
 _SPACE_SYMBOL = "\u2581"
 _SPACE_SYMBOL_IDS = [NUM_SPECIAL + byte for byte in _SPACE_SYMBOL.encode("utf-8")]
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 _TOO_SMALL = re.compile(r"Vocabulary size is smaller than required_chars\. \d+ vs (\d+)")
 _TOO_LARGE = re.compile(r"Vocabulary size (?:is )?too high .*set it to a value <= (\d+)")
 
@@ -184,6 +187,13 @@ class Tokenizer:
         (token_id,) = self._check_ids("token_id", [token_id])
         return self._sp.id_to_piece(token_id)
 
+    def token_bytes(self) -> list[bytes | None]:
+        """``[vocab_size]``: the bytes each id stands for in a decoded text (``piece_bytes``),
+        None for pad, unk, bos and eos, which no text spells."""
+        sp = self._sp
+        return [None if sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i)
+                else piece_bytes(sp.id_to_piece(i)) for i in range(sp.vocab_size())]
+
     def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False) -> list[int]:
         """Token ids of `text`, optionally wrapped in BOS_ID ... EOS_ID."""
         if not isinstance(text, str):
@@ -233,6 +243,14 @@ class Tokenizer:
 
     def __repr__(self) -> str:
         return f"Tokenizer(vocab_size={self.vocab_size})"
+
+
+def piece_bytes(piece: str) -> bytes:
+    """The bytes a SentencePiece-style piece stands for: a byte-fallback piece ``<0x41>`` its
+    byte, any other piece its UTF-8 with ``▁`` as a space."""
+    if match := _BYTE_PIECE.fullmatch(piece):
+        return bytes([int(match.group(1), 16)])
+    return piece.replace(_SPACE_SYMBOL, " ").encode("utf-8")
 
 
 def _read_utf8(path: pathlib.Path) -> str:
