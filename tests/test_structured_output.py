@@ -1,0 +1,54 @@
+"""Structured output end to end (issue 33): patterns compiled by the real builder
+(``sampling.automaton``, outlines-core) over a small spelled vocabulary, sampled by the loops.
+``test_constrained`` tests the loops on hand-built tables; this shows the two sides meet."""
+
+import re
+
+import numpy as np
+import pytest
+from standins import Spelled, Uniform
+
+import decodelab as dl
+
+pytest.importorskip("outlines_core")
+
+EOS = 0
+# ids: EOS, the ten digits, "-", and two tokens that cross a pattern boundary ("9-", "-0")
+SPELLING = [None, *(str(d).encode() for d in range(10)), b"-", b"9-", b"-0"]
+VOCAB = Spelled(SPELLING)
+DATE = r"\d{2}-\d{2}"
+
+
+def text(ids):
+    return b"".join(SPELLING[i] for i in ids if i != EOS).decode()
+
+
+def test_every_sampled_row_is_a_match_ended_by_eos_and_no_row_fails():
+    """A uniform model over 14 ids, 64 rows at temperature 1: every output spells the regex and
+    ends with EOS (the trimmed automaton leaves no row without an allowed token), beside a
+    free row that is not constrained."""
+    model = Uniform(len(SPELLING))
+    B = 64
+    params = dl.SamplingParams(temperature=1.0, regex=[DATE] * (B - 1) + [None])
+    out = dl.generate(model, [[EOS]] * B, params, 8, seed=list(range(B)),
+                      options=dl.DecodeOptions(eos_ids=[EOS], tokenizer=VOCAB))
+    tokens = out.token_lists()
+    assert out.finish_reason[:-1] == ["eos"] * (B - 1)
+    assert all(re.fullmatch(DATE, text(t)) and t[-1] == EOS for t in tokens[:-1])
+    assert any(t in (12, 13) for row in tokens[:-1] for t in row)  # boundary tokens are used
+    assert not np.isnan(out.logprobs[out.valid]).any()
+
+
+def test_a_json_schema_as_a_dict_or_its_text_gives_the_same_output():
+    model = Uniform(len(SPELLING))
+    schema = {"type": "integer", "minimum": 0}
+    outputs = [dl.generate(model, [[EOS]] * 4, dl.SamplingParams(temperature=1.0,
+                                                                 json_schema=s), 6,
+                           seed=[1, 2, 3, 4],
+                           options=dl.DecodeOptions(eos_ids=[EOS], tokenizer=VOCAB))
+               for s in (schema, '{"type": "integer", "minimum": 0}')]
+    assert outputs[0].token_lists() == outputs[1].token_lists()
+    for row, reason in zip(outputs[0].token_lists(), outputs[0].finish_reason):
+        # a prefix of an integer; "incomplete" exactly when it is not one yet ("-")
+        assert re.fullmatch(r"-?\d*", text(row)) and reason in ("eos", "length", "incomplete")
+        assert (reason == "incomplete") == (not re.fullmatch(r"-?(0|[1-9]\d*)", text(row)))
