@@ -56,6 +56,9 @@ ATTENTION = {"gqa": 2, "mha": 8}
 B, STEPS = 8, 6
 
 
+MAX_LEN_32 = dl.DecodeOptions(max_len=32)  # generate's cache slots per row
+
+
 def config(position: str = "rope", kv_heads: int = 2, **changes) -> dl.ModelConfig:
     # One layer: what sharding changes (heads split under a bias, rotations, added tables, the
     # cache, the all-reduces back into the residual stream) is all in one layer, and each layer
@@ -166,20 +169,20 @@ def programs() -> dict:
     greedy = dl.SamplingParams.greedy()
     sampled = dl.SamplingParams(temperature=0.9, top_p=0.9, top_k=50)
     model = model_of(config("rope", 2))
-    ref = dl.generate(model, rows, greedy, STEPS, max_len=32)
+    ref = dl.generate(model, rows, greedy, STEPS, options=MAX_LEN_32)
     out["reference_tokens"] = ref.tokens.tolist()
     smodel = sharding.shard(model, sharding.make_mesh(2, 4))
 
     lap("reference")
     # generate: greedy, and sampled with a fixed seed (the model-only mesh 1 x 8 is the
     # two-process check's; every mesh decodes in matrix())
-    got = dl.generate(smodel, rows, greedy, STEPS, max_len=32)
+    got = dl.generate(smodel, rows, greedy, STEPS, options=MAX_LEN_32)
     out["generate/2x4"] = {"tokens_equal": bool((got.tokens == ref.tokens).all()),
                            "max_logprob_diff": float(np.abs(got.logprobs - ref.logprobs).max())}
     lap("generate on a mesh")
     # (the compiled programs are reused: sampling parameters and seeds are array values)
-    ref_sampled = dl.generate(model, rows, sampled, STEPS, seed=7, max_len=32)
-    got = dl.generate(smodel, rows, sampled, STEPS, seed=7, max_len=32)
+    ref_sampled = dl.generate(model, rows, sampled, STEPS, seed=7, options=MAX_LEN_32)
+    got = dl.generate(smodel, rows, sampled, STEPS, seed=7, options=MAX_LEN_32)
     out["sampled"] = {"tokens_equal": bool((got.tokens == ref_sampled.tokens).all()),
                       "distinct_from_greedy": bool((got.tokens != ref.tokens).any()),
                       "max_logprob_diff": float(np.abs(got.logprobs - ref_sampled.logprobs).max())}
@@ -301,8 +304,8 @@ def padded(model: dl.Transformer, rows: list[list[int]], ref, sampled_ref) -> di
     greedy, (sampled, ref_sampled) = dl.SamplingParams.greedy(), sampled_ref
     out = {}
     for B in (2, 6):
-        got = dl.generate(smodel, rows[:B], greedy, STEPS, max_len=32)
-        got_sampled = dl.generate(smodel, rows[:B], sampled, STEPS, seed=7, max_len=32)
+        got = dl.generate(smodel, rows[:B], greedy, STEPS, options=MAX_LEN_32)
+        got_sampled = dl.generate(smodel, rows[:B], sampled, STEPS, seed=7, options=MAX_LEN_32)
         spec = dl.speculative_generate(smodel, dl.NgramDrafter(), rows[:B], greedy, 3, STEPS)
         beam = dl.beam_search(smodel, rows[:B], 2, STEPS, max_len=32)
         ref_beam = dl.beam_search(model, rows[:B], 2, STEPS, max_len=32)
@@ -326,7 +329,7 @@ def process() -> dict:
     """This process's view of one greedy generate over every process's devices (programs()
     holds the single-device result of the same call)."""
     smodel = sharding.shard(model_of(config("rope", 2)), sharding.make_mesh(1, 8))
-    got = dl.generate(smodel, prompts(), dl.SamplingParams.greedy(), STEPS, max_len=32)
+    got = dl.generate(smodel, prompts(), dl.SamplingParams.greedy(), STEPS, options=MAX_LEN_32)
     return {"process": jax.process_index(), "devices": jax.device_count(),
             "local_devices": jax.local_device_count(), "tokens": got.tokens.tolist()}
 

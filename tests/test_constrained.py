@@ -173,7 +173,7 @@ def test_the_engine_serves_each_constrained_request_as_generate_does(automata):
     done = engine.run(requests, n=3)
     for r in requests:
         alone = dl.generate(model, [list(r.prompt)], r.params, r.max_new_tokens, seed=[r.seed],
-                            max_len=32, options=dl.DecodeOptions(eos_ids=[EOS]))
+                            options=dl.DecodeOptions(eos_ids=[EOS], max_len=32))
         assert done[r.id].tokens == alone.token_lists()[0], r.id
         assert done[r.id].finish_reason == alone.finish_reason[0]
     assert done[0].finish_reason == "eos" and done[3].finish_reason == "incomplete"
@@ -194,8 +194,8 @@ def test_a_preempted_constrained_request_resumes_from_the_state_of_its_tokens(au
     assert out.summary["preemptions"] >= 1 and out.summary["completed"] == len(requests)
     for record in out.records:
         r = requests[record.request_id]
-        alone = dl.generate(model, [list(r.prompt)], r.params, 12, seed=[r.seed], max_len=32,
-                            options=dl.DecodeOptions(eos_ids=[EOS]))
+        alone = dl.generate(model, [list(r.prompt)], r.params, 12, seed=[r.seed],
+                            options=dl.DecodeOptions(eos_ids=[EOS], max_len=32))
         assert record.tokens == alone.token_lists()[0], r.id
         assert record.finish_reason == alone.finish_reason[0]
 

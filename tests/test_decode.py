@@ -99,7 +99,7 @@ def test_stop_strings_cut_after_the_token_that_completes_them(stand_in):
 
 def test_budget_and_cache_capacity_finish_with_length(stand_in):
     # max_len 6: the 4-token prompt leaves room for 2 tokens, the 1-token prompt for 5 of 8 asked
-    out = run(stand_in, [[1, 2, 3, 4], [10]], 8, max_len=6)
+    out = run(stand_in, [[1, 2, 3, 4], [10]], 8, **opts(max_len=6))
     assert out.token_lists() == [[5, 6], [11, 12, 13, 14, 15]]
     assert out.finish_reason == ["length", "length"]
 
@@ -285,18 +285,20 @@ def test_a_sweep_of_sampling_values_and_processors_compiles_once(tiny):
                                        top_p=[float(rng.uniform(0.1, 1.0)), 1.0],
                                        min_p=float(rng.uniform(0.01, 0.2)),
                                        repetition_penalty=float(rng.uniform(1.01, 1.5)))
-            run(tiny, prompts, 5, params, seed=i, max_len=S,
-                options=dl.DecodeOptions(eos_ids=[int(rng.integers(0, 512))]))
-        run(tiny, prompts, 5, params.replace(top_k=0), max_len=S)  # top-k off in every row
-        run(tiny, prompts, 5, params.replace(top_k=7, top_p=[0.5, 1.0]), max_len=S)
-        run(tiny, prompts, 5, GREEDY, max_len=S)
+            run(tiny, prompts, 5, params, seed=i,
+                **opts(max_len=S, eos_ids=[int(rng.integers(0, 512))]))
+        run(tiny, prompts, 5, params.replace(top_k=0), **opts(max_len=S))  # top-k off in every row
+        run(tiny, prompts, 5, params.replace(top_k=7, top_p=[0.5, 1.0]), **opts(max_len=S))
+        run(tiny, prompts, 5, GREEDY, **opts(max_len=S))
         run(tiny, prompts, 5, dl.SamplingParams(temperature=[0.0, 0.8], typical_p=[1.0, 0.5]),
-            max_len=S)
+            **opts(max_len=S))
         assert counts["_decode_loop"] == 1 and counts["prefill"] == 1
-        run(tiny, [[1] * 9, [2] * 16], 5, GREEDY, max_len=S)  # new lengths, same bucket of 16
+        # new lengths, same bucket of 16
+        run(tiny, [[1] * 9, [2] * 16], 5, GREEDY, **opts(max_len=S))
         assert counts["_decode_loop"] == 1 and counts["prefill"] == 1
-        run(tiny, [[1] * 17, [2]], 5, GREEDY, max_len=S)  # bucket 32: the counter sees a compile
-        # of the prefill; the loop's shapes depend on max_len, not on the prompt block
+        # bucket 32: the counter sees a compile of the prefill;
+        run(tiny, [[1] * 17, [2]], 5, GREEDY, **opts(max_len=S))
+        # the loop's shapes depend on max_len, not on the prompt block
         assert counts["_decode_loop"] == 1 and counts["prefill"] == 2
 
 
@@ -379,7 +381,7 @@ def test_padding_rows_and_columns_change_no_row(tiny, mixed_batch):
     (([[-1]], 4), {}, r"prompts\[0\] holds token id -1 at index 0; ids must be in \[0, 32\)"),
     (([[1.5]], 4), {}, r"prompts\[0\] must hold int token ids"),
     (("hello", 4), {}, r"prompts must be a list of token-id lists, got str"),
-    (([[1] * 6], 4), dict(max_len=6), r"prompts\[0\] has 6 tokens but max_len is 6"),
+    (([[1] * 6], 4), opts(max_len=6), r"prompts\[0\] has 6 tokens but max_len is 6"),
     (([[1]], 0), {}, r"max_new_tokens must be an int >= 1, got 0"),
     (([[1]], 2.0), {}, r"max_new_tokens must be an int >= 1, got 2.0"),
     (([[1]], 4), dict(seed=-1), r"seed must be an int in \[0, 2\*\*32 - 1\]"),
@@ -399,7 +401,7 @@ def test_padding_rows_and_columns_change_no_row(tiny, mixed_batch):
     (([[1]], 4), opts(raise_on_error=None), r"raise_on_error must be a bool, got None"),
     (([[1]], 4), dict(options={"eos_ids": 2}),
      r"options must be a DecodeOptions, got \{'eos_ids': 2\}"),
-    (([[1]], 4), dict(max_len=1), r"max_len must be an int >= 2, got 1"),
+    (([[1]], 4), opts(max_len=1), r"max_len must be an int >= 2, got 1"),
     (([[1], [2], [3]], 4), dict(params=dl.SamplingParams(temperature=[0.5, 1.0])),
      r"temperature has 2 values but the batch has 3 rows"),
     (([[1]], 4), dict(params={"temperature": 0.5}), r"params must be a SamplingParams"),
@@ -423,7 +425,7 @@ def test_prompt_or_cache_longer_than_the_position_table_is_rejected(tiny_config)
             run(model, [[1] * 64], 4)
         with pytest.raises(ValueError, match=r"max_len must be <= 64, the model's position table "
                                              r"\(max_seq_len\), got 65"):
-            run(model, [[1]], 4, max_len=65)
+            run(model, [[1]], 4, **opts(max_len=65))
     assert not counts
 
 

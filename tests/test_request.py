@@ -111,7 +111,9 @@ def test_stop_string_cut_decodes_log_n_times_not_once_per_prefix():
 SIZE_CALLS = {
     "generate max_new_tokens": (lambda m: dl.generate(m, [[1]], GREEDY, TOO_BIG),
                                 "max_new_tokens"),
-    "generate max_len": (lambda m: dl.generate(m, [[1]], GREEDY, 2, max_len=TOO_BIG), "max_len"),
+    "generate max_len": (
+        lambda m: dl.generate(m, [[1]], GREEDY, 2, options=dl.DecodeOptions(max_len=TOO_BIG)),
+        "max_len"),
     "generate return_top_logprobs": (
         lambda m: dl.generate(m, [[1]], GREEDY, 2,
                               options=dl.DecodeOptions(return_top_logprobs=TOO_BIG)),
@@ -253,7 +255,7 @@ def test_a_cache_past_the_memory_limit_is_refused_stating_its_size(uniform, one_
     bucket of 8 columns)."""
     allocation_forbidden(monkeypatch)
     with pytest.raises(ValueError) as error:
-        dl.generate(uniform, [[1]], GREEDY, 4, max_len=10**9)
+        dl.generate(uniform, [[1]], GREEDY, 4, options=dl.DecodeOptions(max_len=10**9))
     assert str(error.value) == (
         "generate with len(prompts)=1, max_new_tokens=4, max_len=1000000000 needs 11.2 GiB "
         "(KV cache 7.5 GiB, token buffer 3.7 GiB, prefill logits 32.0 KiB, logprobs 32 B), more "
@@ -263,7 +265,9 @@ def test_a_cache_past_the_memory_limit_is_refused_stating_its_size(uniform, one_
 
 HUGE_CALLS = {
     "generate max_new_tokens": (lambda m: dl.generate(m, [[1]], GREEDY, 10**9), "generate"),
-    "generate max_len": (lambda m: dl.generate(m, [[1]], GREEDY, 2, max_len=10**9), "generate"),
+    "generate max_len": (
+        lambda m: dl.generate(m, [[1]], GREEDY, 2, options=dl.DecodeOptions(max_len=10**9)),
+        "generate"),
     "beam max_new_tokens": (lambda m: dl.beam_search(m, [[1]], 2, 10**9), "beam_search"),
     "beam width": (lambda m: dl.beam_search(m, [[1]] * 1000, V, 8, max_len=10**4),
                    "beam_search"),
@@ -330,7 +334,8 @@ def test_max_new_tokens_is_clamped_to_the_room_after_the_shortest_prompt(uniform
     from decodelab.decode import generation as decode
 
     sizes_at_most(monkeypatch, decode, "prefill", 8)
-    out = dl.generate(uniform, [[1, 2, 3], [1]], GREEDY, 10**9, max_len=8)
+    out = dl.generate(uniform, [[1, 2, 3], [1]], GREEDY, 10**9,
+                      options=dl.DecodeOptions(max_len=8))
     assert out.tokens.shape == (2, 7)
     assert out.lengths.tolist() == [5, 7]
     assert out.token_lists() == [[0] * 5, [0] * 7]
@@ -374,8 +379,9 @@ def assert_nan_exactly_at_padding(out):
 
 def test_generate_logprobs_are_nan_exactly_past_each_rows_length(uniform):
     """Rows stopped at max_len 8 after prompts of 3, 1 and 6 tokens: 5, 7 and 2 outputs."""
-    out = dl.generate(uniform, [[1, 2, 3], [1], [1] * 6], dl.SamplingParams(), 10**9, max_len=8,
-                      options=dl.DecodeOptions(return_top_logprobs=2, return_entropy=True))
+    out = dl.generate(uniform, [[1, 2, 3], [1], [1] * 6], dl.SamplingParams(), 10**9,
+                      options=dl.DecodeOptions(max_len=8, return_top_logprobs=2,
+                                               return_entropy=True))
     assert out.valid.tolist() == [[True] * 5 + [False] * 2, [True] * 7,
                                   [True] * 2 + [False] * 5]
     assert_nan_exactly_at_padding(out)

@@ -36,8 +36,8 @@ def make_requests(n: int = 8) -> list[Request]:
 
 def alone(model, request: Request):
     return dl.generate(model, [list(request.prompt)], request.params, request.max_new_tokens,
-                       seed=[request.seed], max_len=S,
-                       options=dl.DecodeOptions(stop_sequences=request.stop_sequences))
+                       seed=[request.seed],
+                       options=dl.DecodeOptions(stop_sequences=request.stop_sequences, max_len=S))
 
 
 @pytest.fixture(scope="module")
@@ -281,7 +281,7 @@ def test_greedy_then_top_k_then_top_p_requests_run_one_program_and_equal_generat
     assert {name: counts[name] for name in programs} == dict.fromkeys(programs, 1), counts
     for request in (r for run in runs for r in run):
         ref = dl.generate(tiny, [list(request.prompt)], request.params, request.max_new_tokens,
-                          seed=[request.seed], max_len=40)
+                          seed=[request.seed], options=dl.DecodeOptions(max_len=40))
         assert done[request.id].tokens == ref.token_lists()[0]
         np.testing.assert_allclose(done[request.id].logprobs, ref.logprobs[0, :ref.lengths[0]],
                                    rtol=0, atol=1e-5)

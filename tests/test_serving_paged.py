@@ -40,7 +40,7 @@ def make_requests(n: int = 8, seed: int = 1) -> list[Request]:
 def reference(tiny):
     """Each request's output from ``dl.generate`` on that request alone."""
     return {r.id: dl.generate(tiny, [list(r.prompt)], r.params, r.max_new_tokens, seed=[r.seed],
-                              max_len=S)
+                              options=dl.DecodeOptions(max_len=S))
             for r in make_requests()}
 
 

@@ -38,7 +38,7 @@ def long_requests() -> list[Request]:
 def reference(tiny):
     """Each request's output from ``dl.generate`` on that request alone."""
     return {r.id: dl.generate(tiny, [list(r.prompt)], r.params, r.max_new_tokens, seed=[r.seed],
-                              max_len=S) for r in long_requests()}
+                              options=dl.DecodeOptions(max_len=S)) for r in long_requests()}
 
 
 @pytest.fixture(scope="module")

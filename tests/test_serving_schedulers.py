@@ -30,8 +30,9 @@ def trace(params, num_requests: int = 7) -> list[Request]:
 @pytest.mark.parametrize("params", [dl.SamplingParams.greedy(), SAMPLED], ids=["greedy", "sampled"])
 def test_every_policy_gives_each_request_its_tokens_alone(tiny, params):
     requests = trace(params)
-    expected = {r.id: dl.generate(tiny, [list(r.prompt)], params, r.max_new_tokens,
-                                  seed=[r.seed], max_len=S).token_lists()[0] for r in requests}
+    expected = {r.id: dl.generate(tiny, [list(r.prompt)], params, r.max_new_tokens, seed=[r.seed],
+                                  options=dl.DecodeOptions(max_len=S)).token_lists()[0]
+                for r in requests}
     for name in serving.SCHEDULERS:
         for slots, n in ((3, 1), (3, 4)):
             engine = SlotEngine(tiny, slots, S)

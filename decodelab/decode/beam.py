@@ -58,7 +58,7 @@ from decodelab.decode.beam_output import BeamSearchOutput, n_best
 from decodelab.decode.loop import CompiledLoop
 from decodelab.decode.request import (EOS, INCOMPLETE, LENGTH, NO_HYPOTHESIS, PAD_TOKEN,
                                       BeamOptions, check_eos, check_prompts)
-from decodelab.decode.shapes import batch_shapes, pad_rows, prompt_block
+from decodelab.decode.shapes import batch_shapes, prompt_block, take_rows
 from decodelab.decode.state import LoopState
 from decodelab.sampling.constraint import ConstraintTable
 from decodelab.sampling.patterns import pattern_table
@@ -369,7 +369,8 @@ def beam_search(
     inputs = BeamInputs(prompt_lengths=lengths, budgets=budgets, eos_mask=eos_mask,
                         alpha=np.float32(alpha), min_new_tokens=np.int32(min_new),
                         usable=np.arange(V) < U, constraint=table,
-                        constraint_states=None if starts is None else pad_rows(starts, len(block)))
+                        constraint_states=None if starts is None else
+                        take_rows(starts, np.minimum(np.arange(len(block)), len(rows) - 1)))
     state = beam_prefill(weights, block, inputs, graphdef=graphdef, width=W, max_len=S,
                          max_new_tokens=shapes.width, kv_cache=kv_cache)
     state = BEAM_LOOP.run(weights, state, python_loop=options.python_loop, graphdef=graphdef)

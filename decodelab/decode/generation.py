@@ -59,7 +59,8 @@ from decodelab.decode.output import GenerateOutput, finish_output, host_output
 from decodelab.decode.request import (BAD_LOGITS, EOS, INCOMPLETE, LENGTH, NO_ALLOWED_TOKEN,
                                       RUNNING, STOP, DecodeOptions, OutputSpec, RowInputs,
                                       check_request, decode_buffers)
-from decodelab.decode.shapes import batch_shapes, prompt_block, prompt_width
+from decodelab.decode.samples import grouped, sample_block, with_samples
+from decodelab.decode.shapes import batch_shapes, prompt_width, sample_shapes
 from decodelab.decode.state import RowState
 from decodelab.sampling.params import SamplingParams
 from decodelab.sharding import data_size
@@ -176,14 +177,21 @@ def step(model: nnx.Module, state: DecodeState) -> DecodeState:
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_len", "outputs", "kv_cache"))
 def prefill(weights, block, rows: RowInputs, *, graphdef, max_len: int, outputs: OutputSpec,
-            kv_cache=None) -> DecodeState:
+            kv_cache=None, samples=None) -> DecodeState:
     """Run the padded prompt block ``[B, T]`` through the model: the state before the first step
-    (also the serving engine's prefill of one request)."""
+    (also the serving engine's prefill of one request). With ``samples`` (``[R]`` int32, the
+    block row each state row continues: n samples per prompt) the block is read once and state
+    row r starts from copies of block row ``samples[r]``'s cache rows and logits; ``rows`` are
+    then the R state rows' values."""
     model = nnx.merge(graphdef, weights)
     cache = init_cache(model.config, block.shape[0], max_len, kv_cache)
-    logits, cache = model(block, cache=cache, num_valid=rows.prompt_lengths)  # [B, T, V]
-    last = jnp.take_along_axis(logits, (rows.prompt_lengths - 1)[:, None, None],
-                               axis=1)[:, 0]  # [B, V]
+    lengths = rows.prompt_lengths
+    if samples is not None:  # each block row's length; a padding row no state row takes: 1
+        lengths = jnp.ones((block.shape[0],), jnp.int32).at[samples].max(lengths)
+    logits, cache = model(block, cache=cache, num_valid=lengths)  # [B, T, V]
+    last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]  # [B, V]
+    if samples is not None:
+        block, cache, last = block[samples], cache.take_rows(samples), last[samples]
     state = DecodeState.start(block, rows, max_len, outputs, cache=cache, logits=last)
     return state.replace(**carried_counts(state.history, model.config.vocab_size))
 
@@ -206,11 +214,11 @@ def generate(
     max_new_tokens: int,
     seed: int | Sequence[int] = 0,
     *,
-    max_len: int | None = None,
+    n: int = 1,
     kv_cache: str | None = None,
     options: DecodeOptions = DecodeOptions(),
 ) -> GenerateOutput:
-    """Continue each prompt by up to ``max_new_tokens`` tokens.
+    """Continue each prompt by up to ``max_new_tokens`` tokens, ``n`` times.
 
     Args:
       model: a ``Transformer`` (or any module with its call signature and a ``config``).
@@ -221,13 +229,17 @@ def generate(
         within a bucket (``request``: 1..8, 9..16, 17..32, ...) compiles nothing new.
       seed: one int per prompt (its output then depends only on its own prompt, parameters and
         seed), or one int s: row r draws from ``fold_in(key(s), r)``.
-      max_len: cache slots per row (prompt + output). Default: the prompt bucket plus the
-        bucket of ``max_new_tokens``, at most the model's position table if it has one.
+      n: samples per prompt (>= 1), from one prefill of each prompt (``samples``). Sample 0 is
+        the ``n=1`` output for the same seed; sample i > 0 draws from its own stream, folded
+        from the prompt's key and i. With n > 1 every output array is ``[P, n, ...]`` and
+        ``finish_reason`` one list of n per prompt; greedy samples are all the same.
       kv_cache: None (a float cache), "int8" (``cache.QuantizedKVCache``: a scale per token
         and kv head) or "int4" (``cache.KiviKVCache``, KIVI's layout: keys per channel over
         groups of 32 slots, values per token, the newest group in float); a ``cache.Kivi``
         sets int4's group size, float residual and rewind depth.
       options: a ``DecodeOptions``, the rarer arguments:
+        max_len: cache slots per row (prompt + output). Default: the prompt bucket plus the
+          bucket of ``max_new_tokens``, at most the model's position table if it has one.
         eos_ids: ids that end a row (finish reason "eos"); ``min_new_tokens`` suppresses them.
         stop_sequences: token-id sequences that end a row when its output ends with one
           ("stop").
@@ -248,21 +260,22 @@ def generate(
     check_model("model", model)
     check_kind("kv_cache", kv_cache)
     V = model.config.vocab_size
-    request = check_request(V, prompts, params, max_new_tokens, seed, options)
-    rows = request.rows
-    shapes = batch_shapes(rows, request.max_new_tokens, max_len, position_limit(model),
-                          data_size(model))
+    request = with_samples(check_request(V, prompts, params, max_new_tokens, seed, options), n)
+    rows, n, data = request.rows, request.samples, data_size(model)
+    shapes = sample_shapes(batch_shapes(rows, request.max_new_tokens, options.max_len,
+                                        position_limit(model), data), n, data)
     S = shapes.max_len
     buffers = decode_buffers(model.config, shapes.padded_rows, S, shapes.width,
                              prompt_width(rows, S), request.top_n, request.with_entropy)
-    check_memory("generate", buffers, {"len(prompts)": len(rows),
+    check_memory("generate", buffers, {"len(prompts)": len(rows), **({"n": n} if n > 1 else {}),
                                        "max_new_tokens": shapes.columns, "max_len": S})
-    block, lengths = prompt_block(rows, shapes)
+    block, _, lengths, samples = sample_block(request, shapes, data)
     graphdef, weights = nnx.split(model)
     state = prefill(weights, block, request.row_inputs(lengths, V, shapes), graphdef=graphdef,
-                    max_len=S, outputs=request.outputs(shapes), kv_cache=kv_cache)
+                    max_len=S, outputs=request.outputs(shapes), kv_cache=kv_cache,
+                    samples=samples)
     state = DECODE_LOOP.run(weights, state, python_loop=request.python_loop, graphdef=graphdef)
-    return finish_output(host_output(state, shapes), state.finish, request)
+    return grouped(finish_output(host_output(state, shapes), state.finish, request), n)
 
 
 def greedy(model: nnx.Module, prompts: Sequence[Sequence[int]],

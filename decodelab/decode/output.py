@@ -30,7 +30,9 @@ from decodelab.decode.state import RowState
 @dataclasses.dataclass(frozen=True, eq=False)
 class GenerateOutput:
     """Per-row results of ``generate``; arrays are padded to ``N`` columns, ``N`` =
-    ``min(max_new_tokens, max_len - shortest prompt)`` (no row can generate more).
+    ``min(max_new_tokens, max_len - shortest prompt)`` (no row can generate more). With ``n``
+    samples per prompt (n > 1) every array has the leading axes ``[P, n]`` in place of ``[B]``
+    and ``finish_reason`` is one list of n reasons per prompt (``samples.grouped``).
 
     Past a row's length (where ``valid`` is False) the token ids are ``PAD_TOKEN``, the top ids
     ``PAD_TOKEN`` and the float fields NaN: deliberate padding, not a numerical failure. Within a
@@ -51,12 +53,19 @@ class GenerateOutput:
 
     @property
     def valid(self) -> np.ndarray:
-        """``[B, N]`` bool: True where a column holds an output token of its row, False where the
-        fields are padding (PAD_TOKEN, NaN)."""
-        return np.arange(self.tokens.shape[1])[None, :] < self.lengths[:, None]
+        """``[B, N]`` bool (``[P, n, N]`` with n samples): True where a column holds an output
+        token of its row, False where the fields are padding (PAD_TOKEN, NaN)."""
+        return np.arange(self.tokens.shape[-1]) < self.lengths[..., None]
 
-    def token_lists(self) -> list[list[int]]:
-        return [row[:n].tolist() for row, n in zip(self.tokens, self.lengths)]
+    def token_lists(self) -> list[list[int]] | list[list[list[int]]]:
+        """Each row's output tokens: one list per prompt, or with n samples per prompt (n > 1)
+        one list of n lists per prompt."""
+        def lists(tokens, lengths):
+            return [row[:k].tolist() for row, k in zip(tokens, lengths)]
+
+        if self.tokens.ndim == 3:
+            return [lists(t, k) for t, k in zip(self.tokens, self.lengths)]
+        return lists(self.tokens, self.lengths)
 
 
 def host_output(state: RowState, shapes: Shapes) -> GenerateOutput:

@@ -60,7 +60,8 @@ from decodelab import sampling
 from decodelab.cache import bucket_length
 from decodelab.checks import (INT32_MAX, check_bool, check_memory, check_size, is_int,
                               kv_cache_bytes, nbytes, position_limit, tokenizer_size)
-from decodelab.decode.shapes import Shapes, batch_shapes, output_width, pad_rows, prompt_width
+from decodelab.decode.shapes import (Shapes, batch_shapes, output_width, prompt_width,
+                                    sample_shapes, take_rows)
 from decodelab.sampling.constraint import ConstraintTable
 from decodelab.sampling.params import SamplingParams
 from decodelab.sharding import data_size
@@ -174,6 +175,7 @@ class DecodeOptions:
     """The rarer arguments of ``generate`` and ``speculative_generate``, checked by
     ``check_request`` (each ValueError names the field)."""
 
+    max_len: int | None = None  # cache slots per row (prompt + output); None: from the buckets
     eos_ids: int | Sequence[int] = ()  # ids that end a row (finish reason "eos")
     stop_sequences: Sequence[Sequence[int]] = ()  # token-id sequences that end a row ("stop")
     stop_strings: Sequence[str] = ()  # strings that end a row ("stop"); need ``tokenizer``
@@ -256,8 +258,9 @@ class BatchRequest:
     python_loop: bool
     raise_on_error: bool
     tokenizer_size: int | None = None  # ids of ``tokenizer``; ids past it are masked
-    # The batch's constraint table and each row's start state [B]; None: no row constrained.
+    # The batch's constraint table and each prompt's start state [B]; None: no row constrained.
     constraint: tuple[ConstraintTable, np.ndarray] | None = None
+    samples: int = 1  # state rows per prompt (``samples``: n samples per prompt)
 
     def keys(self) -> np.ndarray:
         """``[B, ...]`` uint32 key data of each row's request key: computed on request (it runs
@@ -270,19 +273,24 @@ class BatchRequest:
 
     def row_inputs(self, prompt_lengths: np.ndarray, vocab_size: int,
                    shapes: Shapes) -> RowInputs:
-        """The per-row values on the device for ``prompt_lengths: [P]`` (``prompt_block``'s,
-        padding rows included), the last step after every check has passed (the parameters'
-        per-row checks first: the keys run a compiled function). Each real row may generate
-        ``shapes.columns`` tokens, a padding row none; its parameters and key are the last real
-        row's, computed for the real batch, so no row's values depend on the padding."""
-        B, P = len(self.rows), len(prompt_lengths)
-        params = pad_rows(self.params.per_row(B, vocab_size, self.tokenizer_size), P)
-        budgets = np.where(np.arange(P) < B, shapes.columns, 0).astype(np.int32)
+        """The per-row values on the device for ``prompt_lengths: [R]`` of the state's rows
+        (padding rows included), the last step after every check has passed (the parameters'
+        per-row checks first: the keys run a compiled function). Row ``p * samples + i`` is
+        sample i of prompt p, with prompt p's parameters and ``sampling.sample_keys``'s key
+        (with one sample: row p, prompt p's key). Each real row may generate ``shapes.columns``
+        tokens, a padding row none; its parameters and key are the last real row's, computed
+        for the real batch, so no row's values depend on the padding."""
+        B, R, n = len(self.rows), len(prompt_lengths), self.samples
+        rows = np.arange(R)
+        params = take_rows(self.params.per_row(B, vocab_size, self.tokenizer_size),
+                           np.minimum(rows // n, B - 1))
+        keys = take_rows(sampling.sample_keys(self.keys(), n), np.minimum(rows, B * n - 1))
+        budgets = np.where(rows < B * n, shapes.columns, 0).astype(np.int32)
         table, starts = self.constraint or (None, None)
-        return RowInputs(prompt_lengths=prompt_lengths, keys=pad_rows(self.keys(), P),
-                         params=params, eos_mask=self.eos_mask, stop_ids=self.stop_block,
-                         budgets=budgets, constraint=table,
-                         constraint_states=None if starts is None else pad_rows(starts, P))
+        return RowInputs(prompt_lengths=prompt_lengths, keys=keys, params=params,
+                         eos_mask=self.eos_mask, stop_ids=self.stop_block, budgets=budgets,
+                         constraint=table, constraint_states=None if starts is None else
+                         take_rows(starts, np.minimum(rows // n, B - 1)))
 
 
 def check_request(vocab_size: int, prompts: Any, params: Any, max_new_tokens: Any, seed: Any,
@@ -360,8 +368,9 @@ def speculative_sizes(request: BatchRequest, gamma: int, max_len: Any, target: A
                              f"(max_seq_len), got {max_len}")
     known = [x for x in (position_limit(target), draft_limit) if x is not None]
     gamma = min(gamma, output_width(N))
-    shapes = batch_shapes(rows, N, max_len, min(known) if known else None,
-                          data_size(target), extra=gamma)
+    data = data_size(target)
+    shapes = sample_shapes(batch_shapes(rows, N, max_len, min(known) if known else None, data,
+                                        extra=gamma), request.samples, data)
     S, B = shapes.max_len, shapes.padded_rows
     gamma = min(gamma, shapes.width)
     buffers = decode_buffers(target.config, B, S, shapes.width, prompt_width(rows, S),
@@ -369,7 +378,8 @@ def speculative_sizes(request: BatchRequest, gamma: int, max_len: Any, target: A
     buffers["verify history"] = nbytes((B * (gamma + 1), S), np.int32)
     if draft is not None:
         buffers["draft KV cache"] = kv_cache_bytes(draft.config, B, S)
-    check_memory("speculative_generate", buffers, {"len(prompts)": len(rows), "gamma": gamma,
+    n = {"n": request.samples} if request.samples > 1 else {}
+    check_memory("speculative_generate", buffers, {"len(prompts)": len(rows), **n, "gamma": gamma,
                                                    "max_new_tokens": shapes.columns,
                                                    "max_len": S})
     for i, r in enumerate(rows):

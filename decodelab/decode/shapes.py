@@ -39,14 +39,10 @@ def output_width(max_new_tokens: int) -> int:
     return bucket_length(max_new_tokens, minimum=8)
 
 
-def pad_rows(tree: Any, rows: int) -> Any:
-    """``tree``'s arrays ``[B, ...]`` padded to ``rows`` rows by repeating the last row (values a
-    padding row holds but never uses)."""
-    def pad(x):
-        x = np.asarray(x)
-        return np.concatenate([x, np.repeat(x[-1:], rows - x.shape[0], axis=0)])
-
-    return jax.tree.map(pad, tree)
+def take_rows(tree: Any, rows: np.ndarray) -> Any:
+    """``tree``'s host arrays ``[B, ...]`` with row ``i`` a copy of row ``rows[i]`` (repeats
+    allowed: a padding row repeats the last real row, holding values it never uses)."""
+    return jax.tree.map(lambda x: np.asarray(x)[rows], tree)
 
 
 def resolve_max_len(max_len: Any, rows: list[np.ndarray], default: int,
@@ -84,6 +80,17 @@ def batch_shapes(rows: list[np.ndarray], max_new_tokens: int, max_len: Any, limi
                         + extra, limit)
     return Shapes(rows=len(rows), padded_rows=bucket_rows(len(rows), data),
                   columns=clamp_new_tokens(max_new_tokens, rows, S), max_len=S)
+
+
+def sample_shapes(shapes: Shapes, n: int, data: int = 1) -> Shapes:
+    """The shapes of the state of ``n`` samples per prompt, from ``shapes`` of the P prompts (the
+    cache slots and output columns depend on the prompts alone): ``P * n`` real rows, bucketed
+    for a mesh whose ``data`` axis has ``data`` devices. Arithmetic only, so a huge ``n`` is
+    refused by the memory check before any row exists."""
+    if n == 1:
+        return shapes
+    return dataclasses.replace(shapes, rows=shapes.rows * n,
+                               padded_rows=bucket_rows(shapes.rows * n, data))
 
 
 def clamp_new_tokens(max_new_tokens: int, rows: list[np.ndarray], max_len: int) -> int:

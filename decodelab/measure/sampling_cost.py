@@ -19,6 +19,7 @@ import time
 import numpy as np
 
 from decodelab.decode.generation import generate
+from decodelab.decode.request import DecodeOptions
 from decodelab.measure import peers, timing
 from decodelab.model import Transformer
 from decodelab.sampling.params import SamplingParams
@@ -51,8 +52,9 @@ def time_settings(model: Transformer, prompts: np.ndarray, new_tokens: int, repe
     B, P = prompts.shape
     programs = {"": SamplingParams(temperature=0.0),
                 **{name: SamplingParams(**fields) for name, fields in SETTINGS.items()}}
+    options = DecodeOptions(max_len=max_len or P + new_tokens)
     runs = {name: functools.partial(generate, model, prompts.tolist(), params, seed=0,
-                                    max_len=max_len or P + new_tokens)
+                                    options=options)
             for name, params in programs.items()}
     firsts = {}
     for name, run in runs.items():  # one program for all: the first call compiles it

@@ -54,7 +54,7 @@ import numpy as np
 from flax import nnx
 
 from decodelab.decode.generation import generate
-from decodelab.decode.request import OutputSpec, RowInputs
+from decodelab.decode.request import DecodeOptions, OutputSpec, RowInputs
 from decodelab.measure.timing import timed
 from decodelab.model.transformer import param_count
 from decodelab.sampling.params import SamplingParams, batch_keys
@@ -242,7 +242,8 @@ def measure_point(target, drafter, prompts: Sequence[Sequence[int]], run: Run, *
 
     def target_batch(i):
         chunk, seeds = batches[i]
-        return generate(target, chunk, params, N, seed=seeds, max_len=run.max_len)
+        return generate(target, chunk, params, N, seed=seeds,
+                        options=DecodeOptions(max_len=run.max_len))
 
     def speculative_batch(i):
         chunk, seeds = batches[i]

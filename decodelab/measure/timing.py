@@ -40,6 +40,7 @@ from flax import nnx
 
 from decodelab.config import ModelConfig
 from decodelab.decode.generation import generate
+from decodelab.decode.request import DecodeOptions
 from decodelab.measure import roofline
 from decodelab.model import Transformer
 from decodelab.sampling.params import SamplingParams
@@ -73,7 +74,7 @@ def time_generate(model: Transformer, prompts: np.ndarray, new_tokens: int, repe
     B, P = prompts.shape
     rows = prompts.tolist()
     run = functools.partial(generate, model, rows, params, seed=0,
-                            max_len=max_len or P + new_tokens)
+                            options=DecodeOptions(max_len=max_len or P + new_tokens))
     first = time.perf_counter()
     out = run(new_tokens)
     first = time.perf_counter() - first

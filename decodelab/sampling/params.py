@@ -18,7 +18,8 @@ Conventions (every caller relies on them):
   (``seed_keys``), and ``fold_in(key(seed), r)`` for row r of a batch under one int seed
   (``batch_keys``), so no (seed, row) pair shares a stream with another. The token at sequence
   position ``p`` is drawn with ``fold_in(request key, p)`` (``row_keys``): independent of
-  batch-mates and slot.
+  batch-mates and slot. n samples of a request draw from ``sample_keys``: sample 0 from the
+  request's key, sample i > 0 from a key folded from it and i.
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ from decodelab.sampling.patterns import check_patterns, pattern_table
 from decodelab.sampling.processors import PARAMETERS, PROCESSORS, RowParams
 
 __all__ = ["SamplingParams", "all_greedy", "bad_logits", "batch_keys", "draw", "greedy_choice",
-           "greedy_scores", "process_logits", "processed_logprobs", "row_keys", "seed_keys",
-           "usable"]
+           "greedy_scores", "process_logits", "processed_logprobs", "row_keys", "sample_keys",
+           "seed_keys", "usable"]
 
 # The processors before temperature: what a greedy row's argmax is taken over.
 _BEFORE_TEMPERATURE = PROCESSORS[:[p.name for p in PROCESSORS].index("temperature")]
@@ -261,6 +262,32 @@ def batch_keys(seed: int, batch_size: int) -> jax.Array:
     """``[B, ...]`` uint32 key data of ``fold_in(key(seed), r)`` for the rows r of a batch under
     one int seed: distinct for every (seed, row) pair."""
     return _fold_rows(np.uint32(seed), np.arange(batch_size, dtype=np.int32))
+
+
+# Sample i > 0 of a request folds SAMPLE_BASE + i into its key: past every position (int32), so a
+# sample's key is never the key of a position of its request (row_keys).
+SAMPLE_BASE = 2**31
+
+
+@jax.jit
+def _fold_samples(keys: jax.Array, samples: jax.Array) -> jax.Array:
+    def one(k, i):
+        key = jax.random.wrap_key_data(k)
+        return jax.random.key_data(jax.random.fold_in(key, np.uint32(SAMPLE_BASE) + i))
+
+    folded = jax.vmap(lambda k: jax.vmap(lambda i: one(k, i))(samples))(keys)  # [B, n, ...]
+    return folded.at[:, 0].set(keys)
+
+
+def sample_keys(keys: jax.Array, n: int) -> jax.Array:
+    """``[B * n, ...]`` key data of n samples per request (row ``b * n + i``: sample i of request
+    b) from the requests' key data ``keys: [B, ...]``: sample 0 keeps the request's key (its
+    draws are the request's single-sample draws), sample i > 0 has ``fold_in(key, 2**31 + i)``.
+    Each sample's stream depends only on its request's key and its index."""
+    if n == 1:
+        return keys
+    folded = _fold_samples(jnp.asarray(keys), jnp.arange(n, dtype=jnp.uint32))
+    return folded.reshape((-1,) + folded.shape[2:])
 
 
 def row_keys(keys: jax.Array, positions: jax.Array) -> jax.Array:

@@ -66,11 +66,13 @@ from flax import nnx
 from decodelab.cache import check_kind, init_cache, max_rewind
 from decodelab.cache.dense import KVCache
 from decodelab.checks import check_model, check_size, tokenizer_size
+from decodelab.sharding import data_size
 from decodelab.decode.loop import CompiledLoop
 from decodelab.decode.output import GenerateOutput, finish_output, host_output
 from decodelab.decode.request import (DecodeOptions, OutputSpec, RowInputs, check_request,
                                       speculative_sizes)
-from decodelab.decode.shapes import Shapes, prompt_block
+from decodelab.decode.samples import grouped, sample_block, with_samples
+from decodelab.decode.shapes import Shapes
 from decodelab.sampling.params import SamplingParams
 from decodelab.speculative.drafters import Drafter, ModelDrafter, NgramDrafter, Proposal
 from decodelab.speculative.rounds import SpecState, speculative_round, verify
@@ -97,9 +99,15 @@ def prefill(target_weights, draft_weights, block, num_valid, *, graphdef, drafte
 
 @functools.partial(jax.jit, static_argnames=("gamma", "outputs"))
 def initial_state(target_cache: KVCache, draft_cache: KVCache | None, block: np.ndarray,
-                  rows: RowInputs, *, gamma: int, outputs: OutputSpec) -> SpecState:
+                  rows: RowInputs, *, gamma: int, outputs: OutputSpec,
+                  samples: jax.Array | None = None) -> SpecState:
     """The state before the first round, around the prefilled caches: a program of its own, so
-    the prefill does not depend on ``gamma`` or the output options."""
+    the prefill does not depend on ``gamma`` or the output options. With ``samples`` (``[R]``
+    int32: n samples per prompt, as in ``decode.prefill``) state row r starts from copies of
+    block row ``samples[r]`` and its cache rows; ``rows`` are the R state rows' values."""
+    if samples is not None:
+        block, target_cache = block[samples], target_cache.take_rows(samples)
+        draft_cache = None if draft_cache is None else draft_cache.take_rows(samples)
     B, N = block.shape[0], outputs.max_new_tokens
     return SpecState.start(
         jnp.asarray(block, jnp.int32), rows, target_cache.max_len, outputs,
@@ -220,10 +228,11 @@ def _check_tokenizers(tokenizer: Any, draft_tokenizer: Any) -> None:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SpeculativeOptions(DecodeOptions):
     """``generate``'s ``DecodeOptions``, plus what ``generate`` takes as keywords and a
-    speculative call (with its draft and gamma) keeps here: the cache size and kind, and the
-    draft's tokenizer. ``speculative_generate`` also takes a plain ``DecodeOptions``."""
+    speculative call (with its draft and gamma) keeps here: the samples per prompt, the cache
+    kind, and the draft's tokenizer. ``speculative_generate`` also takes a plain
+    ``DecodeOptions``."""
 
-    max_len: int | None = None  # cache slots per row, for both models
+    n: int = 1  # samples per prompt, as generate's n (one prefill of target and draft each)
     kv_cache: str | None = None  # as in generate, for both caches
     draft_tokenizer: Any = None  # must be the target's tokenizer when both are given
 
@@ -268,6 +277,9 @@ def speculative_generate(
         tokenizer, draft_tokenizer: the models' tokenizers; when both are given they must be
           the same (``tokenizer`` also serves ``stop_strings``). Ids past its size (a padded
           vocabulary's padding) are never sampled, as in ``generate``.
+        n: samples per prompt, as ``generate``'s ``n``: one prefill of the target and the draft
+          per prompt; outputs ``[P, n, ...]`` when n > 1, ``stats`` per sample row (row
+          ``p * n + i``).
         max_len: cache slots per row, for both models. Default: the prompt bucket plus the
           bucket of ``max_new_tokens`` plus ``gamma``, capped by the smaller position table.
           Every prompt needs room for one round: ``len(prompt) + gamma <= max_len``.
@@ -289,6 +301,7 @@ def speculative_generate(
     if request.tokenizer_size is None:  # the draft's tokenizer, the same, masks the padding
         request = dataclasses.replace(
             request, tokenizer_size=tokenizer_size("draft_tokenizer", o.draft_tokenizer, V))
+    request = with_samples(request, o.n)
     shapes, gamma = speculative_sizes(request, gamma, o.max_len, target,
                                       None if isinstance(draft, Drafter) else draft)
     _check_rewind_depth(gamma, o.kv_cache)
@@ -296,15 +309,17 @@ def speculative_generate(
     graphdef, target_weights = nnx.split(target)
     drafter, draft_weights = _drafter(draft, o.kv_cache)
     # Both caches hold each prompt but its last token, which heads the first verify block.
-    block, lengths = prompt_block(request.rows, shapes)
-    caches = prefill(target_weights, draft_weights, block, lengths - 1, graphdef=graphdef,
-                     drafter=drafter, max_len=shapes.max_len, kv_cache=o.kv_cache)
+    block, block_lengths, lengths, samples = sample_block(request, shapes, data_size(target))
+    caches = prefill(target_weights, draft_weights, block, block_lengths - 1,
+                     graphdef=graphdef, drafter=drafter, max_len=shapes.max_len,
+                     kv_cache=o.kv_cache)
     state = initial_state(*caches, block, request.row_inputs(lengths, V, shapes), gamma=gamma,
-                          outputs=request.outputs(shapes))
+                          outputs=request.outputs(shapes), samples=samples)
     state = SPECULATIVE_LOOP.run((target_weights, draft_weights), state,
                                  python_loop=request.python_loop, graphdef=graphdef,
                                  drafter=drafter)
-    return finish_output(_output(state, gamma, shapes), state.finish, request)
+    return grouped(finish_output(_output(state, gamma, shapes), state.finish, request),
+                   request.samples)
 
 
 def _check_models(target, draft, tokenizer, draft_tokenizer, kv_cache) -> None:
