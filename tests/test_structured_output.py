@@ -52,3 +52,19 @@ def test_a_json_schema_as_a_dict_or_its_text_gives_the_same_output():
         # a prefix of an integer; "incomplete" exactly when it is not one yet ("-")
         assert re.fullmatch(r"-?\d*", text(row)) and reason in ("eos", "length", "incomplete")
         assert (reason == "incomplete") == (not re.fullmatch(r"-?(0|[1-9]\d*)", text(row)))
+
+
+def test_n_samples_of_a_constrained_prompt_each_match_and_sample_0_is_the_single_draw():
+    """``n`` samples per prompt start from their prompt's automaton state: every sample of the
+    constrained prompt spells the regex, the free prompt's samples are free, and sample 0 of
+    each prompt is the ``n=1`` output for the same seed."""
+    model = Uniform(len(SPELLING))
+    params = dl.SamplingParams(temperature=1.0, regex=[DATE, None])
+    options = dl.DecodeOptions(eos_ids=[EOS], tokenizer=VOCAB)
+    many = dl.generate(model, [[EOS], [EOS]], params, 8, seed=[5, 6], n=4, options=options)
+    one = dl.generate(model, [[EOS], [EOS]], params, 8, seed=[5, 6], options=options)
+    samples = many.token_lists()
+    assert all(re.fullmatch(DATE, text(t)) and t[-1] == EOS for t in samples[0])
+    assert len({tuple(t) for t in samples[0]}) > 1  # independent draws, not copies
+    assert [s[0] for s in samples] == one.token_lists()
+    assert many.finish_reason[0] == ["eos"] * 4
