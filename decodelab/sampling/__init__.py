@@ -7,13 +7,15 @@ distribution and draw (``params``); structured output: the patterns a caller giv
 from decodelab.sampling.base import LogitsProcessor, argmax, entropy, logprob_entropy, probs
 from decodelab.sampling.inputs import History, Parameter
 from decodelab.sampling.params import (SamplingParams, all_greedy, bad_logits, batch_keys, draw,
-                                       greedy_choice, greedy_scores, process_logits,
+                                       greedy_choice, greedy_scores, indexed_sample_keys,
+                                       process_logits,
                                        processed_logprobs, row_keys, sample_keys, seed_keys,
                                        usable)
 from decodelab.sampling.processors import HISTORY_PARAMETERS, PARAMETERS, PROCESSORS, RowParams
 
 __all__ = ["HISTORY_PARAMETERS", "History", "LogitsProcessor", "PARAMETERS", "PROCESSORS",
            "Parameter", "RowParams", "SamplingParams", "all_greedy", "argmax", "bad_logits",
-           "batch_keys", "draw", "entropy", "greedy_choice", "greedy_scores", "logprob_entropy",
+           "batch_keys", "draw", "entropy", "greedy_choice", "greedy_scores",
+           "indexed_sample_keys", "logprob_entropy",
            "probs", "process_logits", "processed_logprobs", "row_keys", "sample_keys", "seed_keys",
            "usable"]

@@ -42,8 +42,8 @@ from decodelab.sampling.patterns import check_patterns, pattern_table
 from decodelab.sampling.processors import PARAMETERS, PROCESSORS, RowParams
 
 __all__ = ["SamplingParams", "all_greedy", "bad_logits", "batch_keys", "draw", "greedy_choice",
-           "greedy_scores", "process_logits", "processed_logprobs", "row_keys", "sample_keys",
-           "seed_keys", "usable"]
+           "greedy_scores", "indexed_sample_keys", "process_logits", "processed_logprobs",
+           "row_keys", "sample_keys", "seed_keys", "usable"]
 
 # The processors before temperature: what a greedy row's argmax is taken over.
 _BEFORE_TEMPERATURE = PROCESSORS[:[p.name for p in PROCESSORS].index("temperature")]
@@ -270,24 +270,26 @@ SAMPLE_BASE = 2**31
 
 
 @jax.jit
-def _fold_samples(keys: jax.Array, samples: jax.Array) -> jax.Array:
+def indexed_sample_keys(keys: jax.Array, samples: jax.Array) -> jax.Array:
+    """``[B, ...]`` key data of sample ``samples[b]`` (``[B]`` ints >= 0) of request b, from the
+    requests' key data ``keys: [B, ...]``: sample 0 keeps the request's key (its draws are the
+    request's single-sample draws), sample i > 0 has ``fold_in(key, 2**31 + i)``. A sample's
+    stream depends only on its request's key and its index (a serving slot holds one sample)."""
     def one(k, i):
-        key = jax.random.wrap_key_data(k)
-        return jax.random.key_data(jax.random.fold_in(key, np.uint32(SAMPLE_BASE) + i))
+        folded = jax.random.fold_in(jax.random.wrap_key_data(k), np.uint32(SAMPLE_BASE) + i)
+        return jnp.where(i == 0, k, jax.random.key_data(folded))
 
-    folded = jax.vmap(lambda k: jax.vmap(lambda i: one(k, i))(samples))(keys)  # [B, n, ...]
-    return folded.at[:, 0].set(keys)
+    return jax.vmap(one)(keys, jnp.asarray(samples, jnp.uint32))
 
 
 def sample_keys(keys: jax.Array, n: int) -> jax.Array:
     """``[B * n, ...]`` key data of n samples per request (row ``b * n + i``: sample i of request
-    b) from the requests' key data ``keys: [B, ...]``: sample 0 keeps the request's key (its
-    draws are the request's single-sample draws), sample i > 0 has ``fold_in(key, 2**31 + i)``.
-    Each sample's stream depends only on its request's key and its index."""
+    b, ``indexed_sample_keys``) from the requests' key data ``keys: [B, ...]``."""
     if n == 1:
         return keys
-    folded = _fold_samples(jnp.asarray(keys), jnp.arange(n, dtype=jnp.uint32))
-    return folded.reshape((-1,) + folded.shape[2:])
+    keys = jnp.asarray(keys)
+    return indexed_sample_keys(jnp.repeat(keys, n, axis=0),
+                               np.tile(np.arange(n, dtype=np.uint32), keys.shape[0]))
 
 
 def row_keys(keys: jax.Array, positions: jax.Array) -> jax.Array:

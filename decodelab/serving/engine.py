@@ -28,7 +28,8 @@ Conventions (every caller relies on them):
 - Constraints (``SamplingParams.regex`` / ``json_schema``) are per request: each slot carries
   its automaton state, the held patterns' table rides in the state (``constraints``).
 - Request ids are unique among the requests an engine holds: ``insert`` refuses an id that is
-  decoding, and ``run`` refuses a list with a repeated id before anything runs.
+  decoding, and ``run`` refuses a list with a repeated id before anything runs. A request's
+  ``n`` samples take a slot each (``samples``), keyed by ``requests.sample_key``.
 - The token at position p of a request is drawn with ``fold_in(key(seed), p)``, so a request's
   tokens depend only on its prompt, parameters, seed and budget: never on its slot, its batch-mates
   or when it was inserted. They equal ``generate(model, [prompt], params, budget, seed=[seed],
@@ -59,7 +60,6 @@ Conventions (every caller relies on them):
 
 from __future__ import annotations
 
-import collections
 import itertools
 from collections.abc import Sequence
 
@@ -73,14 +73,15 @@ from decodelab.checks import (check_bool, check_memory, check_model, check_size,
                               kv_cache_bytes, nbytes, position_limit, tokenizer_size)
 from decodelab.decode.generation import DecodeState
 from decodelab.decode.request import LENGTH, bucket_length, check_eos, decode_buffers, token_ids
-from decodelab.serving import slot_prefill
+from decodelab.serving import samples, slot_prefill
 from decodelab.serving.constraints import SlotConstraints
 from decodelab.serving.engine_programs import (ADVANCE, advance_rows, collect, empty_state,
                                                harvest)
 from decodelab.serving.options import EngineOptions
 from decodelab.serving.pages import PagePool
 from decodelab.serving.pool import PagedMemory
-from decodelab.serving.requests import Completion, Request, StepResult, stops_refused
+from decodelab.serving.requests import (Completion, Request, StepResult, check_unique_ids,
+                                        stops_refused)
 from decodelab.serving.slots import Slot, tokens_after_call
 from decodelab.sharding import data_size
 
@@ -173,7 +174,7 @@ class SlotEngine:
                                   (self._memory.num_pages, self._memory.page_size))
         self._slots: list[Slot | None] = [None] * self.num_slots
         self._constraints = SlotConstraints(self._rows, self.vocab_size, options)
-        # Preempted requests' slots (their output so far), by id, until inserted again.
+        # Preempted samples' slots (their output so far), by key, until inserted again.
         self._resume: dict[int | str, Slot] = {}
         self._preempted: list[Request] = []  # since the last StepResult
         self._lookahead = 1  # decode rounds of the last call: what ``room`` reserves for the next
@@ -217,7 +218,8 @@ class SlotEngine:
                     f"max_len={self.max_len}")
         if self._memory is not None and (reason := self._memory.refuses(need)):
             return f"prompt + max_new_tokens = {reason}"
-        if reason := (stops_refused(request, self.options, self.vocab_size)
+        if reason := (samples.refused(request, self.num_slots, self._memory)
+                      or stops_refused(request, self.options, self.vocab_size)
                       or self._constraints.check(request)):
             return reason
         try:
@@ -227,26 +229,22 @@ class SlotEngine:
         return None
 
     def room(self, waiting: Sequence[Request]) -> int:
-        """How many requests from the head of ``waiting`` can be inserted now: as many as there
-        are free slots and, with paged memory, as long as each one's first prefill chunk and
+        """How many requests from the head of ``waiting`` can be inserted now: while their
+        samples have free slots and, with paged memory, each one's first prefill chunk and
         decode rounds fit in the pages left once the running requests' next call is provided
-        for (first come, first served: the count stops at the first that does not fit)."""
-        count = min(len(waiting), len(self.free_slots))
+        for (first come, first served; a waiting sample holds no page, ``samples``)."""
+        admits = [samples.admitted(self._resume, r) for r in waiting]
+        count = samples.fitting(map(len, admits), len(self.free_slots))
         if self._memory is None:
             return count
         first, shared = [], []
-        for request in itertools.islice(waiting, count):
-            resumed = self._resumed(request)
+        for request, admit in zip(itertools.islice(waiting, count), admits):
+            resumed = samples.resumed(self._resume, request, admit[0])
             sequence = request.prompt + (tuple(resumed.tokens) if resumed else ())
             shared.append(pages := self._memory.cached(sequence))
             first.append(tokens_after_call(request, len(sequence), len(pages) * self._memory.
                                            page_size, self.options.prefill_chunk, self._lookahead))
         return self._memory.room(self._demand(), first, shared)
-
-    def _resumed(self, request: Request) -> Slot | None:
-        """The slot ``request`` was preempted from (its output so far), else None."""
-        resumed = self._resume.get(request.id)
-        return resumed if resumed is not None and resumed.request is request else None
 
     def _demand(self) -> dict[int, int]:
         """Cache slots each occupied slot holds after the next call (paged memory's demand)."""
@@ -256,11 +254,11 @@ class SlotEngine:
     def _provide_pages(self) -> None:
         """Give every occupied slot the pages its next call writes; the requests the pool
         preempts for it (the most recently admitted) go to the next ``StepResult``."""
-        for slot in self._memory.provide(self._demand()):
-            held = self._slots[slot]
-            self._resume[held.request.id] = held
-            self._preempted.append(held.request)
-            self._slots[slot] = None
+        for slot, held in samples.preempt(self._slots, self._memory,
+                                          self._memory.provide(self._demand())):
+            self._resume[held.key] = held
+            if held.request not in self._preempted:
+                self._preempted.append(held.request)
             # Not running on the device either: the decode loop must not advance the row.
             self._state = self._state.replace(finish=self._state.finish.at[slot].set(LENGTH))
         self._upload_table()
@@ -281,9 +279,10 @@ class SlotEngine:
             self._memory.release(slot)
 
     def insert(self, request: Request, slot: int | None = None) -> int:
-        """Place ``request`` in ``slot`` (default: the lowest free one); returns the slot. Its
-        prompt is prefilled by the next ``prefill`` (which ``step`` runs first), together with
-        every other prompt waiting then."""
+        """Place ``request`` in ``slot`` (default: the lowest free one), each further sample
+        (``Request.n``) in the lowest free slots; returns the first sample's slot. Its prompt is
+        prefilled by the next ``prefill`` (which ``step`` runs first), together with every other
+        prompt waiting then (paged memory: the further samples' after it, ``samples``)."""
         if not isinstance(request, Request):
             raise ValueError(f"request must be a Request, got {request!r}")
         reason = self.check(request)
@@ -294,24 +293,29 @@ class SlotEngine:
             raise ValueError(f"request id {request.id!r} is already decoding in slot "
                              f"{decoding[0]}; ids must be unique among the requests an engine "
                              f"holds")
-        free = self.free_slots
+        free, admitted = self.free_slots, samples.admitted(self._resume, request)
+        if len(free) < len(admitted):
+            raise ValueError(f"no free slot for request {request.id!r}: {len(admitted)} samples "
+                             f"need {len(admitted)}, {len(free)} of {self.num_slots} are free")
         if slot is None:
-            if not free:
-                raise ValueError(f"no free slot for request {request.id!r}: all "
-                                 f"{self.num_slots} slots are decoding")
             slot = free[0]
         elif not is_int(slot) or slot not in free:
             raise ValueError(f"slot must be a free slot, one of {free}, got {slot!r}")
         params = request.params.per_row(1, self.vocab_size, self.tokenizer_size)
-        slot = int(slot)
-        resumed = self._resumed(request) and self._resume.pop(request.id)
-        held = self._slots[slot] = Slot.admit(request, params, resumed)
-        self._state, held.constraint_start = self._constraints.admit(self._state, slot, request,
-                                                                     held.tokens)
-        if self._memory is not None:
-            self._memory.admit(slot)
-            held.prefilled = held.cached = self._memory.share(slot, held.sequence)
-        return slot
+        places = [int(slot)] + [s for s in free if s != slot][:len(admitted) - 1]
+        for place, sample in zip(places, admitted):
+            resumed = samples.resumed(self._resume, request, sample)
+            if resumed:
+                del self._resume[resumed.key]
+            waits = self._memory is not None and place != places[0]
+            held = self._slots[place] = Slot.admit(request, params, resumed, sample, waits)
+            self._state, held.constraint_start = self._constraints.admit(
+                self._state, place, request, held.tokens)
+            if self._memory is not None:
+                self._memory.admit(place)
+                if not waits:
+                    held.prefilled = held.cached = self._memory.share(place, held.sequence)
+        return places[0]
 
     def prefill(self) -> int:
         """One compiled call that writes the next chunk of every waiting prompt (the whole prompt
@@ -320,7 +324,7 @@ class SlotEngine:
         memory it first provides the pages (``step``'s), which may preempt requests."""
         if self._memory is not None:
             self._provide_pages()
-        waiting = [(i, self._slots[i]) for i in self.prefilling]
+        waiting = [(i, self._slots[i]) for i in self.prefilling if not self._slots[i].waits]
         if not waiting:
             return 0
         chunk, reach = slot_prefill.next_chunk(
@@ -360,6 +364,8 @@ class SlotEngine:
         for slot, held in enumerate(self._slots):  # the prefix cache records their full pages
             if self._memory is not None and held is not None:
                 self._memory.remember(slot, *held.in_cache())
+        if self._memory is not None:  # waiting samples share their leader's prompt pages
+            samples.join(self._slots, self._memory)
         for slot in finished:
             self._free_slot(slot)
         if self._memory is not None:  # retired slots' rows hold no page from now on
@@ -373,8 +379,9 @@ class SlotEngine:
 
     def run(self, requests: Sequence[Request], n: int = 8) -> dict[int | str, Completion]:
         """Serve ``requests`` in order, filling free slots before every step (no clock): a
-        convenience for tests and offline use. Requests that cannot be served, and a repeated id
-        (among ``requests`` or with a request already decoding), raise before anything runs."""
+        convenience for tests and offline use; the completions by ``Completion.key`` (a sample's
+        key, ``requests.sample_key``). Requests that cannot be served, and a repeated id (among
+        ``requests`` or with a request already decoding), raise before anything runs."""
         queue, done = list(requests), {}
         for r in queue:
             if not isinstance(r, Request):
@@ -382,17 +389,12 @@ class SlotEngine:
             reason = self.check(r)
             if reason:
                 raise ValueError(f"request {r.id!r} cannot be served: {reason}")
-        ids = collections.Counter([r.id for r in queue] + [r.id for r in self.active.values()])
-        repeated = sorted((i for i, count in ids.items() if count > 1), key=str)
-        if repeated:
-            raise ValueError(f"request ids must be unique, got {repeated} more than once "
-                             f"(among requests and the requests decoding); a repeated id would "
-                             f"lose a completion")
+        check_unique_ids(queue, self.active.values())
         while queue or self.active:
             for _ in range(self.room(queue)):
                 self.insert(queue.pop(0))
             result = self.step(n)
             queue[:0] = result.preempted  # first in line again
             for c in result.finished:
-                done[c.request_id] = c
+                done[c.key] = c
         return done

@@ -72,9 +72,9 @@ def harvest(state: DecodeState, starts: jax.Array, rounds: jax.Array, *, n: int)
 def collect(packed: np.ndarray, slots: Sequence[Slot | None], starts: np.ndarray, n: int
             ) -> tuple[dict[int | str, int], dict[int | str, list[int]], dict[int, Completion]]:
     """Hand each running slot its new tokens and log-probs from ``packed`` (``harvest``'s array
-    for windows of ``n`` from ``starts``); returns, by request id, the output tokens so far and
-    this call's tokens (none for a slot still prefilling), and the completion of each request
-    that finished, by slot."""
+    for windows of ``n`` from ``starts``); returns, by sample key (``Slot.key``), the output
+    tokens so far and this call's tokens (none for a slot still prefilling), and the completion
+    of each request that finished, by slot."""
     finish, lengths = packed[:, 0], packed[:, 1]
     generated, tokens, finished = {}, {}, {}
     for slot, held in enumerate(slots):
@@ -87,7 +87,7 @@ def collect(packed: np.ndarray, slots: Sequence[Slot | None], starts: np.ndarray
             held.receive(new, window[n:n + count].view(np.float32).tolist())
             if finish[slot] != RUNNING:
                 finished[slot] = held.completion(slot, int(finish[slot]))
-        tokens[held.request.id], generated[held.request.id] = new, len(held.tokens)
+        tokens[held.key], generated[held.key] = new, len(held.tokens)
     return generated, tokens, finished
 
 

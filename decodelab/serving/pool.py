@@ -112,6 +112,15 @@ class PagedMemory:
             self._changed = True
         return cached
 
+    def share_pages(self, slot: int, pages: Sequence[int]) -> None:
+        """Give the just admitted ``slot`` (holding no page) ``pages`` that another slot holds
+        (its request's leading full pages: one more reader each)."""
+        if self.pool.pages(slot):
+            raise ValueError(f"slot {slot} already holds pages; pages are shared on admission")
+        self.pool.share(slot, pages)
+        self.table[slot] = self.pool.table_row(slot, self.table.shape[1])
+        self._changed = True
+
     def remember(self, slot: int, sequence: Sequence[int], filled: int) -> None:
         """``slot``'s cache holds the keys and values of ``sequence[:filled]``: record its full
         pages in the prefix cache (if on)."""

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -16,7 +17,8 @@ from decodelab.serving.options import EngineOptions
 @dataclasses.dataclass(frozen=True, eq=False)
 class Request:
     """One serving request: what ``generate`` would get for a single prompt, with an id and an
-    arrival time. (``decode.request.BatchRequest`` is a validated batch call; the fields the two
+    arrival time. ``n`` samples each take a slot and draw as ``generate(..., n=n)``'s samples
+    of the prompt (``sample_key``). (``decode.request.BatchRequest`` is a validated batch call; the fields the two
     share are checked by the same functions, the vocabulary by ``SlotEngine.check``.)"""
 
     id: int | str
@@ -26,6 +28,7 @@ class Request:
     seed: int = 0
     stop_sequences: tuple[tuple[int, ...], ...] = ()
     arrival: float = 0.0  # seconds after the start of its trace
+    n: int = 1  # samples of the prompt, each in its own slot (one prefill on paged memory)
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, (int, str)) or isinstance(self.id, bool):
@@ -49,6 +52,19 @@ class Request:
                 np.isfinite(self.arrival) and self.arrival >= 0):
             raise ValueError(f"arrival must be a finite number of seconds >= 0, got "
                              f"{self.arrival!r}")
+        check_size("n", self.n, 1)
+
+    @property
+    def keys(self) -> list[int | str | tuple[int | str, int]]:
+        """Its samples' keys in order (``sample_key``)."""
+        return [sample_key(self.id, i, self.n) for i in range(self.n)]
+
+
+def sample_key(request_id: int | str, sample: int, n: int) -> int | str | tuple[int | str, int]:
+    """The key of sample ``sample`` of a request of ``n`` samples in ``SlotEngine.run``'s results,
+    ``StepResult``'s dicts and ``replay``'s records: the request's id when ``n == 1``, else
+    ``(id, sample)`` (an id is an int or a str, never a tuple, so keys never collide)."""
+    return request_id if n == 1 else (request_id, sample)
 
 
 def stops_refused(request: Request, options: EngineOptions, vocab_size: int) -> str | None:
@@ -69,6 +85,19 @@ def stops_refused(request: Request, options: EngineOptions, vocab_size: int) -> 
     return None
 
 
+def check_unique_ids(requests: Sequence[Request], decoding: Iterable[Request]) -> None:
+    """Raise ValueError naming the ids that ``requests`` and the requests ``decoding`` (one
+    entry per slot: a request of n samples n times) hold more than once: a repeated id would
+    lose a completion."""
+    held = {id(r): r for r in decoding}.values()
+    ids = collections.Counter([r.id for r in requests] + [r.id for r in held])
+    repeated = sorted((i for i, count in ids.items() if count > 1), key=str)
+    if repeated:
+        raise ValueError(f"request ids must be unique, got {repeated} more than once (among "
+                         f"requests and the requests decoding); a repeated id would lose a "
+                         f"completion")
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Completion:
     """A retired request's output (the fields of one row of ``GenerateOutput``)."""
@@ -79,14 +108,21 @@ class Completion:
     logprobs: np.ndarray  # [n] float32, each token's log-prob under its sampling distribution
     finish_reason: str  # "eos" | "stop" | "length" | "error"
     cached_tokens: int = 0  # leading tokens its (last) prefill took from the prefix cache
+    sample: int = 0  # which of its request's samples (0 is the n=1 output)
+    key: int | str | tuple[int | str, int] = None  # ``sample_key``; default the request id
+
+    def __post_init__(self) -> None:
+        if self.key is None:
+            object.__setattr__(self, "key", self.request_id)
 
 
 @dataclasses.dataclass(frozen=True)
 class StepResult:
     """What one ``step`` call did."""
 
-    generated: dict[int | str, int]  # output tokens so far, per request still running or finished
-    tokens: dict[int | str, list[int]]  # the output tokens this call produced, per request
+    # Keyed by ``sample_key`` (the request id unless it has n > 1 samples):
+    generated: dict[int | str, int]  # output tokens so far, per sample running or finished
+    tokens: dict[int | str, list[int]]  # the output tokens this call produced, per sample
     finished: list[Completion]  # retired by this call, their slots already free
     rounds: int  # decode rounds run (<= n; fewer once no slot was running)
     # Requests this call took out of their slots for lack of pages (paged memory), in admission

@@ -45,7 +45,7 @@ class PrefillChunk:
     prompt_lengths: jax.Array  # [R] int32
     ends: jax.Array  # [R] int32, tokens the slot prefills in all: the prompt, then the tokens a
     # preempted request had generated (paged memory's recompute); the prompt length otherwise
-    keys: jax.Array  # [R, ...] uint32, each request's key data
+    keys: jax.Array  # [R, ...] uint32, each slot's sample key data (indexed_sample_keys)
     params: tuple[sampling.RowParams, ...]  # R one-row values
     stop_ids: jax.Array  # [R, M, W] int32
     budgets: jax.Array  # [R] int32
@@ -96,7 +96,9 @@ def next_chunk(waiting: Sequence[tuple[int, Slot]], *, num_slots: int,
         counts=np.asarray(counts + [0] * pad, np.int32),
         prompt_lengths=np.asarray([len(r.prompt) for r in requests], np.int32),
         ends=np.asarray([len(s.sequence) for _, s in waiting] + [1] * pad, np.int32),
-        keys=sampling.seed_keys(np.asarray([r.seed for r in requests], np.uint32)),
+        keys=sampling.indexed_sample_keys(
+            sampling.seed_keys(np.asarray([r.seed for r in requests], np.uint32)),
+            np.asarray([s.sample for s in slots], np.uint32)),
         params=tuple(s.params for s in slots), stop_ids=stops,
         budgets=np.asarray([r.max_new_tokens for r in requests], np.int32),
         constraint_states=np.asarray([s.constraint_start for s in slots], np.int32),

@@ -4,7 +4,9 @@ A slot's request prefills its ``sequence`` (its prompt, then the tokens it had g
 preemption) and then decodes; the host keeps the output tokens and log-probs received so far (the
 device state is read once per engine call) and, while it prefills, how much of the sequence is
 in the cache. A preempted slot's record is kept until its request is inserted again, which
-resumes from its tokens.
+resumes from its tokens. A slot holds one sample of its request (``Request.n``); on paged memory
+sample i > 0 *waits* (holds no page, prefills nothing) until sample 0's prompt is in the cache,
+then shares its full prompt pages (``samples``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import numpy as np
 
 from decodelab import sampling
 from decodelab.decode.request import FINISH_REASONS
-from decodelab.serving.requests import Completion, Request
+from decodelab.serving.requests import Completion, Request, sample_key
 
 
 def tokens_after_call(request: Request, sequence: int, prefilled: int, chunk: int | None,
@@ -41,14 +43,22 @@ class Slot:
     prefilled: int = 0  # tokens of ``sequence`` in the slot's cache
     constraint_start: int = 0  # the automaton state after ``sequence`` (``constraints``)
     cached: int = 0  # of those, the leading ones it shares from the prefix cache (not prefilled)
+    sample: int = 0  # which of its request's samples it draws (its key, ``sample_key``)
+    waits: bool = False  # for sample 0's prompt pages (paged memory): holds none, prefills none
 
     @classmethod
-    def admit(cls, request: Request, params: sampling.RowParams,
-              resumed: Slot | None = None) -> Slot:
-        """``request`` entering a slot, resuming the output of its ``resumed`` (preempted) slot:
-        it prefills its prompt and those tokens."""
+    def admit(cls, request: Request, params: sampling.RowParams, resumed: Slot | None = None,
+              sample: int = 0, waits: bool = False) -> Slot:
+        """Sample ``sample`` of ``request`` entering a slot, resuming the output of its
+        ``resumed`` (preempted) slot: it prefills its prompt and those tokens."""
         tokens, logprobs = (resumed.tokens, resumed.logprobs) if resumed else ([], [])
-        return cls(request, params, request.prompt + tuple(tokens), tokens, logprobs)
+        return cls(request, params, request.prompt + tuple(tokens), tokens, logprobs,
+                   sample=sample, waits=waits)
+
+    @property
+    def key(self) -> int | str | tuple[int | str, int]:
+        """The sample's key in results (``requests.sample_key``)."""
+        return sample_key(self.request.id, self.sample, self.request.n)
 
     @property
     def prefilling(self) -> bool:
@@ -62,7 +72,10 @@ class Slot:
         return len(self.request.prompt) + len(self.tokens)
 
     def after_call(self, chunk: int | None, rounds: int) -> int:
-        """Cache slots the slot holds after the next call (``tokens_after_call``)."""
+        """Cache slots the slot holds after the next call (``tokens_after_call``; none while it
+        waits)."""
+        if self.waits:
+            return 0
         if self.prefilling:
             return tokens_after_call(self.request, len(self.sequence), self.prefilled, chunk,
                                      rounds)
@@ -85,4 +98,5 @@ class Slot:
         """The output of the slot's finished request (``finish``: its finish code)."""
         return Completion(request_id=self.request.id, slot=slot, tokens=self.tokens,
                           logprobs=np.asarray(self.logprobs, np.float32),
-                          finish_reason=FINISH_REASONS[finish], cached_tokens=self.cached)
+                          finish_reason=FINISH_REASONS[finish], cached_tokens=self.cached,
+                          sample=self.sample, key=self.key)

@@ -1,0 +1,108 @@
+"""n samples of a request in a ``SlotEngine`` (``Request.n``): each sample takes a slot.
+
+Conventions (every caller relies on them):
+
+- Sample i of a request draws with ``sampling.indexed_sample_keys``' key i, so its tokens equal
+  sample i of ``generate(model, [prompt], params, budget, seed=[seed], n=n)`` (sample 0 is the
+  ``n=1`` output); its results are keyed by ``requests.sample_key``.
+- A request's samples are inserted together (``insert`` takes one free slot per sample) and
+  preempted together (the running ones: a sample that finished keeps its completion). Re-inserted,
+  a preempted request admits only the samples it had running.
+- On a dense engine the samples are prefilled together, each in its own row. On paged memory the
+  first sample admitted (the *leader*) prefills alone; the others *wait* (no page, no prefill)
+  until its prompt is in the cache, then share its full prompt pages (``join``: one reference
+  each, as a prefix-cache hit) and prefill only the rest: the prompt's last partial page and a
+  resumed sample's own tokens. No shared page is written again, so the output stays exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+
+from decodelab.serving.paged import pages_for
+from decodelab.serving.pool import PagedMemory
+from decodelab.serving.requests import Request, sample_key
+from decodelab.serving.slots import Slot
+
+
+def shared_prompt_pages(request: Request, page_size: int) -> int:
+    """Full pages of ``request``'s prompt that its waiting samples share (its last token is
+    always computed, as with the prefix cache)."""
+    return (len(request.prompt) - 1) // page_size
+
+
+def refused(request: Request, num_slots: int, memory: PagedMemory | None) -> str | None:
+    """Why ``request``'s ``n`` samples can never be held together, or None: more samples than
+    slots, or (paged memory) than the whole pool holds with the prompt's pages shared."""
+    if request.n > num_slots:
+        return f"n={request.n} samples need {request.n} slots, the engine has {num_slots}"
+    if memory is None or request.n == 1:
+        return None
+    each = pages_for(len(request.prompt) + request.max_new_tokens, memory.page_size)
+    need = each + (request.n - 1) * (each - shared_prompt_pages(request, memory.page_size))
+    if need > memory.num_pages:
+        return (f"n={request.n} samples need {need} pages of {memory.page_size} (the prompt's "
+                f"full pages shared), more than the whole pool of {memory.num_pages}")
+    return None
+
+
+def resumed(resume: Mapping[Hashable, Slot], request: Request, sample: int) -> Slot | None:
+    """The slot ``request``'s ``sample`` was preempted from (its output so far) among an
+    engine's ``resume`` records (by ``Slot.key``), else None."""
+    held = resume.get(sample_key(request.id, sample, request.n))
+    return held if held is not None and held.request is request else None
+
+
+def admitted(resume: Mapping[Hashable, Slot], request: Request) -> list[int]:
+    """The samples of ``request`` an insert admits: those it had running when preempted, else
+    all ``n``."""
+    return [i for i in range(request.n) if resumed(resume, request, i)] or list(range(request.n))
+
+
+def fitting(counts: Iterable[int], free: int) -> int:
+    """How many requests from the head of a queue fit in ``free`` slots, ``counts`` being the
+    slots (samples) each takes: first come, first served."""
+    fit = 0
+    for count in counts:
+        free -= count
+        if free < 0:
+            break
+        fit += 1
+    return fit
+
+
+def group(slots: Sequence[Slot | None], request: Request) -> list[int]:
+    """The slots holding samples of ``request``, increasing."""
+    return [i for i, held in enumerate(slots) if held is not None and held.request is request]
+
+
+def preempt(slots: list[Slot | None], memory: PagedMemory, released: Sequence[int]
+            ) -> list[tuple[int, Slot]]:
+    """Empty the ``released`` slots (the pool's preemptions, their pages already dropped) and
+    every other slot of their requests (dropping its pages): ``(slot, Slot)`` pairs, the
+    requests in the order released."""
+    taken = []
+    for slot in released:
+        if slots[slot] is None:  # taken out with an earlier sample of its request
+            continue
+        for other in group(slots, slots[slot].request):
+            if other not in released:
+                memory.release(other)
+            taken.append((other, slots[other]))
+            slots[other] = None
+    return taken
+
+
+def join(slots: Sequence[Slot | None], memory: PagedMemory) -> None:
+    """Every waiting sample whose leader's prompt is in the cache shares the leader's full prompt
+    pages and prefills from there (module docstring)."""
+    for slot, held in enumerate(slots):
+        if held is None or not held.waits:
+            continue
+        leader = next(i for i in group(slots, held.request) if not slots[i].waits)
+        if slots[leader].prefilled < len(held.request.prompt):
+            continue
+        count = shared_prompt_pages(held.request, memory.page_size)
+        memory.share_pages(slot, memory.pool.pages(leader)[:count])
+        held.prefilled = held.cached = count * memory.page_size
+        held.waits = False
