@@ -10,6 +10,7 @@ Conventions (times in seconds on the replay's clock, measured from the start of 
 - Time between tokens (TBT): the gap between two consecutive engine calls that gave a request
   tokens, i.e. the stall a streaming client sees (a call that gives n tokens is one delivery).
   The summary pools every gap of every request; each request's longest gap is its ``max_tbt``.
+- A request of n samples (``Request.n``) has a record per sample, each counted as a request.
 - Output tokens/s and requests/s are totals over the makespan: from the first arrival to the last
   finish. Slot occupancy = slot-seconds spent decoding a request / (slots x makespan); the mean
   number of running requests = those slot-seconds / makespan.
@@ -28,6 +29,7 @@ class RequestRecord:
 
     request_id: int | str
     arrival: float
+    sample: int = 0  # which of its request's samples (one record each)
     status: str = "waiting"  # "completed" | "rejected" (or "waiting" / "running" mid-replay)
     error: str = ""  # why it was rejected
     admitted: float | None = None  # inserted into a slot (prefill started)

@@ -17,9 +17,10 @@ from decodelab.serving.options import EngineOptions
 @dataclasses.dataclass(frozen=True, eq=False)
 class Request:
     """One serving request: what ``generate`` would get for a single prompt, with an id and an
-    arrival time. ``n`` samples each take a slot and draw as ``generate(..., n=n)``'s samples
-    of the prompt (``sample_key``). (``decode.request.BatchRequest`` is a validated batch call; the fields the two
-    share are checked by the same functions, the vocabulary by ``SlotEngine.check``.)"""
+    arrival time; its ``n`` samples take a slot each and draw as ``generate(..., n=n)``'s
+    (``serving.samples``; results keyed by ``sample_key``). (``decode.request.BatchRequest`` is
+    a validated batch call; the fields the two share are checked by the same functions, the
+    vocabulary by ``SlotEngine.check``.)"""
 
     id: int | str
     prompt: tuple[int, ...]  # token ids

@@ -15,8 +15,10 @@ that answer:
 - ``Continuous()``: fill every free slot at every step (iteration-level scheduling, as in Orca).
 
 Every policy inserts at most ``engine.room(waiting)`` requests: the free slots and, on paged
-memory, the requests whose pages fit. A request the engine preempts (paged memory out of pages)
-goes back to the head of the queue.
+memory, the requests whose pages fit. Batch sizes count slots: a request of ``n`` samples takes
+``n`` (one larger than a batch runs as a batch of its own); a replay keeps one record per
+sample. A request the engine preempts (paged memory out of pages) goes back to the head of the
+queue, with those of its samples that were running.
 
 Clocks (``Clock``): ``WallClock`` reads ``time.perf_counter``; prefill, steps and all host work
 take their real time. While the engine is idle and the next event (an arrival, a scheduler's
@@ -39,8 +41,14 @@ from typing import ClassVar
 from tqdm.auto import tqdm
 
 from decodelab.serving.engine import SlotEngine
+from decodelab.serving.samples import fitting
 from decodelab.serving.metrics import RequestRecord, summarize
 from decodelab.serving.requests import Request
+
+
+def _batch(waiting: Sequence[Request], size: int) -> int:
+    """Requests from the head of ``waiting`` in a batch of ``size`` slots (at least one)."""
+    return max(fitting((r.n for r in waiting), size), 1)
 
 
 def _check_slots(name: str, value) -> None:
@@ -75,8 +83,8 @@ class Static(Scheduler):
         if engine.active or not waiting:
             return 0
         size = min(self.batch_size, engine.num_slots)
-        if len(waiting) >= size or not more_coming:
-            return min(size, engine.room(waiting))
+        if sum(r.n for r in waiting) >= size or not more_coming:
+            return min(_batch(waiting, size), engine.room(waiting))
         return 0
 
 
@@ -97,8 +105,9 @@ class Dynamic(Scheduler):
         if engine.active or not waiting:
             return 0
         size = min(self.max_batch_size, engine.num_slots)
-        if len(waiting) >= size or now >= waiting[0].arrival + self.max_wait or not more_coming:
-            return min(size, engine.room(waiting))
+        if (sum(r.n for r in waiting) >= size or now >= waiting[0].arrival + self.max_wait
+                or not more_coming):
+            return min(_batch(waiting, size), engine.room(waiting))
         return 0
 
     def deadline(self, waiting):
@@ -223,7 +232,9 @@ def replay(engine: SlotEngine, trace: Sequence[Request], scheduler: Scheduler, *
     """Play ``trace`` through ``engine`` under ``scheduler``: requests arrive at their times,
     wait in a first-come-first-served queue, are inserted when the scheduler says so and retire
     when finished. A request the engine can never serve (``engine.check``) is rejected with an
-    error record at its arrival; every request ends "completed" or "rejected". ``clock`` is a
+    error record at its arrival; every request ends "completed" or "rejected". A request of
+    ``n`` samples has a record per sample, in trace order (``RequestRecord.sample``; keyed as
+    ``requests.sample_key``), its first sample's slot in each. ``clock`` is a
     ``WallClock()`` unless given (``VirtualClock`` for times that do not depend on the machine)."""
     if not isinstance(engine, SlotEngine):
         raise ValueError(f"engine must be a SlotEngine, got {engine!r}")
@@ -239,12 +250,13 @@ def replay(engine: SlotEngine, trace: Sequence[Request], scheduler: Scheduler, *
         raise ValueError(f"clock must be a Clock (WallClock, VirtualClock), got {clock!r}")
     clock = clock or WallClock()
     pending = collections.deque(sorted(trace, key=lambda r: r.arrival))
-    records = {r.id: RequestRecord(r.id, r.arrival) for r in trace}
+    records = {k: RequestRecord(r.id, r.arrival, sample=i) for r in trace
+               for i, k in enumerate(r.keys)}
     waiting: collections.deque[Request] = collections.deque()
     busy_slot_seconds = busy_page_seconds = 0.0
     steps = 0
-    bar = tqdm(total=len(trace), desc=f"{scheduler.name} replay", unit="req", disable=not progress,
-               dynamic_ncols=True, leave=False)
+    bar = tqdm(total=len(records), desc=f"{scheduler.name} replay", unit="req",
+               disable=not progress, dynamic_ncols=True, leave=False)
     clock.start()
     with bar:
         while pending or waiting or engine.active:
@@ -253,18 +265,21 @@ def replay(engine: SlotEngine, trace: Sequence[Request], scheduler: Scheduler, *
                 request = pending.popleft()
                 reason = engine.check(request)
                 if reason:
-                    record = records[request.id]
-                    record.status, record.error, record.finish = "rejected", reason, now
-                    bar.update(1)
+                    for key in request.keys:
+                        record = records[key]
+                        record.status, record.error, record.finish = "rejected", reason, now
+                        bar.update(1)
                 else:
                     waiting.append(request)
             for _ in range(scheduler.admit(now, waiting, engine, bool(pending))):
                 request = waiting.popleft()
-                record = records[request.id]
-                if record.admitted is None:  # first admission (a preempted request returns)
-                    record.admitted = clock.now()
-                record.status = "running"
-                record.slot = engine.insert(request)
+                slot, admitted = engine.insert(request), clock.now()
+                for record in (records[k] for k in request.keys):
+                    if record.status == "completed":  # finished before its request's preemption
+                        continue
+                    if record.admitted is None:  # first admission (a preempted request returns)
+                        record.admitted = admitted
+                    record.status, record.slot = "running", slot
             if engine.active:
                 active, started = len(engine.active), clock.now()
                 pages = engine.pool.used if engine.pool is not None else 0
@@ -281,11 +296,13 @@ def replay(engine: SlotEngine, trace: Sequence[Request], scheduler: Scheduler, *
                         if record.first_token is None:
                             record.first_token = ended
                 for request in reversed(result.preempted):  # first in line again
-                    records[request.id].preemptions += 1
-                    records[request.id].status = "waiting"
+                    for record in (records[k] for k in request.keys):
+                        if record.status == "running":
+                            record.preemptions += 1
+                            record.status = "waiting"
                     waiting.appendleft(request)
                 for completion in result.finished:
-                    record = records[completion.request_id]
+                    record = records[completion.key]
                     record.status, record.finish = "completed", ended
                     record.tokens = completion.tokens
                     record.finish_reason = completion.finish_reason
@@ -298,7 +315,7 @@ def replay(engine: SlotEngine, trace: Sequence[Request], scheduler: Scheduler, *
                 raise RuntimeError(f"scheduler {scheduler!r} admits none of {len(waiting)} "
                                    "waiting requests and nothing else will happen")
             clock.wait_until(min(events))
-    ordered = [records[r.id] for r in trace]
+    ordered = [records[k] for r in trace for k in r.keys]
     summary = summarize(ordered, engine.num_slots, busy_slot_seconds)
     if engine.pool is not None:
         summary["page_occupancy"] = busy_page_seconds / (engine.pool.num_pages *

@@ -179,14 +179,15 @@ def _request_to_dict(request: Request) -> dict:
               if getattr(request.params, name) != getattr(defaults, name)}
     return {"id": request.id, "arrival": request.arrival, "prompt": list(request.prompt),
             "max_new_tokens": request.max_new_tokens, "seed": request.seed, "params": params,
-            "stop_sequences": [list(s) for s in request.stop_sequences]}
+            "stop_sequences": [list(s) for s in request.stop_sequences]} | (
+                {"n": request.n} if request.n > 1 else {})
 
 
 def _request_from_dict(record: Any) -> Request:
     if not isinstance(record, dict):
         raise ValueError(f"expected a JSON object, got {type(record).__name__}")
     required = {"id", "arrival", "prompt", "max_new_tokens"}
-    allowed = required | {"seed", "params", "stop_sequences"}
+    allowed = required | {"seed", "params", "stop_sequences", "n"}
     if missing := sorted(required - set(record)):
         raise ValueError(f"missing fields {missing}")
     if unknown := sorted(set(record) - allowed):
@@ -201,7 +202,7 @@ def _request_from_dict(record: Any) -> Request:
     return Request(id=record["id"], prompt=record["prompt"],
                    max_new_tokens=record["max_new_tokens"], params=sampling,
                    seed=record.get("seed", 0), stop_sequences=record.get("stop_sequences", ()),
-                   arrival=record["arrival"])
+                   arrival=record["arrival"], n=record.get("n", 1))
 
 
 def save_trace(trace: Sequence[Request], path: str | os.PathLike) -> pathlib.Path:
