@@ -376,3 +376,82 @@ def test_prefix_cache_races_preemption_and_eviction(tiny):
     assert any(c.cached_tokens > prompts[i] for i, c in done.items())  # past its prompt
     assert {i: c.tokens for i, c in done.items()} == {i: c.tokens for i, c in plain.items()}
     assert engine.pool.used == 0
+
+
+# --- n samples per request (issue 37) ---------------------------------------------------------
+
+SAMPLE_PROMPT = list(range(3, 22))  # 19 tokens: two full pages of 8 and three tokens more
+
+
+@pytest.fixture(scope="module")
+def sample_reference(tiny):
+    """Sample i of ``generate(..., n=4)`` on the prompt alone, as token lists."""
+    out = dl.generate(tiny, [SAMPLE_PROMPT], SAMPLED, 12, seed=[7], n=4,
+                      options=dl.DecodeOptions(max_len=S))
+    return [out.tokens[0, i, :out.lengths[0, i]].tolist() for i in range(4)]
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_engine_samples_equal_generate_n(tiny, sample_reference, paged):
+    """A request of n=4 samples gives ``generate(..., n=4)``'s samples, keyed (id, i); sample 0
+    equals an n=1 request of the same seed; on pages, samples 1..3 share sample 0's two full
+    prompt pages and recompute only the last partial page."""
+    memory = {"kv_tokens": 16 * S, "page_size": 8} if paged else {}
+    engine = SlotEngine(tiny, 4, S, **memory)
+    done = engine.run([Request("a", SAMPLE_PROMPT, 12, SAMPLED, seed=7, n=4),
+                       Request("b", SAMPLE_PROMPT, 12, SAMPLED, seed=7)], n=3)
+    assert sorted(done, key=str) == [("a", 0), ("a", 1), ("a", 2), ("a", 3), "b"]
+    assert len({tuple(t) for t in sample_reference}) == 4  # independent draws, not copies
+    for i, tokens in enumerate(sample_reference):
+        assert done[("a", i)].tokens == tokens and done[("a", i)].sample == i
+    assert done["b"].tokens == sample_reference[0] and done["b"].key == "b"
+    assert [done[("a", i)].cached_tokens for i in range(4)] == [0] + [16 * paged] * 3
+    if paged:
+        engine.pool.check()
+        assert engine.pool.used == 0
+
+
+def test_n_samples_hold_fewer_pages_than_separate_requests(tiny):
+    """Four samples of one prompt hold 4 + 3 x 2 pages at their peak (the prompt's two full
+    pages shared), four separate requests 4 x 4; no page is lost either way."""
+    def peak(requests):
+        engine, queue, most = SlotEngine(tiny, 4, S, kv_tokens=16 * S, page_size=8), requests, 0
+        while queue or engine.active:
+            for _ in range(engine.room(queue)):
+                engine.insert(queue.pop(0))
+            engine.step(3)
+            most = max(most, engine.pool.used)
+        engine.pool.check()
+        assert engine.pool.used == 0
+        return most
+
+    shared = peak([Request("a", SAMPLE_PROMPT, 12, SAMPLED, seed=7, n=4)])
+    separate = peak([Request(i, SAMPLE_PROMPT, 12, SAMPLED, seed=i) for i in range(4)])
+    assert (shared, separate) == (10, 16)
+
+
+def test_samples_under_preemption_and_replay_records(tiny, sample_reference):
+    """A tight pool preempts requests of several samples together and resumes only the samples
+    that were running: every sample still ends with generate's tokens, and a replay keeps one
+    record per sample in trace order."""
+    trace = [Request(i, SAMPLE_PROMPT, 12, SAMPLED, seed=7, n=(2, 1)[i % 2], arrival=0.0)
+             for i in range(4)]
+    out = replay(SlotEngine(tiny, 4, S, kv_tokens=72, page_size=8), trace, Continuous(),
+                 clock=VirtualClock(1.0), steps_per_call=3)
+    assert [(r.request_id, r.sample) for r in out.records] == [
+        (0, 0), (0, 1), (1, 0), (2, 0), (2, 1), (3, 0)]
+    assert out.summary["preemptions"] > 0
+    for record in out.records:
+        assert record.status == "completed"
+        assert record.tokens == sample_reference[record.sample], record
+
+
+def test_bad_sample_counts_are_refused(tiny):
+    for bad in (0, -1, 2.0, True, "4"):
+        with pytest.raises(ValueError, match="n must be"):
+            Request(0, [1, 2], 4, n=bad)
+    engine = SlotEngine(tiny, 4, S, kv_tokens=64, page_size=8)
+    assert "n=5 samples need 5 slots" in engine.check(Request(0, [1, 2], 4, n=5))
+    assert "more than the whole pool" in engine.check(Request(0, SAMPLE_PROMPT, 12, n=4))
+    with pytest.raises(ValueError, match="cannot be served: n=5"):
+        engine.run([Request(0, [1, 2], 4, n=5)])
