@@ -66,15 +66,17 @@ def timed(fn: Callable, *args) -> float:
 
 
 def time_generate(model: Transformer, prompts: np.ndarray, new_tokens: int, repeats: int,
-                  params: SamplingParams | None = None, max_len: int = 0) -> dict:
+                  params: SamplingParams | None = None, max_len: int = 0,
+                  options: DecodeOptions = DecodeOptions()) -> dict:
     """Compile, prefill, per-step and whole-call times of ``generate`` with ``params`` (default
-    greedy) and ``max_len`` cache slots (0: prompt + new tokens); see the module docstring.
+    greedy), ``max_len`` cache slots (0: prompt + new tokens) and the rest of ``options`` (a
+    constraint's tokenizer and end-of-sequence ids); see the module docstring.
     ``prompts: [B, P]`` int32. Every row must generate exactly ``new_tokens`` tokens (no EOS)."""
     params = params or SamplingParams(temperature=0.0)
     B, P = prompts.shape
     rows = prompts.tolist()
     run = functools.partial(generate, model, rows, params, seed=0,
-                            options=DecodeOptions(max_len=max_len or P + new_tokens))
+                            options=dataclasses.replace(options, max_len=max_len or P + new_tokens))
     first = time.perf_counter()
     out = run(new_tokens)
     first = time.perf_counter() - first

@@ -1,0 +1,87 @@
+"""How much does per-token masking distort a model's distribution, and when?
+
+    python -m experiments.constrained --config=configs/constrained.py --workdir=runs/constrained
+    python -m experiments.report --workdir=runs/constrained --out=results
+
+Points (configs/constrained.py): one per task (masked against exact constrained sampling,
+``decodelab.measure.constrained``), one building three patterns' automata on the model's
+vocabulary, one per batch size timing a constrained decode step against a free one. The page
+form and its tables: ``decodelab.report.constrained``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from decodelab import experiment, report
+from decodelab.experiment import artefacts, presets
+from decodelab.experiment.random_model import random_model
+from decodelab.measure import constrained as measure
+from decodelab.report import constrained as page
+
+_FLAGS = experiment.define_flags("configs/constrained.py")
+
+
+def model_and_tokenizer(config, ctx):
+    tokenizer = artefacts.tokenizer_for(config.tokenizer, ctx.workdir)
+    if presets.is_pretrained(config.model):
+        return artefacts.pretrained_model(config.model)[0], tokenizer
+    return random_model(config.model, len(tokenizer.token_bytes()), config.seed), tokenizer
+
+
+def evaluate(config, ctx) -> dict:
+    model, tokenizer = model_and_tokenizer(config, ctx)
+    eos = [tokenizer.eos_id]
+    ctx.status(config.point)
+    if config.point == "automaton":
+        return measure.automaton_row(tokenizer, model.config.vocab_size, eos,
+                                     {k: tuple(v) for k, v in config.automata.items()})
+    if config.point == "speed":
+        s = config.speed
+        rng = np.random.default_rng(config.seed)
+        prompts = rng.integers(3, model.config.vocab_size, (s.batch_size, s.prompt_tokens))
+        return measure.speed_row(model, tokenizer, "regex", s.pattern,
+                                 prompts.astype(np.int32), s.new_tokens, s.repeats, eos)
+    sampling = measure.Sampling(**config.sampling.to_dict(), seed=config.seed)
+    return measure.task_row(model, tokenizer, config.task.kind, config.task.pattern,
+                            config.task.instruction, sampling, eos)
+
+
+# --- The claims -----------------------------------------------------------------------------------
+
+# Masking is "close" to the exact constrained distribution below this total variation.
+CLOSE_TV = 0.2
+# A constrained step costs at most this many free ones (issue 33, point 5).
+STEP_RATIO = 1.15
+
+
+def claims(rows) -> list[report.Claim]:
+    tasks = [r["config"]["task"]["name"] for r in rows if r["config"]["point"] == "task"]
+    return ([report.Claim(f"`{task}`: masking stays close to the exact constrained "
+                          "distribution (total variation over output strings)",
+                          page.task_value(task, "tv"), CLOSE_TV, at_least=False,
+                          units="outputs") for task in tasks]
+            + [report.Claim(f"a constrained decode step costs at most {STEP_RATIO:g}x a free "
+                            f"one, batch {b}", page.step_ratio_at(b), STEP_RATIO,
+                            at_least=False, units="repetitions", unit="x")
+               for b in page.batch_sizes(rows)])
+
+
+def forms(rows) -> list[report.Form]:
+    model = page.model_name(rows)
+    return [report.Form(
+        name="constrained" + (f"_{model}" if model != "tiny" else ""),
+        question=f"How much does per-token masking distort `{model}`'s distribution, and when?",
+        claims=claims(rows), answer=page.answer, table=page.task_table,
+        method=page.method(rows), caveats=page.caveats(rows),
+        csvs={"automata": page.automaton_table, "speed": page.speed_table,
+              "points": report.points_table},
+        command="python -m experiments.report --all")]
+
+
+def main(argv) -> None:
+    experiment.run_from_flags(_FLAGS, evaluate, argv)
+
+
+if __name__ == "__main__":
+    experiment.run_program(main)
