@@ -10,7 +10,7 @@ from typing import Any
 from decodelab.measure import constrained as measure
 from decodelab.measure.stats import Interval
 from decodelab.report.claims import Judged, Quantity
-from decodelab.report.form import measured_text, tally
+from decodelab.report.form import tally, value_text
 from decodelab.report.tables import Table
 
 Rows = Sequence[Mapping[str, Any]]
@@ -51,26 +51,15 @@ def model_name(rows: Rows) -> str:
     return model.get("pretrained") or "tiny"
 
 
-def _text(value: Interval | None) -> str:
-    return "n/a" if value is None else measured_text(Judged(_NO_CLAIM, value, None))
-
-
-class _NoClaim:
-    unit = ""
-
-
-_NO_CLAIM = _NoClaim()
-
-
 def task_table(rows: Rows) -> Table:
     """Per task: TV, KL(exact || masked), validity of free sampling, each side's perplexity."""
     lines = []
     for row in _points(rows, "task"):
         m = row["metrics"]
         d = measure.distances(m)
-        lines.append([row["config"]["task"]["name"], m["exact_method"], _text(d["tv"]),
-                      _text(d["kl"]), _text(measure.validity(m)),
-                      _text(measure.perplexity(m, 0)), _text(measure.perplexity(m, 1))])
+        lines.append([row["config"]["task"]["name"], m["exact_method"], value_text(d["tv"]),
+                      value_text(d["kl"]), value_text(measure.validity(m)),
+                      value_text(measure.perplexity(m, 0)), value_text(measure.perplexity(m, 1))])
     return Table(["task", "exact by", "TV", "KL(exact||masked)", "valid unconstrained",
                   "ppl masked", "ppl exact"], lines)
 
@@ -87,7 +76,8 @@ def automaton_table(rows: Rows) -> Table:
 def speed_table(rows: Rows) -> Table:
     return Table(["batch", "free step ms", "constrained step ms", "ratio [interval]"],
                  [[r["config"]["speed"]["batch_size"], r["metrics"]["free_step_ms"],
-                   r["metrics"]["constrained_step_ms"], _text(measure.step_ratio(r["metrics"]))]
+                   r["metrics"]["constrained_step_ms"],
+                   value_text(measure.step_ratio(r["metrics"]))]
                   for r in _points(rows, "speed")])
 
 

@@ -81,10 +81,14 @@ class Rendered:
 
 
 def measured_text(judged: Judged) -> str:
-    value = judged.measured
+    return value_text(judged.measured, judged.claim.unit)
+
+
+def value_text(value: Interval | float | None, unit: str = "") -> str:
+    """A measured value (an ``Interval`` or a number) with its ``unit``, as pages print it;
+    "n/a" for None."""
     if value is None:
         return "n/a"
-    unit = judged.claim.unit
     if isinstance(value, Interval):
         return (f"{format_value(value.value)}{unit} [{format_value(value.low)}, "
                 f"{format_value(value.high)}]")
