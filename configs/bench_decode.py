@@ -34,6 +34,10 @@ slots, the same live tokens: a step should cost what the live rows hold, not the
 `breakdown`: `small` at batch 1, 8 and 32, each step split into attention, MLP and projections,
 sampling and loop bookkeeping by ablation (`decodelab/measure/ablation.py`, `ABLATIONS`).
 
+On a GPU, give the sweeps their own workdir (`--workdir=runs/bench_decode_gpu`): a page compares
+one backend's rows, and GPU rows render as `decode_speed_gpu.md` beside the CPU page, with the
+transformers peer on CUDA.
+
 Render the page (every sweep's rows in the workdir) with
 `python -m experiments.report --workdir=runs/bench_decode --out=results`. A quick look:
 `--config.new_tokens=16 --config.repeats=1 --config.peer.enabled=False`.

@@ -90,6 +90,7 @@ def benchmark(config, ctx) -> dict:
         "speed_vs_hf": timing.ratio(ours["tokens_per_s"], hf.get("hf_tokens_per_s")),
         "hf_version": hf.get("hf_version", "not run" if not config.peer.enabled
                              else "not installed (pip install -e .[peer])"),
+        "hf_device": hf.get("hf_device"),
         "step_bytes": middle.bytes, **llama,
         "speed_vs_llama": timing.ratio(ours["tokens_per_s"], llama.get("llama_tokens_per_s")),
         "speed_vs_llama_f32": timing.ratio(ours["tokens_per_s"],
@@ -125,10 +126,11 @@ TARGETS = (
 
 
 def forms(rows) -> list[report.Form]:
-    groups = speed.target_claims(TARGETS, rows)
+    groups, backend = speed.target_claims(TARGETS, rows), report.backend(rows)
+    on = "" if backend == "cpu" else f" on a {backend.upper()}"
     return [report.Form(
-        name="decode_speed",
-        question="How fast does dl.generate decode, against this machine's roofline, the "
+        name="decode_speed" + ("" if backend == "cpu" else f"_{backend}"),
+        question=f"How fast does dl.generate decode{on}, against this machine's roofline, the "
                  "no-cache baseline, transformers and llama.cpp?",
         claims=[claim for _, claims in groups for claim in claims],
         answer=lambda judged, rows: speed.answer(groups, judged),

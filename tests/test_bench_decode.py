@@ -64,6 +64,22 @@ def csv_rows(path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
+def test_gpu_rows_render_their_own_page_beside_the_cpu_one(rows, tmp_path):
+    gpu = [dict(r, provenance=dict(r["provenance"], backend="gpu",
+                                   device_kind="NVIDIA H200")) for r in rows]
+    text, done = render(gpu, tmp_path)
+    assert done.page.name == "decode_speed_gpu.md"
+    assert text.startswith("# How fast does dl.generate decode on a GPU, against")
+    assert "gpu backend, device 'NVIDIA H200'" in text
+    assert bench_decode.forms(rows)[0].name == "decode_speed"
+
+
+def test_the_transformers_peer_runs_where_jax_runs():
+    torch = pytest.importorskip("torch")
+    assert peers.peer_device(torch) == ("cuda" if jax.default_backend() == "gpu"
+                                        and torch.cuda.is_available() else "cpu")
+
+
 def test_the_sweep_covers_three_presets_at_three_batch_sizes_with_their_fields():
     module = config_module("bench_decode")
     points = experiment.expand(module.get_config(), module.get_sweep())

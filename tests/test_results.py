@@ -216,6 +216,15 @@ def test_provenance_lines_tally_rows_from_different_commits(rows):
     assert "Commit: mixed: " in lines[1] and "ffffffffffff (2 rows)" in lines[1]
 
 
+def test_backend_is_the_one_backend_of_the_rows_and_mixed_backends_are_refused(rows):
+    assert report.backend(rows) == rows[0]["provenance"]["backend"] == "cpu"
+    assert report.backend([{"metrics": {}}]) == "cpu"  # rows from before the field
+    gpu = [dict(r, provenance=dict(r["provenance"], backend="gpu")) for r in rows[:2]]
+    assert report.backend(gpu) == "gpu"
+    with pytest.raises(ValueError, match=r"one backend, got \['cpu', 'gpu'\]"):
+        report.backend(list(rows[2:]) + gpu)
+
+
 def test_the_report_renders_from_rows_alone(workdir, tmp_path):
     fresh = tmp_path / "copy"
     fresh.mkdir()

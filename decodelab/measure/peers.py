@@ -1,7 +1,8 @@
 """Peers timed on the same shapes as ``dl.generate``: Hugging Face transformers and llama.cpp.
 
 - transformers (``time_hf_generate``; the ``peer`` extra): ``LlamaForCausalLM.generate`` in
-  PyTorch on the CPU with ``torch.set_num_threads`` set to the threads XLA uses, with the same
+  PyTorch on the kind of device JAX runs on (``hf_device``: CUDA where JAX's backend is a GPU and
+  torch sees one, else the CPU with ``torch.set_num_threads`` set to the threads XLA uses), with the same
   shapes (width, layers, heads, kv heads, head width, MLP width, vocabulary, tied embeddings, RoPE
   theta, norm epsilon, ``llama_config``), the same float32 weights (copied from the decodelab
   model, ``llama_state_dict``), the same prompt ids, greedy, ``max_new_tokens = min_new_tokens``.
@@ -23,6 +24,7 @@ import tempfile
 import time
 from collections.abc import Callable
 
+import jax
 import numpy as np
 
 from decodelab import optional
@@ -105,7 +107,8 @@ def time_hf_generate(model: Transformer, prompts: np.ndarray, new_tokens: int,
     ``hf_sampling``) with ``model``'s shapes and weights and the same prompt ids (``[B, P]``),
     after a short warm-up call (eager PyTorch compiles nothing; the warm-up only starts its
     thread pool and allocator): ``hf_generate_s``, ``hf_tokens_per_s``, ``hf_generate_reps_s``
-    (every timed run) and ``hf_version``; ``{}`` if torch or transformers is not installed."""
+    (every timed run), ``hf_version`` and ``hf_device`` (``peer_device``); ``{}`` if torch or
+    transformers is not installed."""
     try:
         torch = optional.require("torch")
         transformers = optional.require("transformers")
@@ -113,26 +116,31 @@ def time_hf_generate(model: Transformer, prompts: np.ndarray, new_tokens: int,
         return {}
     transformers.logging.set_verbosity_error()
     torch.set_num_threads(threads())
+    device = peer_device(torch)
     cfg = model.config
     B, P = prompts.shape
-    peer = transformers.LlamaForCausalLM(llama_config(cfg, P + new_tokens)).eval()
+    peer = transformers.LlamaForCausalLM(llama_config(cfg, P + new_tokens)).eval().to(device)
     if peer.num_parameters() != cfg.num_params():
         raise RuntimeError(f"the transformers model has {peer.num_parameters()} parameters, "
                            f"decodelab's {cfg.num_params()}: the shapes differ")
-    weights = {k: torch.from_numpy(v.copy()) for k, v in llama_state_dict(model).items()}
+    weights = {k: torch.from_numpy(v.copy()).to(device)
+               for k, v in llama_state_dict(model).items()}
     missing, unexpected = peer.load_state_dict(weights, strict=False)
     if unexpected or set(missing) - ({"lm_head.weight"} if cfg.tie_embeddings else set()):
         raise RuntimeError(f"decodelab's weights do not fill the transformers model: missing "
                            f"{missing}, unexpected {unexpected}")
-    input_ids = torch.as_tensor(prompts, dtype=torch.long)
+    input_ids = torch.as_tensor(prompts, dtype=torch.long, device=device)
 
     sampling = hf_sampling(params) if params is not None else {"do_sample": False}
     torch.manual_seed(0)
 
     def run(n: int):
-        return peer.generate(input_ids, attention_mask=torch.ones_like(input_ids),
-                             num_beams=1, max_new_tokens=n, min_new_tokens=n, pad_token_id=0,
-                             **sampling)
+        out = peer.generate(input_ids, attention_mask=torch.ones_like(input_ids),
+                            num_beams=1, max_new_tokens=n, min_new_tokens=n, pad_token_id=0,
+                            **sampling)
+        if device == "cuda":
+            torch.cuda.synchronize()  # the timer stops when the tokens exist, as generate's
+        return out
 
     with torch.inference_mode():
         run(min(new_tokens, HF_WARMUP_TOKENS))
@@ -147,7 +155,15 @@ def time_hf_generate(model: Transformer, prompts: np.ndarray, new_tokens: int,
     seconds = statistics.median(times)
     return {"hf_generate_s": seconds, "hf_tokens_per_s": B * new_tokens / seconds,
             "hf_generate_reps_s": times,
-            "hf_version": f"transformers {transformers.__version__}, torch {torch.__version__}"}
+            "hf_version": f"transformers {transformers.__version__}, torch {torch.__version__}",
+            "hf_device": device}
+
+
+def peer_device(torch) -> str:
+    """Where the transformers peer runs: ``"cuda"`` where JAX's default backend is a GPU and
+    ``torch`` sees a CUDA device, else ``"cpu"`` (a peer on another kind of device than
+    decodelab's would compare machines, not implementations)."""
+    return "cuda" if jax.default_backend() == "gpu" and torch.cuda.is_available() else "cpu"
 
 
 # --- llama.cpp ----------------------------------------------------------------------------------

@@ -34,6 +34,17 @@ def _tally(values: list) -> str:
     return "mixed: " + ", ".join(f"{value} ({n} rows)" for value, n in counts.most_common())
 
 
+def backend(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The one JAX backend (``"cpu"``, ``"gpu"``, ``"tpu"``) every row was measured on, from its
+    provenance (``"cpu"`` for rows that predate the field); rows of several backends are refused:
+    a page's ratios compare one machine's measurements."""
+    found = {row.get("provenance", {}).get("backend") or "cpu" for row in rows}
+    if len(found) != 1:
+        raise ValueError(f"rows must come from one backend, got {sorted(found)}: keep each "
+                         f"backend's rows in their own workdir and page")
+    return found.pop()
+
+
 def provenance_lines(rows: Sequence[Mapping[str, Any]], command: str | None = None) -> list[str]:
     """Markdown lines saying where the rows come from: the commands that produced them and the
     one rendering them (this process's unless given), the commit and the machine."""

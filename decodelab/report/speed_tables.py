@@ -240,8 +240,10 @@ def method(rows: Rows) -> list[str]:
         + ("weights" if all("weights" in m for m in metrics) else
            "weights (rows measured before `weights` was recorded: transformers' own random ones)")
         + f", greedy, `max_new_tokens = min_new_tokens = {N}`, after a {HF_WARMUP_TOKENS}-token "
-        f"warm-up call; {first['threads']} threads for both XLA and PyTorch "
-        "(`decodelab/measure/peers.py`).",
+        f"warm-up call; " + ("both on the GPU (PyTorch on CUDA)" if any(
+            m.get("hf_device") == "cuda" for m in metrics) else
+            f"{first['threads']} threads for both XLA and PyTorch")
+        + " (`decodelab/measure/peers.py`).",
     ]
     if llama_rows(rows):
         extra = "on" if config.get("llama", {}).get("extra_buffers") else "off"
