@@ -25,6 +25,12 @@ Two more sweeps write their own rows (`study`) into the same workdir:
     python -m experiments.bench_decode --config=configs/bench_decode.py:sampling:smollm2-135m \
         --workdir=runs/bench_decode
 
+    python -m experiments.bench_decode --config=configs/bench_decode.py:constrained \
+        --workdir=runs/bench_decode
+
+`constrained`: what a constrained decode step costs beside a free one (issue 33), SmolLM2-135M
+(its tokenizer builds the automaton) at batch 1 and 8: greedy, EOS banned, 64 new tokens,
+`CONSTRAINED_PATTERN`, in which every state accepts and most tokens are allowed.
 `sampling`: what sampling costs beside greedy, `tiny`, `small`, `medium` (and with
 `sampling:smollm2-135m` the pretrained model) at batch 1, 8 and 32: the greedy step and the step
 under each setting of `decodelab/measure/sampling_cost.py` (`SETTINGS`), on the same rows, and
@@ -55,7 +61,9 @@ PRETRAINED_BATCH_SIZES = (1, 8)
 # Cache slots of the max_len sweep (288 = prompt_len + new_tokens, the default) on small, batch 8.
 MAX_LENS = (288, 1024, 4096)
 # What the config argument names besides a preset: a sweep with its own rows.
-STUDIES = ("max_len", "breakdown", "sampling")
+STUDIES = ("max_len", "breakdown", "sampling", "constrained")
+# The constrained study's pattern and model: text of letters, spaces and punctuation.
+CONSTRAINED_PATTERN, CONSTRAINED_MODEL = r"[A-Za-z ,.]*", "smollm2-135m"
 # The sampling study's output tokens per row and timed runs (a pretrained model's: fewer).
 SAMPLING_NEW_TOKENS, SAMPLING_REPEATS = {"random": 128, "pretrained": 32}, {"random": 5,
                                                                             "pretrained": 3}
@@ -66,9 +74,11 @@ def _study(arg: str | None) -> tuple[str, str]:
     head, _, tail = (arg or "").partition(":")
     if head not in STUDIES:
         return "speed", arg or "tiny"
-    if tail and (head != "sampling" or tail not in PRETRAINED_MODELS):
-        raise ValueError(f"config argument {arg!r}: only sampling takes a pretrained preset "
-                         f"({sorted(PRETRAINED_MODELS)})")
+    if head == "constrained" and not tail:
+        return head, CONSTRAINED_MODEL
+    if tail and (head not in ("sampling", "constrained") or tail not in PRETRAINED_MODELS):
+        raise ValueError(f"config argument {arg!r}: only sampling and constrained take a "
+                         f"pretrained preset ({sorted(PRETRAINED_MODELS)})")
     return head, tail or ("tiny" if head == "sampling" else "small")
 
 
@@ -97,7 +107,8 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
     # Prompt tokens per row (random ids).
     config.prompt_len = 32
     # Output tokens per row (>= 2: the first comes from the prefill, the rest from the loop).
-    config.new_tokens = SAMPLING_NEW_TOKENS[weights] if study == "sampling" else 256
+    config.new_tokens = {"sampling": SAMPLING_NEW_TOKENS[weights], "constrained": 64}.get(study,
+                                                                                      256)
     # Cache slots per row; 0: prompt_len + new_tokens, the least that holds every row.
     config.max_len = 0
     config.sampled = config_dict.ConfigDict(dict(
@@ -116,6 +127,8 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
     ))
     # Timed runs of each measurement after one warm-up run; medians are reported.
     config.repeats = SAMPLING_REPEATS[weights] if study == "sampling" else 5
+    # The constrained study's pattern (a regex).
+    config.pattern = CONSTRAINED_PATTERN
     config.roofline = config_dict.ConfigDict(dict(
         # Size of the float32 array the bandwidth probe sums (MiB; far beyond the CPU caches).
         bandwidth_mib=512,

@@ -4,8 +4,8 @@ How much does per-token masking distort a model's distribution, and when? Each t
 the model for a date, a yes/no answer, a small JSON object or a list of numbers (TASKS), samples
 it masked by the task's pattern and estimates the exact constrained distribution
 (``decodelab.measure.constrained``); the automaton point builds three patterns (AUTOMATA) on the
-model's vocabulary; the speed points time a constrained decode step against a free one at batch
-1 and 8. The default is a tiny random model over a small trained tokenizer (the program end to
+model's vocabulary. (What a constrained step costs: ``configs/bench_decode.py:constrained``.) The
+default is a tiny random model over a small trained tokenizer (the program end to
 end in about a minute, numbers without meaning); the real study is SmolLM2-135M-Instruct:
 
     python -m experiments.constrained --config=configs/constrained.py:smollm2-135m \
@@ -19,10 +19,12 @@ from ml_collections import config_dict
 
 from decodelab.experiment.presets import check_config_arg, model_section
 
+# Digits are spelled [0-9]: outlines-core's \d also matches other scripts' digits.
+DATE = r"[0-9]{4}-[0-9]{2}-[0-9]{2}"
 # name -> (instruction, pattern kind, pattern); a JSON schema as its JSON text.
 TASKS = {
     "date": ("When did the first person walk on the Moon? Answer with the date only, as "
-             "YYYY-MM-DD.", "regex", r"\d{4}-\d{2}-\d{2}"),
+             "YYYY-MM-DD.", "regex", DATE),
     "yes/no": ("Is the Pacific the largest ocean on Earth? Answer yes or no.", "regex",
                r"(yes|no)"),
     "json": ("Give a JSON object describing a fictional person, with a name and an age.",
@@ -32,11 +34,11 @@ TASKS = {
                      "age": {"type": "integer", "minimum": 0, "maximum": 120}},
                  "required": ["name", "age"]})),
     "numbers": ("List three small prime numbers, separated by commas.", "regex",
-                r"\d{1,2}(, \d{1,2}){2}"),
+                r"[0-9]{1,2}(, [0-9]{1,2}){2}"),
 }
 # The automaton rows: name -> (kind, pattern), built on the model's vocabulary.
 AUTOMATA = {
-    "date": ("regex", r"\d{4}-\d{2}-\d{2}"),
+    "date": ("regex", DATE),
     "email": ("regex", r"[a-z0-9._]{1,16}@[a-z0-9]{1,12}\.(com|org|net)"),
     "schema": ("json_schema", json.dumps({
         "type": "object", "properties": {
@@ -49,10 +51,6 @@ AUTOMATA = {
                      "maxItems": 3}},
         "required": ["id", "status", "owner", "tags"]})),
 }
-# The speed rows' pattern: every state accepting and many tokens allowed in each, so a greedy
-# row with EOS banned decodes its whole budget.
-SPEED_PATTERN = r"[A-Za-z ,.]*"
-BATCH_SIZES = (1, 8)
 
 
 def get_config(arg: str | None = None) -> config_dict.ConfigDict:
@@ -60,7 +58,7 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
     config = config_dict.ConfigDict()
     # Experiment name: rows of other experiments are refused in the same workdir.
     config.experiment = "constrained"
-    # "task", "automaton" or "speed": what the point measures.
+    # "task" or "automaton": what the point measures.
     config.point = "task"
     # Seed of the random model and of the samples (output i of a sampler: seed + offset + i).
     config.seed = 0
@@ -73,30 +71,24 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
     config.task = config_dict.ConfigDict(dict(name="date", instruction=TASKS["date"][0],
                                               kind="regex", pattern=TASKS["date"][2]))
     config.sampling = config_dict.ConfigDict(dict(
-        # Outputs drawn masked, and unconstrained (for rejection sampling and the validity rate).
-        masked=32, unconstrained=64,
+        # Outputs drawn masked (importance-weighted into the exact side), and unconstrained
+        # (the measured match rate).
+        masked=32, unconstrained=32,
         # New tokens at most per output; rows per generate call.
-        new_tokens=24, batch_size=32,
-        # Below this many matching unconstrained outputs, importance weighting.
-        min_accepted=16))
-    # The speed points: rows, prompt tokens, new tokens, timed repetitions of each program.
-    config.speed = config_dict.ConfigDict(dict(batch_size=1, prompt_tokens=16, new_tokens=16,
-                                               repeats=3, pattern=SPEED_PATTERN))
+        new_tokens=24, batch_size=32))
     # The automaton point's patterns: name -> [kind, pattern].
     config.automata = config_dict.ConfigDict({k: list(v) for k, v in AUTOMATA.items()})
     if arg is not None:
         config.tokenizer = config_dict.ConfigDict(dict(pretrained=arg))
         config.model = model_section(arg)
-        config.sampling.update(dict(masked=1000, unconstrained=2000, new_tokens=48,
-                                    batch_size=64, min_accepted=200))
-        config.speed.update(dict(prompt_tokens=64, new_tokens=64, repeats=5))
+        config.sampling.update(dict(masked=640, unconstrained=320, new_tokens=32,
+                                    batch_size=64))
     return config
 
 
 def get_sweep(arg: str | None = None) -> list[dict]:
     del arg
     return ([{"point": "automaton"}]
-            + [{"point": "speed", "speed.batch_size": b} for b in BATCH_SIZES]
             + [{"point": "task", "task.name": name, "task.instruction": instruction,
                 "task.kind": kind, "task.pattern": pattern}
                for name, (instruction, kind, pattern) in TASKS.items()])

@@ -17,7 +17,7 @@ from flax import nnx
 from decodelab import experiment, report
 from decodelab.checks import check_size
 from decodelab.experiment import artefacts, presets
-from decodelab.measure import ablation, peers, roofline, sampling_cost, timing
+from decodelab.measure import ablation, constrained, peers, roofline, sampling_cost, timing
 from decodelab.model import Transformer
 from decodelab.report import speed, speed_tables
 from decodelab.sampling.params import SamplingParams
@@ -32,8 +32,9 @@ def benchmark(config, ctx) -> dict:
                                ("repeats", config.repeats, 1)):
         check_size(f"config.{name}", value, least)
     load, pretrained = os.getloadavg()[0], presets.is_pretrained(config.model)
-    model = (artefacts.pretrained_model(config.model)[0] if pretrained else Transformer(
-        presets.build_model_config(config.model, config.vocab_size), rngs=nnx.Rngs(config.seed)))
+    model, tokenizer = (artefacts.pretrained_model(config.model) if pretrained else (Transformer(
+        presets.build_model_config(config.model, config.vocab_size), rngs=nnx.Rngs(config.seed)),
+        None))
     cfg, S = model.config, config.max_len or P + N
     prompts = np.random.default_rng(config.seed).integers(0, cfg.vocab_size, (B, P),
                                                           dtype=np.int32)  # [B, P]
@@ -43,6 +44,9 @@ def benchmark(config, ctx) -> dict:
     if config.study == "sampling":  # greedy and each sampling setting, nothing else
         return {**common, **sampling_cost.time_settings(model, prompts, N, config.repeats, S,
                                                         peer=config.peer.enabled)}
+    if config.study == "constrained":  # a free step and a constrained one, nothing else
+        return {**common, **constrained.speed_row(model, tokenizer, "regex", config.pattern,
+                                                  prompts, N, config.repeats)}
     ctx.status("roofline probes")
     machine = timing.Machine.measure(config.roofline.bandwidth_mib << 20, config.roofline.matmul_n,
                                      config.roofline.repeats)
@@ -84,13 +88,8 @@ def benchmark(config, ctx) -> dict:
         "roofline_ratio": roof_step * 1e3 / ours["step_ms"] if ours["step_ms"] > 0 else None,
         **sampled, **breakdown, **nocache,
         "cache_speedup": timing.ratio(ours["tokens_per_s"], nocache["nocache_tokens_per_s"]),
-        "hf_generate_s": hf.get("hf_generate_s"), "hf_tokens_per_s": hf.get("hf_tokens_per_s"),
-        "hf_generate_reps_s": hf.get("hf_generate_reps_s"),
-        "hf_step_ms": None if not hf else 1e3 * hf["hf_generate_s"] / N,
+        **peers.hf_columns(hf, N, config.peer.enabled),
         "speed_vs_hf": timing.ratio(ours["tokens_per_s"], hf.get("hf_tokens_per_s")),
-        "hf_version": hf.get("hf_version", "not run" if not config.peer.enabled
-                             else "not installed (pip install -e .[peer])"),
-        "hf_device": hf.get("hf_device"),
         "step_bytes": middle.bytes, **llama,
         "speed_vs_llama": timing.ratio(ours["tokens_per_s"], llama.get("llama_tokens_per_s")),
         "speed_vs_llama_f32": timing.ratio(ours["tokens_per_s"],
@@ -122,6 +121,9 @@ TARGETS = (
                  speed.max_len_step_ratio, 1.15, at_least=False, study="max_len", per_row=False),
     speed.Target("KV cache >= 10x recompute", "KV cache speed-up over recompute, the lowest row",
                  speed.lowest_cache_speedup, 10.0, per_row=False),
+    speed.Target("constrained step within 15% of a free one",
+                 "constrained step / free step (regex, greedy)", constrained.step_ratio, 1.15,
+                 at_least=False, study="constrained"),
 ) + speed.sampling_targets()
 
 

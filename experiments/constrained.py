@@ -5,13 +5,11 @@
 
 Points (configs/constrained.py): one per task (masked against exact constrained sampling,
 ``decodelab.measure.constrained``), one building three patterns' automata on the model's
-vocabulary, one per batch size timing a constrained decode step against a free one. The page
-form and its tables: ``decodelab.report.constrained``.
+vocabulary. The page form and its tables: ``decodelab.report.constrained``. What a constrained
+decode step costs is a decode-speed study (``configs/bench_decode.py:constrained``).
 """
 
 from __future__ import annotations
-
-import numpy as np
 
 from decodelab import experiment, report
 from decodelab.experiment import artefacts, presets
@@ -36,12 +34,6 @@ def evaluate(config, ctx) -> dict:
     if config.point == "automaton":
         return measure.automaton_row(tokenizer, model.config.vocab_size, eos,
                                      {k: tuple(v) for k, v in config.automata.items()})
-    if config.point == "speed":
-        s = config.speed
-        rng = np.random.default_rng(config.seed)
-        prompts = rng.integers(3, model.config.vocab_size, (s.batch_size, s.prompt_tokens))
-        return measure.speed_row(model, tokenizer, "regex", s.pattern,
-                                 prompts.astype(np.int32), s.new_tokens, s.repeats, eos)
     sampling = measure.Sampling(**config.sampling.to_dict(), seed=config.seed)
     return measure.task_row(model, tokenizer, config.task.kind, config.task.pattern,
                             config.task.instruction, sampling, eos)
@@ -51,20 +43,13 @@ def evaluate(config, ctx) -> dict:
 
 # Masking is "close" to the exact constrained distribution below this total variation.
 CLOSE_TV = 0.2
-# A constrained step costs at most this many free ones (issue 33, point 5).
-STEP_RATIO = 1.15
 
 
 def claims(rows) -> list[report.Claim]:
-    tasks = [r["config"]["task"]["name"] for r in rows if r["config"]["point"] == "task"]
-    return ([report.Claim(f"`{task}`: masking stays close to the exact constrained "
-                          "distribution (total variation over output strings)",
-                          page.task_value(task, "tv"), CLOSE_TV, at_least=False,
-                          units="outputs") for task in tasks]
-            + [report.Claim(f"a constrained decode step costs at most {STEP_RATIO:g}x a free "
-                            f"one, batch {b}", page.step_ratio_at(b), STEP_RATIO,
-                            at_least=False, units="repetitions", unit="x")
-               for b in page.batch_sizes(rows)])
+    return [report.Claim(f"`{task}`: masking stays close to the exact constrained distribution "
+                         "(total variation over complete outputs)", page.task_value(task, "tv"),
+                         CLOSE_TV, at_least=False, units="outputs")
+            for task in page.task_names(rows)]
 
 
 def forms(rows) -> list[report.Form]:
@@ -74,7 +59,7 @@ def forms(rows) -> list[report.Form]:
         question=f"How much does per-token masking distort `{model}`'s distribution, and when?",
         claims=claims(rows), answer=page.answer, table=page.task_table,
         method=page.method(rows), caveats=page.caveats(rows),
-        csvs={"automata": page.automaton_table, "speed": page.speed_table,
+        csvs={"automata": page.automaton_table, "outputs": page.outputs_table,
               "points": report.points_table},
         command="python -m experiments.report --all")]
 

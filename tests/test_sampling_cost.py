@@ -32,8 +32,8 @@ def test_a_pretrained_sampling_sweep_runs_batch_1_8_and_32_without_the_peer(smol
 
 
 @pytest.mark.parametrize("arg", ["max_len:smollm2-135m", "sampling:tiny"])
-def test_only_the_sampling_study_takes_a_pretrained_preset(arg):
-    with pytest.raises(ValueError, match="only sampling takes a pretrained preset"):
+def test_only_the_sampling_and_constrained_studies_take_a_pretrained_preset(arg):
+    with pytest.raises(ValueError, match="only sampling and constrained take a pretrained"):
         config_module("bench_decode").get_config(arg)
 
 

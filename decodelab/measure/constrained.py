@@ -7,25 +7,30 @@ What each row holds and a caller may rely on:
 - A *task* is a prompt (an instruction, in the model's chat template when it has one) and a
   pattern (a regex or a JSON schema, ``sampling.automaton.PATTERN_KINDS``). An *output* is what a
   row generates up to and including its end-of-sequence token; it is *complete* when it ends
-  there, and it *matches* when its tokens walk the pattern's automaton from the start to an
-  accepting state (the test masking itself applies, so the two sides agree on what matches).
-- *Masked*: ``generate`` with the pattern at temperature 1; its incomplete rows (no accepting
-  state within the budget) are counted and left out. *Exact*: the model's own distribution at
-  temperature 1 conditioned on a complete match, estimated by rejection sampling (unconstrained
-  outputs that match, each weight 1) when at least ``min_accepted`` of them match, otherwise by
-  self-normalised importance weighting of a second, independent set of masked outputs with
-  weights ``p(y) / q(y)`` (the unconstrained over the masked probability of the whole output).
-- A task row keeps, per output, the string it decodes to (an index into ``strings``), its
-  sampler (0 masked, 1 exact), its weight and its NLL and token count under the unconstrained
-  model, so that a page resamples outputs (``distances``).
-- Total variation and KL(exact || masked) are between the empirical distributions over output
-  strings. TV uses the raw frequencies; KL adds ``ALPHA`` to the count of every string seen by
-  either sampler, so a string one sampler never drew has a small, not a zero, probability.
+  there within the budget, and it *matches* when its tokens walk the pattern's automaton from the
+  start to an accepting state (the test masking itself applies).
+- *Masked* (q): ``generate`` with the pattern at temperature 1; a complete masked output always
+  matches. *Exact* (p*): the model's own distribution p at temperature 1 conditioned on a
+  complete match. Both are compared over complete outputs (q restricted to them, q_c).
+- Every complete masked output y carries its importance weight ``w = p(y) / q(y)``, from the
+  log-probabilities the masked sampler recorded and the unconstrained model's score of the same
+  tokens. Since q covers every output p* can produce (the automaton is trimmed, so masking only
+  removes tokens that cannot end in a match), with m(w) the mean weight over complete outputs:
+  ``p*(y) / q_c(y) = w / m(w)``, so TV = ½·mean|w/m(w) − 1|, KL(p*‖q_c) = Σ π log w − log m(w)
+  (π the self-normalised weights) and KL(q_c‖p*) = log m(w) − mean(log w), all over complete
+  masked outputs alone: no histogram over output strings, so a large output space does not bias
+  them. The probability that p itself produces a complete match is ``mean(w · complete)`` over
+  all masked outputs; a separate set of unconstrained outputs measures it directly
+  (``unconstrained_valid``), a check of the weights.
+- Intervals resample outputs (``distances``); the effective sample size of the weights,
+  ``(Σw)² / Σw²``, says how many outputs the exact side effectively rests on.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -39,26 +44,21 @@ from decodelab.measure import stats, timing
 from decodelab.measure.perplexity import continuation_logprobs
 from decodelab.sampling.params import SamplingParams
 
-ALPHA = 0.5  # the pseudo-count KL adds to every string either sampler drew
-
-
 @dataclasses.dataclass(frozen=True)
 class Sampling:
     """How many outputs a task draws and how: ``masked`` constrained and ``unconstrained``
-    outputs, ``new_tokens`` at most each, ``batch_size`` rows per ``generate`` call, importance
-    weighting below ``min_accepted`` matching unconstrained outputs."""
+    outputs, ``new_tokens`` at most each, ``batch_size`` rows per ``generate`` call."""
 
     masked: int
     unconstrained: int
     new_tokens: int
     batch_size: int = 64
-    min_accepted: int = 100
     seed: int = 0
 
     def __post_init__(self):
         for name in ("masked", "unconstrained"):
             check_int(name, getattr(self, name), 2)
-        for name in ("new_tokens", "batch_size", "min_accepted"):
+        for name in ("new_tokens", "batch_size"):
             check_int(name, getattr(self, name), 1)
         check_int("seed", self.seed, 0)
 
@@ -105,8 +105,8 @@ def _draw(model, prompt, params, count: int, sampling: Sampling, options: Decode
 
 def task_row(model, tokenizer, kind: str, pattern: Any, instruction: str, sampling: Sampling,
              eos_ids: Sequence[int]) -> dict:
-    """One task's outputs under masking and under the exact constrained distribution, as the
-    module docstring says; the row's per-output columns are in ``outputs``."""
+    """One task's masked outputs with their importance weights and the unconstrained outputs'
+    match rate, as the module docstring says; the per-output columns are in ``outputs``."""
     from decodelab.sampling import automaton  # the ``structured`` extra, as generate imports it
     check_one_of("kind", kind, tuple(automaton.PATTERN_KINDS))
     eos = list(eos_ids)
@@ -116,112 +116,113 @@ def task_row(model, tokenizer, kind: str, pattern: Any, instruction: str, sampli
     free, masked = SamplingParams(temperature=1.0), SamplingParams(temperature=1.0,
                                                                    **{kind: pattern})
     base = sampling.seed * 10**6
-    m_tokens, m_logq, m_reasons = _draw(model, prompt, masked, sampling.masked, sampling,
-                                        options, base)
+    tokens, logq, reasons = _draw(model, prompt, masked, sampling.masked, sampling, options, base)
     u_tokens, _, _ = _draw(model, prompt, free, sampling.unconstrained, sampling, options,
-                                base + sampling.masked)
-    matched = [accepts(machine, t, eos) for t in u_tokens]
-    masked_rows = [i for i, r in enumerate(m_reasons) if r == "eos"]
-    if sum(matched) >= sampling.min_accepted:
-        method = "rejection"
-        e_tokens = [t for t, ok in zip(u_tokens, matched) if ok]
-        e_weights = np.ones(len(e_tokens))
-    else:
-        method = "importance"
-        i_tokens, i_logq, i_reasons = _draw(model, prompt, masked, sampling.masked, sampling,
-                                            options, base + sampling.masked
-                                            + sampling.unconstrained)
-        kept = [i for i, r in enumerate(i_reasons) if r == "eos"]
-        e_tokens = [i_tokens[i] for i in kept]
-        logp = [float(lp.sum()) for lp in continuation_logprobs(model, [prompt] * len(kept),
-                                                                 e_tokens)]
-        log_w = np.asarray(logp) - np.asarray([i_logq[i] for i in kept])
-        e_weights = np.exp(log_w - log_w.max()) if kept else np.zeros(0)
-    m_kept = [m_tokens[i] for i in masked_rows]
-    scored = continuation_logprobs(model, [prompt] * (len(m_kept) + len(e_tokens)),
-                                   m_kept + e_tokens) if m_kept + e_tokens else []
-    texts = [tokenizer.decode([t for t in out if t not in eos]) for out in m_kept + e_tokens]
-    strings = list(dict.fromkeys(texts))
-    index = {s: i for i, s in enumerate(strings)}
-    weights = np.concatenate([np.ones(len(m_kept)), e_weights])
+                           base + sampling.masked)
+    complete = [r == "eos" for r in reasons]
+    kept = [t for t, done in zip(tokens, complete) if done]
+    scored = iter(continuation_logprobs(model, [prompt] * len(kept), kept) if kept else [])
+    log_w, nll, counts = [], [], []
+    for lq, out, done in zip(logq, tokens, complete):
+        logp = float(next(scored).sum()) if done else 0.0
+        log_w.append(logp - lq if done else 0.0)
+        nll.append(-logp)
+        counts.append(len(out) if done else 0)
+    texts = [tokenizer.decode([t for t in out if t not in eos]) for out in kept]
     return {
-        "exact_method": method, "masked_incomplete": len(m_tokens) - len(m_kept),
-        "unconstrained_valid": [float(ok) for ok in matched],
-        "unconstrained_matched": int(sum(matched)), "strings": len(strings),
-        "outputs": {"string": [index[t] for t in texts],
-                    "sampler": [0] * len(m_kept) + [1] * len(e_tokens),
-                    "weight": (weights / weights[len(m_kept):].mean()).tolist()
-                    if len(e_tokens) else weights.tolist(),
-                    "nll": [-float(lp.sum()) for lp in scored],
-                    "tokens": [len(lp) for lp in scored]},
+        "unconstrained_valid": [float(accepts(machine, t, eos)) for t in u_tokens],
+        "strings": len(set(texts)), "examples": _most_common(texts, 5),
+        "outputs": {"complete": [float(done) for done in complete], "log_w": log_w, "nll": nll,
+                    "tokens": counts},
     }
 
 
-# --- Distances over output strings, resampled by output --------------------------------------------
+def _most_common(texts: Sequence[str], k: int) -> str:
+    """The ``k`` most frequent texts with their counts, most frequent first, as the JSON text
+    of ``[[text, count], ...]`` (a row's metric is a number or a text)."""
+    return json.dumps(collections.Counter(texts).most_common(k), ensure_ascii=False)
 
 
-def _histograms(string, sampler, weight, strings: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per resample, each sampler's weighted count of every string: ``[..., n]`` -> two
-    ``[R, K]`` (R the resamples, 1 for unresampled columns)."""
-    string, sampler, weight = (np.atleast_2d(np.asarray(a)) for a in (string, sampler, weight))
-    R = string.shape[0]
-    key = (np.arange(R)[:, None] * strings + string.astype(np.int64)).ravel()
-
-    def counts(side):
-        w = (weight * (sampler == side)).ravel()
-        return np.bincount(key, weights=w, minlength=R * strings).reshape(R, strings)
-
-    return counts(0), counts(1)
+# --- Distances from the importance weights, resampled by output --------------------------------
 
 
-def total_variation(strings: int) -> stats.Statistic:
-    """The statistic ``(string, sampler, weight) [..., n] -> [...]``: half the L1 distance
-    between the two samplers' normalised string frequencies."""
-    def statistic(string, sampler, weight):
-        masked, exact = _histograms(string, sampler, weight, strings)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            tv = 0.5 * np.abs(masked / masked.sum(-1, keepdims=True)
-                              - exact / exact.sum(-1, keepdims=True)).sum(-1)
-        return tv.reshape(np.shape(string)[:-1])
-    return statistic
+def _normalised(log_w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(w / max w, log of max w) along the last axis: weights scaled so none overflows."""
+    top = log_w.max(-1, keepdims=True)
+    return np.exp(log_w - top), top[..., 0]
 
 
-def kl_exact_masked(strings: int, alpha: float = ALPHA) -> stats.Statistic:
-    """The statistic KL(exact || masked) in nats, each sampler's counts plus ``alpha`` on every
-    one of the ``strings`` strings seen by either."""
-    def statistic(string, sampler, weight):
-        masked, exact = _histograms(string, sampler, weight, strings)
-        q = (masked + alpha) / (masked + alpha).sum(-1, keepdims=True)
-        p = (exact + alpha) / (exact + alpha).sum(-1, keepdims=True)
-        return (p * np.log(p / q)).sum(-1).reshape(np.shape(string)[:-1])
-    return statistic
+def total_variation(log_w: np.ndarray) -> np.ndarray:
+    """½·mean|w / mean(w) − 1| over complete outputs ``[..., n]``: TV(p*, q_c)."""
+    w, _ = _normalised(log_w)
+    return 0.5 * np.abs(w / w.mean(-1, keepdims=True) - 1.0).mean(-1)
 
 
-def _columns(row: Mapping[str, Any], *names: str) -> tuple[np.ndarray, ...]:
-    return tuple(np.asarray(row["outputs"][name], np.float64) for name in names)
+def kl_exact_masked(log_w: np.ndarray) -> np.ndarray:
+    """KL(p* ‖ q_c) in nats: the self-normalised mean of log w less log mean(w)."""
+    w, top = _normalised(log_w)
+    pi = w / w.sum(-1, keepdims=True)
+    return (pi * log_w).sum(-1) - (np.log(w.mean(-1)) + top)
+
+
+def kl_masked_exact(log_w: np.ndarray) -> np.ndarray:
+    """KL(q_c ‖ p*) in nats: log mean(w) less the mean of log w."""
+    w, top = _normalised(log_w)
+    return np.log(w.mean(-1)) + top - log_w.mean(-1)
+
+
+def match_rate(log_w: np.ndarray, complete: np.ndarray) -> np.ndarray:
+    """The probability that the unconstrained model produces a complete match, by importance
+    weighting: mean(w · complete) over every masked output."""
+    return (np.exp(log_w) * complete).mean(-1)
+
+
+def effective_size(row: Mapping[str, Any]) -> float:
+    """The weights' effective sample size (Σw)² / Σw² over complete outputs (0 if none)."""
+    log_w = _complete(row, "log_w")[0]
+    if not log_w.size:
+        return 0.0
+    w, _ = _normalised(log_w)
+    return float(w.sum() ** 2 / (w ** 2).sum())
+
+
+def _complete(row: Mapping[str, Any], *names: str) -> tuple[np.ndarray, ...]:
+    """The named per-output columns of the complete outputs."""
+    done = np.asarray(row["outputs"]["complete"], bool)
+    return tuple(np.asarray(row["outputs"][name], np.float64)[done] for name in names)
+
+
+DISTANCES = {"tv": total_variation, "kl": kl_exact_masked, "kl_reverse": kl_masked_exact}
 
 
 def distances(row: Mapping[str, Any]) -> dict[str, stats.Interval | None]:
-    """A task row's ``tv`` and ``kl`` with bootstrap intervals, resampling its outputs (both
-    samplers pooled); None where a sampler kept fewer than two outputs."""
-    sampler = np.asarray(row["outputs"]["sampler"])
-    if min(np.sum(sampler == 0), np.sum(sampler == 1)) < 2:
-        return {"tv": None, "kl": None}
-    columns = _columns(row, "string", "sampler", "weight")
-    K = int(row["strings"])
-    return {"tv": stats.bootstrap(total_variation(K), columns),
-            "kl": stats.bootstrap(kl_exact_masked(K), columns)}
+    """A task row's ``tv``, ``kl`` (exact ‖ masked) and ``kl_reverse`` with bootstrap intervals
+    over its complete masked outputs; None where fewer than two are complete."""
+    (log_w,) = _complete(row, "log_w")
+    if log_w.size < 2:
+        return dict.fromkeys(DISTANCES)
+    return {name: stats.bootstrap(statistic, log_w) for name, statistic in DISTANCES.items()}
 
 
-def perplexity(row: Mapping[str, Any], side: int) -> stats.Interval | None:
-    """The unconstrained model's perplexity of one sampler's outputs (0 masked, 1 exact; the
-    exact side weighted), with its bootstrap interval over those outputs."""
-    sampler, weight, nll, tokens = _columns(row, "sampler", "weight", "nll", "tokens")
-    mine = sampler == side
-    if mine.sum() < 2:
+def weighted_match_rate(row: Mapping[str, Any]) -> stats.Interval | None:
+    """``match_rate`` with its interval over every masked output."""
+    columns = tuple(np.asarray(row["outputs"][k], np.float64) for k in ("log_w", "complete"))
+    return stats.bootstrap(match_rate, columns) if columns[0].size >= 2 else None
+
+
+def perplexity(row: Mapping[str, Any], exact: bool) -> stats.Interval | None:
+    """The unconstrained model's perplexity of the complete masked outputs, as drawn
+    (``exact=False``) or weighted into the exact distribution, with its bootstrap interval."""
+    log_w, nll, tokens = _complete(row, "log_w", "nll", "tokens")
+    if log_w.size < 2:
         return None
-    return stats.bootstrap(stats.perplexity, (weight[mine] * nll[mine],
-                                              weight[mine] * tokens[mine]))
+    if not exact:
+        return stats.bootstrap(stats.perplexity, (nll, tokens))
+
+    def weighted(log_w, nll, tokens):
+        w, _ = _normalised(log_w)
+        return stats.perplexity(w * nll, w * tokens)
+    return stats.bootstrap(weighted, (log_w, nll, tokens))
 
 
 def validity(row: Mapping[str, Any]) -> stats.Interval | None:
@@ -253,11 +254,11 @@ def automaton_row(tokenizer, vocab_size: int, eos_ids: Sequence[int],
 
 
 def speed_row(model, tokenizer, kind: str, pattern: Any, prompts: np.ndarray, new_tokens: int,
-              repeats: int, eos_ids: Sequence[int]) -> dict:
-    """A constrained decode step against the same step unconstrained (greedy, EOS banned for
-    ``new_tokens`` so every row decodes the whole budget), each timed by
+              repeats: int) -> dict:
+    """A constrained decode step against the same step unconstrained (greedy, the tokenizer's
+    EOS banned for ``new_tokens`` so every row decodes the whole budget), each timed by
     ``timing.time_generate``: the medians and the repetitions' seconds of both."""
-    options = DecodeOptions(eos_ids=list(eos_ids), tokenizer=tokenizer)
+    options = DecodeOptions(eos_ids=[tokenizer.eos_id], tokenizer=tokenizer)
     free = SamplingParams(temperature=0.0, min_new_tokens=new_tokens)
     constrained = dataclasses.replace(free, **{kind: pattern})
     row = {}

@@ -159,6 +159,16 @@ def time_hf_generate(model: Transformer, prompts: np.ndarray, new_tokens: int,
             "hf_device": device}
 
 
+def hf_columns(hf: dict, new_tokens: int, enabled: bool) -> dict:
+    """A benchmark row's transformers columns from ``time_hf_generate``'s result ``hf`` (``{}``
+    when not run, or not installed): each figure or None, the step, the version or why none."""
+    return {**{k: hf.get(k) for k in ("hf_generate_s", "hf_tokens_per_s", "hf_generate_reps_s",
+                                      "hf_device")},
+            "hf_step_ms": 1e3 * hf["hf_generate_s"] / new_tokens if hf else None,
+            "hf_version": hf.get("hf_version", "not installed (pip install -e .[peer])"
+                                 if enabled else "not run")}
+
+
 def peer_device(torch) -> str:
     """Where the transformers peer runs: ``"cuda"`` where JAX's default backend is a GPU and
     ``torch`` sees a CUDA device, else ``"cpu"`` (a peer on another kind of device than

@@ -1,9 +1,11 @@
 """The constrained-output study's page: per task, masked against exact constrained sampling
-(``measure.constrained``: total variation, KL, validity, perplexities, with intervals); the
-automata's build cost; a constrained decode step against a free one."""
+(``measure.constrained``: total variation and KL from importance weights, the match rate two
+ways, perplexities, with intervals), and the automata's build cost. The constrained decode step's
+cost is on the decode-speed page (``experiments.bench_decode``, study ``constrained``)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -25,24 +27,16 @@ def _task(rows: Rows, task: str) -> Mapping[str, Any] | None:
     return found[0] if found else None
 
 
+def task_names(rows: Rows) -> list[str]:
+    return [r["config"]["task"]["name"] for r in _points(rows, "task")]
+
+
 def task_value(task: str, name: str) -> Quantity:
-    """A task's ``tv`` or ``kl`` interval (None where the task has no row, or too few outputs)."""
+    """A task's ``tv``, ``kl`` or ``kl_reverse`` interval (None where the task has no row, or
+    too few complete outputs)."""
     def quantity(rows: Rows) -> Interval | None:
         row = _task(rows, task)
         return None if row is None else measure.distances(row["metrics"])[name]
-    return quantity
-
-
-def batch_sizes(rows: Rows) -> list[int]:
-    return sorted({r["config"]["speed"]["batch_size"] for r in _points(rows, "speed")})
-
-
-def step_ratio_at(batch_size: int) -> Quantity:
-    """The constrained over free step time at ``batch_size``, with its interval."""
-    def quantity(rows: Rows) -> Interval | None:
-        found = [r for r in _points(rows, "speed")
-                 if r["config"]["speed"]["batch_size"] == batch_size]
-        return measure.step_ratio(found[0]["metrics"]) if found else None
     return quantity
 
 
@@ -52,16 +46,30 @@ def model_name(rows: Rows) -> str:
 
 
 def task_table(rows: Rows) -> Table:
-    """Per task: TV, KL(exact || masked), validity of free sampling, each side's perplexity."""
+    """Per task: TV, both KLs, the match rate weighted and measured, the weights' effective
+    sample size, and the perplexity of the masked and the exact outputs."""
     lines = []
     for row in _points(rows, "task"):
         m = row["metrics"]
         d = measure.distances(m)
-        lines.append([row["config"]["task"]["name"], m["exact_method"], value_text(d["tv"]),
-                      value_text(d["kl"]), value_text(measure.validity(m)),
-                      value_text(measure.perplexity(m, 0)), value_text(measure.perplexity(m, 1))])
-    return Table(["task", "exact by", "TV", "KL(exact||masked)", "valid unconstrained",
-                  "ppl masked", "ppl exact"], lines)
+        complete = int(sum(m["outputs"]["complete"]))
+        lines.append([
+            row["config"]["task"]["name"], value_text(d["tv"]), value_text(d["kl"]),
+            value_text(d["kl_reverse"]),
+            f"{value_text(measure.weighted_match_rate(m))} / {value_text(measure.validity(m))}",
+            f"{measure.effective_size(m):.0f} of {complete}",
+            f"{value_text(measure.perplexity(m, False))} / "
+            f"{value_text(measure.perplexity(m, True))}"])
+    return Table(["task", "TV", "KL(exact‖masked)", "KL(masked‖exact)",
+                  "P(match): weighted / measured", "effective outputs",
+                  "perplexity: masked / exact"], lines)
+
+
+def outputs_table(rows: Rows) -> Table:
+    """Every task's most frequent masked outputs with their counts (the CSV)."""
+    return Table(["task", "output", "count"],
+                 [[r["config"]["task"]["name"], text, n] for r in _points(rows, "task")
+                  for text, n in json.loads(r["metrics"]["examples"])])
 
 
 def automaton_table(rows: Rows) -> Table:
@@ -73,12 +81,12 @@ def automaton_table(rows: Rows) -> Table:
     return Table(["pattern", "build s", "states", "transitions", "table bytes", "dense"], lines)
 
 
-def speed_table(rows: Rows) -> Table:
-    return Table(["batch", "free step ms", "constrained step ms", "ratio [interval]"],
-                 [[r["config"]["speed"]["batch_size"], r["metrics"]["free_step_ms"],
-                   r["metrics"]["constrained_step_ms"],
-                   value_text(measure.step_ratio(r["metrics"]))]
-                  for r in _points(rows, "speed")])
+def automaton_lines(rows: Rows) -> list[str]:
+    """One sentence per pattern of the automaton point: its size and its build time."""
+    return [f"Automaton `{name}`: {states:,} states, {edges:,} transitions, a "
+            f"{'dense' if dense else 'sparse'} table of {nbytes / 2**20:.1f} MiB, built in "
+            f"{build:.2f} s from an empty cache."
+            for name, build, states, edges, nbytes, dense in automaton_table(rows).rows]
 
 
 def answer(judged: Sequence[Judged], rows: Rows) -> str:
@@ -89,26 +97,32 @@ def answer(judged: Sequence[Judged], rows: Rows) -> str:
 
 
 def method(rows: Rows) -> list[str]:
-    s = _points(rows, "task")[0]["config"]["sampling"] if _points(rows, "task") else {}
+    tasks = _points(rows, "task")
+    s = tasks[0]["config"]["sampling"] if tasks else {}
     return [
-        f"Per task, {s.get('masked')} outputs masked by the pattern (temperature 1) against the "
-        "exact constrained distribution: the model's own outputs (temperature 1) that end and "
-        "match the pattern (rejection sampling, from "
-        f"{s.get('unconstrained')} draws), or, with fewer than {s.get('min_accepted')} matches, "
-        "a second masked set weighted by p(y)/q(y) (self-normalised importance weighting).",
-        "TV and KL(exact||masked) compare the two empirical distributions over output strings; "
-        f"KL adds {measure.ALPHA} to the count of every string either side drew, so a string one "
-        "side never drew is not infinitely surprising.",
-        "Intervals: 95% percentile bootstrap over outputs, both sides pooled and resampled "
-        "together; perplexity is the unconstrained model's, pooled over tokens.",
+        f"Per task, {s.get('masked')} outputs masked by the pattern (temperature 1, at most "
+        f"{s.get('new_tokens')} tokens) and {s.get('unconstrained')} unconstrained ones; both "
+        "sides are compared over complete outputs (ended within the budget).",
+        "Each complete masked output y is weighted w = p(y)/q(y), the unconstrained over the "
+        "masked probability of its tokens; the exact constrained distribution is q re-weighted "
+        "by w (`decodelab/measure/constrained.py`).",
+        "TV = ½·mean|w/mean(w) − 1|; KL(exact‖masked) = Σπ·log w − log mean(w) with π the "
+        "normalised weights; KL(masked‖exact) = log mean(w) − mean(log w); nats.",
+        "P(match) weighted = mean(w) over all masked outputs (incomplete ones 0); measured = the "
+        "share of unconstrained outputs that end matching: the two agree when the weights hold.",
+        "Intervals: 95% percentile bootstrap over outputs; effective outputs = (Σw)²/Σw²; "
+        "perplexity is the unconstrained model's, pooled over tokens (exact: weighted).",
         "Automata: built cold (empty builder cache) into one device table on the model's "
-        "vocabulary; step ratio: `time_generate` step times, greedy, EOS banned, medians.",
+        "vocabulary. The constrained step's cost is on the decode-speed page.",
     ]
 
 
 def caveats(rows: Rows) -> list[str]:
-    out = ["Empirical TV is biased upward when outputs are many and samples few: two samples "
-           "of the same distribution already differ; read small TVs against that floor."]
+    out = [f"`{r['config']['task']['name']}`: only {measure.effective_size(r['metrics']):.0f} "
+           "effective outputs: the weights are dominated by a few outputs, so the exact side's "
+           "figures and their intervals rest on those few."
+           for r in _points(rows, "task") if 0 < measure.effective_size(r["metrics"]) < 30]
+    out += automaton_lines(rows)
     if model_name(rows) == "tiny":
         out.append("The tiny default is a model with random weights: these numbers exercise "
                    "the program and mean nothing about any trained model.")

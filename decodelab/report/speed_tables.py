@@ -13,7 +13,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from decodelab.measure import ablation, sampling_cost, timing
+from decodelab.measure import ablation, constrained, sampling_cost, timing
 from decodelab.measure.peers import HF_WARMUP_TOKENS
 from decodelab.measure.stats import Interval
 from decodelab.report import speed
@@ -147,7 +147,16 @@ def csv_tables(rows: Rows) -> dict:
         tables["breakdown"] = breakdown_table
     if speed.metric_rows(rows, "sampling"):
         tables["sampling"] = sampling_table
+    if speed.metric_rows(rows, "constrained"):
+        tables["constrained"] = constrained_table
     return tables
+
+
+def constrained_table(rows: Rows) -> Table:
+    """The constrained study: a free greedy step and the same step under a regex."""
+    return Table(["preset", "batch", "free step ms", "constrained step ms", "constrained / free"],
+                 [[m["preset"], m["batch_size"], m["free_step_ms"], m["constrained_step_ms"],
+                   constrained.step_ratio(m)] for m in speed.metric_rows(rows, "constrained")])
 
 
 def sampling_table(rows: Rows) -> Table:
@@ -201,18 +210,18 @@ def models_text(metrics: Sequence[Mapping[str, Any]], vocab_size: int) -> str:
     return "; and ".join(parts)
 
 
-def speed_config(rows: Rows) -> dict:
-    """The resolved config of the main sweep's first row."""
-    found = [r["config"] for r in rows if r["config"].get("study", "speed") == "speed"]
+def study_config(rows: Rows, study: str = "speed") -> dict:
+    """The resolved config of ``study``'s first row (the main sweep's by default)."""
+    found = [r["config"] for r in rows if r["config"].get("study", "speed") == study]
     if not found:
-        raise ValueError("rows must hold rows of the main sweep (study 'speed'); run "
-                         "`--config=configs/bench_decode.py` into the same workdir")
+        raise ValueError(f"rows must hold rows of the study {study!r}; run its sweep into the "
+                         "same workdir (the main sweep: `--config=configs/bench_decode.py`)")
     return found[0]
 
 
 def method(rows: Rows) -> list[str]:
     """How each number is made, in at most 8 lines."""
-    config, metrics = speed_config(rows), speed_metrics(rows)
+    config, metrics = study_config(rows), speed_metrics(rows)
     N, P, sampled = config["new_tokens"], config["prompt_len"], config.get("sampled", {})
     first, versions = metrics[0], "; ".join(sorted({m["hf_version"] for m in metrics}))
     lines = [
@@ -258,6 +267,11 @@ def method(rows: Rows) -> list[str]:
         slots = ", ".join(str(m["max_len"]) for m in lengths)
         sweeps.append(f"Cache size: {speed.label(lengths[0])} in caches of {slots} slots, the "
                       "same live tokens")
+    constrained_rows = speed.metric_rows(rows, "constrained")
+    if constrained_rows:
+        sweeps.append(f"constrained: {constrained_rows[0]['preset']} greedy with EOS banned, "
+                      f"free and under the regex `{study_config(rows, 'constrained')['pattern']}` "
+                      "(every state accepting), the same rows and prompts")
     if speed.metric_rows(rows, "breakdown"):
         sweeps.append("breakdown: the step with one more part removed each time (attention over "
                       "the cache; the rest of the model; the sampling processors and the draw: "
@@ -302,7 +316,7 @@ def breakdown_caveats(rows: Rows) -> list[str]:
 def caveats(rows: Rows) -> list[str]:
     """What qualifies the numbers: the machine's load, the point estimates, the breakdown."""
     metrics = speed_metrics(rows)
-    every = [m for study in ("speed", "max_len", "breakdown", "sampling")
+    every = [m for study in ("speed", "max_len", "breakdown", "sampling", "constrained")
              for m in speed.metric_rows(rows, study)]
     lines = [timing.load_reading(every, other_cores(rows))]
     commits = {}
