@@ -3,6 +3,7 @@ distributions, its program end to end on the tiny default, and its page from syn
 (``measure.constrained``, ``report.constrained``, ``experiments.constrained``)."""
 
 import json
+import types
 
 import numpy as np
 import pytest
@@ -110,6 +111,14 @@ def test_the_tiny_study_runs_end_to_end(tmp_path):
     assert {text for text, _ in json.loads(task["examples"])} <= {"yes", "no"}
     automaton = next(r for r in rows if r["config"]["point"] == "automaton")["metrics"]
     assert automaton["schema_states"] > automaton["email_states"] > 0
+    # The decode-speed page's constrained row, on the same model and tokenizer.
+    model, tokenizer = study.model_and_tokenizer(config, types.SimpleNamespace(workdir=tmp_path))
+    prompts = np.full((2, 3), 5, np.int32)
+    timed = measure.speed_row(model, tokenizer, "regex", "[a-z ]*", prompts, 4, 2)
+    for name in ("free", "constrained"):
+        assert len(timed[f"{name}_generate_reps_s"]) == len(timed[f"{name}_prefill_reps_s"]) == 2
+    assert timed["constrained_vs_free"] == pytest.approx(
+        timed["constrained_step_ms"] / timed["free_step_ms"])
 
 
 def speed_row(batch, ratio):

@@ -40,7 +40,7 @@ import numpy as np
 from decodelab.checks import check_int, check_one_of
 from decodelab.decode.generation import generate
 from decodelab.decode.request import DecodeOptions
-from decodelab.measure import stats, timing
+from decodelab.measure import sampling_cost, stats, timing
 from decodelab.measure.perplexity import continuation_logprobs
 from decodelab.sampling.params import SamplingParams
 
@@ -256,16 +256,14 @@ def automaton_row(tokenizer, vocab_size: int, eos_ids: Sequence[int],
 def speed_row(model, tokenizer, kind: str, pattern: Any, prompts: np.ndarray, new_tokens: int,
               repeats: int) -> dict:
     """A constrained decode step against the same step unconstrained (greedy, the tokenizer's
-    EOS banned for ``new_tokens`` so every row decodes the whole budget), each timed by
-    ``timing.time_generate``: the medians and the repetitions' seconds of both."""
-    options = DecodeOptions(eos_ids=[tokenizer.eos_id], tokenizer=tokenizer)
+    EOS banned for ``new_tokens`` so every row decodes the whole budget), their repetitions
+    interleaved (``sampling_cost.time_programs``): the medians and the repetitions' seconds of
+    both (``free_*``, ``constrained_*``) and the ratio of the median steps."""
     free = SamplingParams(temperature=0.0, min_new_tokens=new_tokens)
-    constrained = dataclasses.replace(free, **{kind: pattern})
-    row = {}
-    for name, params in (("free", free), ("constrained", constrained)):
-        timed = timing.time_generate(model, prompts, new_tokens, repeats, params,
-                                     options=options)
-        row.update({f"{name}_{k}": v for k, v in timed.items()})
+    programs = {"free": free, "constrained": dataclasses.replace(free, **{kind: pattern})}
+    row = sampling_cost.time_programs(model, prompts, programs, new_tokens, repeats,
+                                      DecodeOptions(eos_ids=[tokenizer.eos_id],
+                                                    tokenizer=tokenizer))
     row["constrained_vs_free"] = timing.ratio(row["constrained_step_ms"],
                                               row["free_step_ms"] or None)
     return row

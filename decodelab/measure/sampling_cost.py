@@ -5,7 +5,7 @@ of greedy"): temperature 1.0 alone; top-p 0.95 at temperature 1.0 (on a flat dis
 thousands of tokens); top-k 50; min-p 0.05; all four together; and the history processors
 (repetition penalty 1.2 plus frequency penalty 0.5, greedy, so the difference is their cost).
 ``time_settings`` times greedy and each setting (the same rows, the same compiled program:
-parameters are data), their repetitions interleaved, and keeps each one's repetitions under its own
+parameters are data) by ``time_programs``, their repetitions interleaved, and keeps each one's repetitions under its own
 prefix (``<setting>_generate_reps_s``, ``<setting>_prefill_reps_s``), from which the page's
 step ratios and their intervals are formed (``report.speed.step_ratio``). With the ``peer``
 extra it also times transformers on ``PEER_SETTING`` with the same processors.
@@ -44,26 +44,41 @@ def time_settings(model: Transformer, prompts: np.ndarray, new_tokens: int, repe
                   max_len: int, *, peer: bool) -> dict:
     """Greedy's timings (unprefixed, ``timing.time_generate``'s keys) and each setting's under
     ``<setting>_``; with ``peer``, transformers' on ``PEER_SETTING`` under ``hf_<setting>_``
-    (absent without the extra). Every call generates ``new_tokens`` per row.
-
-    The repetitions are interleaved: each round times every setting once (a whole call, then a
-    prefill-only call), starting one setting later than the round before, so a drift of the
-    machine's speed over the point falls on every setting alike, never on greedy alone."""
+    (absent without the extra). Every call generates ``new_tokens`` per row (``time_programs``).
+    """
     B, P = prompts.shape
     programs = {"": SamplingParams(temperature=0.0),
                 **{name: SamplingParams(**fields) for name, fields in SETTINGS.items()}}
-    options = DecodeOptions(max_len=max_len or P + new_tokens)
+    found = time_programs(model, prompts, programs, new_tokens, repeats,
+                          DecodeOptions(max_len=max_len or P + new_tokens))
+    if peer:
+        hf = peers.time_hf_generate(model, prompts, new_tokens, repeats,
+                                    SamplingParams(**SETTINGS[PEER_SETTING]))
+        found.update({f"hf_{PEER_SETTING}_{key[3:]}": value for key, value in hf.items()})
+    return found
+
+
+def time_programs(model: Transformer, prompts: np.ndarray, programs: dict[str, SamplingParams],
+                  new_tokens: int, repeats: int, options: DecodeOptions) -> dict:
+    """``timing.time_generate``'s keys for each named ``SamplingParams`` of ``programs`` under
+    ``<name>_`` (the name ``""``: unprefixed), the same rows (``prompts [B, P]``) and ``options``;
+    every call must generate ``new_tokens`` per row.
+
+    The repetitions are interleaved: each round times every program once (a whole call, then a
+    prefill-only call), starting one program later than the round before, so a drift of the
+    machine's speed over the point falls on every program alike, never on one alone."""
+    B = prompts.shape[0]
     runs = {name: functools.partial(generate, model, prompts.tolist(), params, seed=0,
                                     options=options)
             for name, params in programs.items()}
     firsts = {}
-    for name, run in runs.items():  # one program for all: the first call compiles it
+    for name, run in runs.items():  # parameters are data: the first call compiles for all
         start = time.perf_counter()
         out = run(new_tokens)
         firsts[name] = time.perf_counter() - start
         if out.lengths.tolist() != [new_tokens] * B:
             raise RuntimeError(f"every row must generate {new_tokens} tokens, got lengths "
-                               f"{out.lengths.tolist()} under setting {name or 'greedy'!r}")
+                               f"{out.lengths.tolist()} under {name or 'greedy'!r}")
         run(1)
     wholes = {name: [] for name in runs}
     prefills = {name: [] for name in runs}
@@ -77,8 +92,4 @@ def time_settings(model: Transformer, prompts: np.ndarray, new_tokens: int, repe
         prefix = f"{name}_" if name else ""
         found.update({f"{prefix}{key}": value for key, value in timing.summary(
             wholes[name], prefills[name], B, new_tokens, firsts[name]).items()})
-    if peer:
-        hf = peers.time_hf_generate(model, prompts, new_tokens, repeats,
-                                    SamplingParams(**SETTINGS[PEER_SETTING]))
-        found.update({f"hf_{PEER_SETTING}_{key[3:]}": value for key, value in hf.items()})
     return found
