@@ -6,7 +6,7 @@ import re
 
 import numpy as np
 import pytest
-from standins import Spelled, Uniform
+from standins import Chain, Spelled, Uniform
 
 import decodelab as dl
 
@@ -68,3 +68,17 @@ def test_n_samples_of_a_constrained_prompt_each_match_and_sample_0_is_the_single
     assert len({tuple(t) for t in samples[0]}) > 1  # independent draws, not copies
     assert [s[0] for s in samples] == one.token_lists()
     assert many.finish_reason[0] == ["eos"] * 4
+
+
+def test_a_beam_that_completes_its_pattern_outranks_a_likelier_one_cut_off_by_the_budget():
+    """``1|2222`` within 2 tokens, the model favouring "2" 18 to 1: "2 2" is the likelier
+    hypothesis but cannot end before the budget ("incomplete"); "1" then EOS is complete, and a
+    constrained search ranks it first."""
+    table = np.full((len(SPELLING), len(SPELLING)), 0.05 / (len(SPELLING) - 2))
+    table[:, 2], table[:, 3] = 0.05, 0.9  # ids 2 and 3 spell "1" and "2"
+    out = dl.beam_search(Chain(table / table.sum(-1, keepdims=True)), [[EOS]], 2, 2,
+                         options=dl.BeamOptions(eos_ids=[EOS], tokenizer=VOCAB,
+                                                regex="1|2222"))
+    assert out.token_lists()[0] == [[2, EOS], [3, 3]]
+    assert out.finish_reason[0] == ["eos", "incomplete"]
+    assert out.scores[0, 0] < out.scores[0, 1]  # ranked by completeness before score

@@ -37,7 +37,8 @@ Conventions (every caller relies on them):
   automaton state, gathered with its parent when the beams reorder; a beam's log-probabilities
   are those of the constrained distribution (the logits masked to its state's tokens, then
   ``log_softmax``), so EOS ends a hypothesis only where its pattern is complete, and a running
-  beam that meets the budget before then joins the pool as "incomplete".
+  beam that meets the budget before then joins the pool as "incomplete", ranked after every
+  complete hypothesis whatever its score.
 """
 
 from __future__ import annotations
@@ -166,7 +167,8 @@ def _select_and_record(state: BeamState) -> tuple[BeamState, jax.Array]:
         out_of_budget = jnp.full((B, W), LENGTH, jnp.int32)
     cand_reasons = jnp.concatenate([state.pool_reasons, jnp.full((B, W), EOS, jnp.int32),
                                     out_of_budget], axis=1)
-    pool_scores, keep = jax.lax.top_k(cand_scores, W)  # [B, W]
+    keep = _pool_order(cand_scores, cand_reasons if table is not None else None, W)  # [B, W]
+    pool_scores = _rows(cand_scores, keep)
     filled = pool_scores > -jnp.inf  # [B, W]; empty slots hold nothing
 
     # Done: budget spent, no running beam left, or none can beat the worst of a full pool.
@@ -194,6 +196,18 @@ def _select_and_record(state: BeamState) -> tuple[BeamState, jax.Array]:
         **{name: keep_old(getattr(state, name), x) for name, x in states.items()},
     )
     return state, keep_old(identity, running_parent.astype(jnp.int32))
+
+
+def _pool_order(scores: jax.Array, reasons: jax.Array | None, W: int) -> jax.Array:
+    """``[B, W]`` the candidates the pool keeps: the best ``W`` by rank score, ties to the lower
+    candidate; with finish ``reasons`` (a constrained search), every complete hypothesis before
+    any "incomplete" one, so a pattern met within the budget outranks one cut off."""
+    if reasons is None:
+        return jax.lax.top_k(scores, W)[1]
+    group = jnp.where(scores == -jnp.inf, 2, (reasons == INCOMPLETE).astype(jnp.int32))
+    index = jnp.broadcast_to(jnp.arange(scores.shape[1], dtype=jnp.int32), scores.shape)
+    *_, order = jax.lax.sort((group, -scores, index), dimension=1, num_keys=3)
+    return order[:, :W]
 
 
 def _step(model: nnx.Module, state: BeamState) -> BeamState:
