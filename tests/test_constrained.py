@@ -179,6 +179,36 @@ def test_the_engine_serves_each_constrained_request_as_generate_does(automata):
     assert done[0].finish_reason == "eos" and done[3].finish_reason == "incomplete"
 
 
+def test_beams_rounds_and_the_engine_compile_once_per_table_bucket(stand_in, automata):
+    """even{4} and even{5} share a table bucket (8 states): after one run with the first,
+    beam search, speculative rounds and the engine serve the second (and free rows) with the
+    programs they have, as generate does."""
+    def spec(regex):
+        return dl.speculative_generate(stand_in, dl.NgramDrafter(), [[3, 4, 5, 3], [6]],
+                                       GREEDY.replace(regex=[regex, None]), 3, 8,
+                                       options=dl.DecodeOptions(eos_ids=[EOS]))
+
+    engine = serving.SlotEngine(stand_in, 2, 32, options=serving.EngineOptions(eos_ids=[EOS]))
+
+    def serve(regex):
+        return engine.run([serving.Request(id=i, prompt=(3 + i,), max_new_tokens=6,
+                                           params=GREEDY.replace(regex=regex if i else None))
+                           for i in range(3)], n=3)
+
+    compiled = []
+    for regex in ("even{4}", "even{5}"):
+        with compiles.count_compiles() as counts:
+            found = (beams(stand_in, [[3], [3]], 6, regex=[regex, None]), spec(regex),
+                     serve(regex))
+        compiled.append(sum(counts.values()))
+    assert compiled[0] > 0 and compiled[1] == 0, compiled
+    beam, rounds, served = found
+    assert beam.token_lists()[0][0] == [4, 0, 0, 0, 0, EOS]
+    assert rounds.token_lists()[0] == run(stand_in, [[3, 4, 5, 3]], 8,
+                                          GREEDY.replace(regex="even{5}")).token_lists()[0]
+    assert served[1].tokens[-1] == EOS or served[1].finish_reason == "incomplete"
+
+
 def test_a_preempted_constrained_request_resumes_from_the_state_of_its_tokens(automata):
     """Paged memory too small for three growing requests: the newest is preempted and
     recomputed from prompt + its tokens, its automaton state from the state after them, and
