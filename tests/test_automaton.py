@@ -170,6 +170,13 @@ def test_rows_with_one_pattern_share_its_states_and_the_cache_gives_the_same_aut
                                sentencepiece, V, sentencepiece.eos_id)
     shapes = lambda t: [x.shape for x in (t.allowed, t.next_state, t.edge_keys)]  # noqa: E731
     assert shapes(other) == shapes(table)  # a pattern of similar size: the same program
+    # A later batch with the same patterns in the same order reuses the device table; its rows'
+    # starts are its own.
+    again, again_starts = automaton.table([None, *rows[:1], *rows[2:]], sentencepiece, V,
+                                          sentencepiece.eos_id)
+    assert again is table and again_starts.tolist() == [FREE, 1, int(starts[2]), 1]
+    swapped, _ = automaton.table(rows[2:], sentencepiece, V, sentencepiece.eos_id)
+    assert swapped is not table  # another order of the patterns: another layout
 
 
 def test_a_table_past_the_dense_budget_holds_the_same_moves_sparse(sentencepiece, monkeypatch):

@@ -61,6 +61,18 @@ def test_jsonl_round_trip(tmp_path):
     assert [fields(r) for r in back] == [fields(r) for r in t]
 
 
+def test_a_json_schema_keeps_its_property_order_through_a_trace_file(tmp_path):
+    """Property order is the order of the output a schema constrains: a round trip keeps it."""
+    schema = {"type": "object", "required": ["zeta", "alpha"],
+              "properties": {"zeta": {"type": "integer"}, "alpha": {"type": "string"}}}
+    trace = [Request(id=0, prompt=[1], max_new_tokens=4,
+                     params=dl.SamplingParams(json_schema=schema))]
+    (back,) = serving.load_trace(serving.save_trace(trace, tmp_path / "trace.jsonl"))
+    assert back.params.json_schema == schema
+    assert list(back.params.json_schema) == list(schema)
+    assert list(back.params.json_schema["properties"]) == ["zeta", "alpha"]
+
+
 @pytest.mark.parametrize("line,match", [
     ("{not json", "Expecting property name"),
     ('{"id": 9, "arrival": 0.5, "prompt": [1]}', r"missing fields \['max_new_tokens'\]"),

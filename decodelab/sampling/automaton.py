@@ -19,7 +19,9 @@ What a caller may rely on:
   dropped past ``CACHE_SIZE``: the same pattern on the same vocabulary is the same object.
 - ``table`` puts the distinct patterns of a batch after the free state 0, each once, and gives
   every row its start state; the states are padded to a power of two (``from_dense``), so a
-  new pattern of similar size reuses the compiled program.
+  new pattern of similar size reuses the compiled program. The last few tables are cached by
+  their patterns (and a tokenizer's spelling by the tokenizer object), so a batch that repeats
+  an earlier batch's patterns builds and uploads nothing.
 
 outlines-core (the ``structured`` extra) is imported only when a pattern is compiled.
 """
@@ -37,6 +39,7 @@ import numpy as np
 
 from decodelab.checks import check_int, check_one_of, check_size, tokenizer_size
 from decodelab.optional import require
+from decodelab.sampling import constraint
 from decodelab.sampling.constraint import FREE, ConstraintTable
 
 CACHE_SIZE = 64  # compiled automata kept
@@ -119,6 +122,14 @@ def vocabulary(tokenizer: Any, vocab_size: int, eos_ids: int | Sequence[int],
                          f"{tokenizer!r}; a model whose tokenizer is unknown cannot be "
                          f"constrained")
     vocab_size = check_size("vocab_size", vocab_size, 1)
+    eos = (eos_ids,) if isinstance(eos_ids, (int, np.integer)) else tuple(eos_ids)
+    # Keyed by the tokenizer object (held in the value, so its id is not reused meanwhile): a
+    # batch's call does not spell and hash the whole vocabulary again.
+    return _cached(_VOCABULARIES, (id(tokenizer), vocab_size, eos),
+                   lambda: (tokenizer, _spelling(tokenizer, vocab_size, eos)), 4)[1]
+
+
+def _spelling(tokenizer: Any, vocab_size: int, eos: tuple) -> Vocab:
     size = tokenizer_size("tokenizer", tokenizer, vocab_size)
     tokens = tuple(tokenizer.token_bytes())
     if (size is not None and len(tokens) != size) or len(tokens) > vocab_size or not all(
@@ -126,7 +137,6 @@ def vocabulary(tokenizer: Any, vocab_size: int, eos_ids: int | Sequence[int],
         raise ValueError(f"tokenizer.token_bytes() must give bytes or None for each of the "
                          f"tokenizer's {size} ids (at most vocab_size={vocab_size}), got "
                          f"{len(tokens)} entries")
-    eos = (eos_ids,) if isinstance(eos_ids, (int, np.integer)) else tuple(eos_ids)
     if not eos:
         raise ValueError("eos_ids must name at least one end-of-sequence id (the only tokens an "
                          "accepting state allows past the pattern), got none")
@@ -137,6 +147,8 @@ def vocabulary(tokenizer: Any, vocab_size: int, eos_ids: int | Sequence[int],
 
 _OUTLINES_VOCABULARIES: collections.OrderedDict[str, Any] = collections.OrderedDict()
 _AUTOMATA: collections.OrderedDict[tuple[str, str, str], Automaton] = collections.OrderedDict()
+_VOCABULARIES: collections.OrderedDict[tuple, tuple[Any, Vocab]] = collections.OrderedDict()
+_TABLES: collections.OrderedDict[tuple, tuple[ConstraintTable, dict]] = collections.OrderedDict()
 
 
 def _cached(cache: collections.OrderedDict, key: Any, make: Callable[[], Any],
@@ -154,8 +166,8 @@ def _cached(cache: collections.OrderedDict, key: Any, make: Callable[[], Any],
 def clear_cache() -> None:
     """Forget every compiled automaton and vocabulary, so that the next build starts cold (a
     study timing a build)."""
-    _OUTLINES_VOCABULARIES.clear()
-    _AUTOMATA.clear()
+    for cache in (_OUTLINES_VOCABULARIES, _AUTOMATA, _VOCABULARIES, _TABLES):
+        cache.clear()
 
 
 def _outlines_vocabulary(vocab: Vocab) -> Any:
@@ -266,14 +278,22 @@ def table(constraints: Sequence[tuple[str, Any] | None], tokenizer: TokenSpellin
     first = min(rows.values())
     vocab = vocabulary(tokenizer, vocab_size, eos_ids, where=f"constraints[{first}] "
                        f"({constraints[first][0]} {constraints[first][1]!r})")
-    automata = {k: automaton(*constraints[b], vocab, where=f"constraints[{b}]")
-                for k, b in sorted(rows.items(), key=lambda item: item[1])}
-    offsets = np.cumsum([1, *(a.num_states for a in automata.values())])  # [P + 1]
-    parts = list(zip(offsets, automata.values()))
-    source = np.concatenate([o + a.source for o, a in parts])
-    token = np.concatenate([a.token for _, a in parts])
-    target = np.concatenate([o + a.target for o, a in parts])
-    accepting = np.concatenate([[True], *(a.accepting for a in automata.values())])
-    start_of = dict(zip(automata, offsets.tolist()))
-    starts = np.array([FREE if k is None else start_of[k] for k in keys], np.int32)
-    return ConstraintTable.from_edges(accepting, vocab_size, source, token, target), starts
+    order = sorted(rows, key=rows.get)  # the distinct patterns, by their first row
+
+    def stack() -> tuple[ConstraintTable, dict]:
+        automata = [automaton(*constraints[rows[k]], vocab, where=f"constraints[{rows[k]}]")
+                    for k in order]
+        offsets = np.cumsum([1, *(a.num_states for a in automata)])  # [P + 1]
+        parts = list(zip(offsets, automata))
+        source = np.concatenate([o + a.source for o, a in parts])
+        token = np.concatenate([a.token for _, a in parts])
+        target = np.concatenate([o + a.target for o, a in parts])
+        accepting = np.concatenate([[True], *(a.accepting for a in automata)])
+        return (ConstraintTable.from_edges(accepting, vocab_size, source, token, target),
+                dict(zip(order, offsets.tolist())))
+
+    # A batch with the patterns of an earlier one (in the same order, under the same byte
+    # budgets) reuses its device table.
+    budgets = (constraint.MAX_DENSE_BYTES, constraint.MAX_TABLE_BYTES)
+    built, start_of = _cached(_TABLES, (vocab.digest, tuple(order), budgets), stack, 8)
+    return built, np.array([FREE if k is None else start_of[k] for k in keys], np.int32)
