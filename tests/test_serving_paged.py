@@ -278,20 +278,52 @@ def test_shared_pages_return_only_when_no_one_reads_them_and_idle_ones_are_evict
     pool.check()
 
 
+def test_a_partly_read_page_is_copied_before_its_sharer_writes():
+    """A page shared to be copied counts as lacking until ``copy`` gives the sharer its own page
+    in the same logical place (allocated while the shared one is still read, so never that
+    page) and drops its read of the shared one; a sharer released first copies nothing."""
+    pool = PagePool(6, 4)
+    a = pool.allocate("a", 3)  # [0, 1, 2]
+    pool.keep(a[2], (0, (1, 2, 3, 4)))
+    pool.share("b", a[:2], copy_last=True)
+    assert pool.to_copy("b") == a[1] and pool.lacks("b", 8) == 1 and pool.lacks("b", 9) == 2
+    pool.release("a")  # page 1 is still read by b, 0 too; 2 (kept) goes idle
+    assert pool.refs(a[1]) == 1 and pool.idle == 1 and pool.free == 4
+    assert pool.copy("b") == (a[1], 3) and pool.pages("b") == [a[0], 3]
+    assert pool.refs(a[1]) == 0 and pool.to_copy("b") is None and pool.copy("b") is None
+    assert pool.copies == 1 and pool.lacks("b", 8) == 0
+    pool.share("c", [a[0]], copy_last=True)
+    pool.release("c")
+    assert pool.to_copy("c") is None and pool.refs(a[0]) == 1
+    with pytest.raises(ValueError, match="already has a page to copy"):
+        pool.share("d", [a[0]], copy_last=True) or pool.share("d", [a[1]], copy_last=True)
+    pool.check()
+
+
 def test_pool_fuzz_never_frees_or_evicts_a_page_someone_reads():
-    """Random allocate / share / keep / release events: after each, every count equals the
-    owners listing the page, and no page with a positive count is free or idle (``check``)."""
+    """Random allocate / share (some to be copied) / copy / keep / release events: after each,
+    every count equals the owners listing the page, no page with a positive count is free or
+    idle (``check``), and a copy drops one read of the shared page for one of a page no one
+    else reads."""
     rng = np.random.default_rng(7)
     pool, kept = PagePool(16, 4), {}
     for event in range(3000):
         owner = int(rng.integers(0, 6))
-        kind = rng.choice(["allocate", "share", "keep", "release"], p=[0.35, 0.25, 0.2, 0.2])
+        kind = rng.choice(["allocate", "share", "copy", "keep", "release"],
+                          p=[0.3, 0.25, 0.1, 0.15, 0.2])
         held = pool.pages(owner)
         if kind == "allocate" and pool.free:
             pool.allocate(owner, int(rng.integers(1, pool.free + 1)))
         elif kind == "share":
             others = [p for o in pool.owners for p in pool.pages(o) if p not in held]
-            pool.share(owner, sorted(set(others))[:int(rng.integers(0, 3))])
+            pages = sorted(set(others))[:int(rng.integers(0, 3))]
+            pool.share(owner, pages, copy_last=pool.to_copy(owner) is None and rng.random() < .5)
+        elif kind == "copy" and pool.to_copy(owner) is not None and pool.free:
+            shared = pool.to_copy(owner)
+            readers = pool.refs(shared)
+            index = pool.pages(owner).index(shared)
+            assert pool.copy(owner) == (shared, pool.pages(owner)[index])
+            assert pool.refs(shared) == readers - 1 and pool.refs(pool.pages(owner)[index]) == 1
         elif kind == "keep":
             kept = {k: p for k, p in kept.items() if pool.find(k) is not None}  # not evicted
             fresh = [p for p in held if p not in kept.values()]
@@ -304,7 +336,7 @@ def test_pool_fuzz_never_frees_or_evicts_a_page_someone_reads():
             pool.release(owner)
             assert all(pool.refs(p) == readers[p] - 1 for p in held)
         pool.check()
-    assert pool.evictions > 0
+    assert pool.evictions > 0 and pool.copies > 0
 
 
 def shared_prefix_requests(n: int, seed: int) -> list[Request]:
@@ -323,8 +355,9 @@ def shared_prefix_requests(n: int, seed: int) -> list[Request]:
 
 def test_prefix_cache_gives_the_tokens_of_no_cache(tiny):
     """Requests that share a prefix ending mid-page, greedy and sampled: the later ones take
-    its full pages from the cache and prefill only the rest; tokens equal those without the
-    cache, log-probs within float32 rounding."""
+    its pages from the cache (the partly read last one copied on write), one admitted in the
+    same call waits for the first's prefill, and each prefills only the rest; tokens equal
+    those without the cache, log-probs within float32 rounding."""
     requests = shared_prefix_requests(8, seed=2)
     plain = SlotEngine(tiny, 2, S, kv_tokens=16 * S, page_size=8).run(requests, n=3)
     engine = SlotEngine(tiny, 2, S, kv_tokens=16 * S, page_size=8, prefix_cache=True)
@@ -333,10 +366,11 @@ def test_prefix_cache_gives_the_tokens_of_no_cache(tiny):
         assert cached[request.id].tokens == plain[request.id].tokens, request.id
         np.testing.assert_allclose(cached[request.id].logprobs, plain[request.id].logprobs,
                                    rtol=1e-5, atol=1e-5)
-    # The first two prefill from scratch; each later one shares 2 full pages (16 tokens), or 1
-    # when its prompt is those 16 tokens (its last token is computed: on the second page).
+    # Request 0 prefills from scratch; 1, admitted with it, waits for its prefill and shares 15
+    # tokens (its last is computed): a full page and 7 slots of the second, copied on write.
+    # Each later one shares the whole 21-token prefix, 5 slots of the third page copied.
     hits = {r.id: cached[r.id].cached_tokens for r in requests}
-    assert hits == {0: 0, 1: 0, 2: 16, 3: 0, 4: 16, 5: 8, 6: 16, 7: 16}
+    assert hits == {0: 0, 1: 15, 2: 21, 3: 0, 4: 21, 5: 15, 6: 21, 7: 21}
     assert engine.pool.used == 0 and engine.pool.idle > 0
     engine.pool.check()
 
@@ -346,8 +380,9 @@ def test_prefix_cache_races_preemption_and_eviction(tiny):
     """A tight pool, 4 slots, chunked prefill, shared prefixes, a seeded random order of
     arrivals and random steps per call: requests are preempted, idle pages evicted and pages
     shared; after every call no page someone reads is free or idle, each slot's device table
-    lists exactly its own pages, and every request ends with the tokens of the no-cache run."""
-    rng = np.random.default_rng(5)
+    lists exactly its own pages, and every request ends with the tokens of the no-cache run;
+    partly read pages are copied on write among all this."""
+    rng = np.random.default_rng(6)
     requests = [shared_prefix_requests(12, seed=3)[i] for i in rng.permutation(12)]
     options = EngineOptions(prefill_chunk=8)
     plain = SlotEngine(tiny, 4, S, kv_tokens=16 * S, page_size=8,
@@ -370,7 +405,7 @@ def test_prefix_cache_races_preemption_and_eviction(tiny):
             held = pool.pages(slot)
             assert table[slot, :len(held)].tolist() == held
             assert (table[slot, len(held):] == pool.num_pages).all()
-    assert preempted > 0 and engine.pool.evictions > 0
+    assert preempted > 0 and engine.pool.evictions > 0 and engine.pool.copies > 0
     assert sum(c.cached_tokens > 0 for c in done.values()) >= 4
     prompts = {r.id: len(r.prompt) for r in requests}  # a resumed request shares its own pages:
     assert any(c.cached_tokens > prompts[i] for i, c in done.items())  # past its prompt
@@ -394,8 +429,9 @@ def sample_reference(tiny):
 @pytest.mark.parametrize("paged", [False, True])
 def test_engine_samples_equal_generate_n(tiny, sample_reference, paged):
     """A request of n=4 samples gives ``generate(..., n=4)``'s samples, keyed (id, i); sample 0
-    equals an n=1 request of the same seed; on pages, samples 1..3 share sample 0's two full
-    prompt pages and recompute only the last partial page."""
+    equals an n=1 request of the same seed; on pages, samples 1..3 share sample 0's prompt
+    pages but its last token (two full pages, the third copied on write) and compute only
+    that token."""
     memory = {"kv_tokens": 16 * S, "page_size": 8} if paged else {}
     engine = SlotEngine(tiny, 4, S, **memory)
     done = engine.run([Request("a", SAMPLE_PROMPT, 12, SAMPLED, seed=7, n=4),
@@ -405,7 +441,7 @@ def test_engine_samples_equal_generate_n(tiny, sample_reference, paged):
     for i, tokens in enumerate(sample_reference):
         assert done[("a", i)].tokens == tokens and done[("a", i)].sample == i
     assert done["b"].tokens == sample_reference[0] and done["b"].key == "b"
-    assert [done[("a", i)].cached_tokens for i in range(4)] == [0] + [16 * paged] * 3
+    assert [done[("a", i)].cached_tokens for i in range(4)] == [0] + [18 * paged] * 3
     if paged:
         engine.pool.check()
         assert engine.pool.used == 0

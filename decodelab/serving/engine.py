@@ -49,8 +49,9 @@ Conventions (every caller relies on them):
   there. Each token is drawn with its request's seed at its position, so a preempted request
   ends with the tokens (and log-probs) of an uninterrupted run. With ``prefix_cache=True`` the
   full pages of every request's tokens stay recorded by their prefix (``prefix``), and an
-  inserted request shares those of its prompt (a preempted one's: of its prompt and tokens)
-  and prefills only the rest: the same tokens as without the cache.
+  inserted request shares those of its prompt (a preempted one's: of its prompt and tokens; a
+  page it reads in part copied on write) and prefills only the rest, or waits for a request
+  prefilling the same prefix in the same call (``samples``): the same tokens as without it.
 - An engine call (``step``) reads the device once: one packed array with each slot's finish code,
   length and the tokens (with log-probs) of its last ``n`` positions, from which the host appends
   each request's new tokens; no other value is read back and nothing else waits for the device.
@@ -75,8 +76,8 @@ from decodelab.decode.generation import DecodeState
 from decodelab.decode.request import LENGTH, bucket_length, check_eos, decode_buffers, token_ids
 from decodelab.serving import samples, slot_prefill
 from decodelab.serving.constraints import SlotConstraints
-from decodelab.serving.engine_programs import (ADVANCE, advance_rows, collect, empty_state,
-                                               harvest)
+from decodelab.serving.engine_programs import (ADVANCE, advance_rows, collect, copy_pages,
+                                               empty_state, harvest)
 from decodelab.serving.options import EngineOptions
 from decodelab.serving.pages import PagePool
 from decodelab.serving.pool import PagedMemory
@@ -241,9 +242,9 @@ class SlotEngine:
         for request, admit in zip(itertools.islice(waiting, count), admits):
             resumed = samples.resumed(self._resume, request, admit[0])
             sequence = request.prompt + (tuple(resumed.tokens) if resumed else ())
-            shared.append(pages := self._memory.cached(sequence))
-            first.append(tokens_after_call(request, len(sequence), len(pages) * self._memory.
-                                           page_size, self.options.prefill_chunk, self._lookahead))
+            shared.append(hit := self._memory.cached(sequence))
+            first.append(tokens_after_call(request, len(sequence), hit[1],
+                                           self.options.prefill_chunk, self._lookahead))
         return self._memory.room(self._demand(), first, shared)
 
     def _demand(self) -> dict[int, int]:
@@ -264,8 +265,11 @@ class SlotEngine:
         self._upload_table()
 
     def _upload_table(self) -> None:
-        """Put the host's block table in the device state if it changed (a small transfer to
-        the device; nothing waits for it)."""
+        """Copy the pages slots copy before writing (``pool``), and put the host's block table
+        in the device state if it changed (small transfers to the device; nothing waits)."""
+        copies = self._memory.take_copies()
+        if copies is not None:
+            self._state = copy_pages(self._state, *copies)
         table = self._memory.changed_table()
         if table is not None:
             cache = self._state.cache.replace(table=jnp.asarray(table))
@@ -285,8 +289,7 @@ class SlotEngine:
         prompt waiting then (paged memory: the further samples' after it, ``samples``)."""
         if not isinstance(request, Request):
             raise ValueError(f"request must be a Request, got {request!r}")
-        reason = self.check(request)
-        if reason:
+        if reason := self.check(request):
             raise ValueError(f"request {request.id!r} cannot be served: {reason}")
         decoding = [s for s, r in self.active.items() if r.id == request.id]
         if decoding:
@@ -303,18 +306,20 @@ class SlotEngine:
             raise ValueError(f"slot must be a free slot, one of {free}, got {slot!r}")
         params = request.params.per_row(1, self.vocab_size, self.tokenizer_size)
         places = [int(slot)] + [s for s in free if s != slot][:len(admitted) - 1]
+        first = None  # the request's first sample, whom the others wait for (paged memory)
         for place, sample in zip(places, admitted):
             resumed = samples.resumed(self._resume, request, sample)
             if resumed:
                 del self._resume[resumed.key]
-            waits = self._memory is not None and place != places[0]
-            held = self._slots[place] = Slot.admit(request, params, resumed, sample, waits)
+            held = self._slots[place] = Slot.admit(request, params, resumed, sample)
             self._state, held.constraint_start = self._constraints.admit(
                 self._state, place, request, held.tokens)
             if self._memory is not None:
                 self._memory.admit(place)
-                if not waits:
-                    held.prefilled = held.cached = self._memory.share(place, held.sequence)
+                samples.seat(self._slots, place, self._memory, first)
+            first = held if first is None else first
+        if self._memory is not None:  # a leader's cache may already hold what it shares
+            samples.join(self._slots, self._memory)
         return places[0]
 
     def prefill(self) -> int:
@@ -361,11 +366,8 @@ class SlotEngine:
         width = bucket_length(n, minimum=8)  # a few window widths: n itself is traced
         packed = jax.device_get(harvest(self._state, starts, rounds, n=width))  # one transfer
         generated, new_tokens, finished = collect(packed, self._slots, starts, width)
-        for slot, held in enumerate(self._slots):  # the prefix cache records their full pages
-            if self._memory is not None and held is not None:
-                self._memory.remember(slot, *held.in_cache())
-        if self._memory is not None:  # waiting samples share their leader's prompt pages
-            samples.join(self._slots, self._memory)
+        if self._memory is not None:  # record full pages; waiting slots join their leaders
+            samples.settle(self._slots, self._memory)
         for slot in finished:
             self._free_slot(slot)
         if self._memory is not None:  # retired slots' rows hold no page from now on
@@ -386,8 +388,7 @@ class SlotEngine:
         for r in queue:
             if not isinstance(r, Request):
                 raise ValueError(f"requests must hold Request objects, got {r!r}")
-            reason = self.check(r)
-            if reason:
+            if reason := self.check(r):
                 raise ValueError(f"request {r.id!r} cannot be served: {reason}")
         check_unique_ids(queue, self.active.values())
         while queue or self.active:
@@ -395,6 +396,5 @@ class SlotEngine:
                 self.insert(queue.pop(0))
             result = self.step(n)
             queue[:0] = result.preempted  # first in line again
-            for c in result.finished:
-                done[c.key] = c
+            done |= {c.key: c for c in result.finished}
         return done

@@ -136,3 +136,14 @@ def advance_rows(weights, state: DecodeState, rows: jax.Array, rounds: jax.Array
     cache = cache.replace(k=sub.cache.k, v=sub.cache.v,
                           lengths=cache.lengths.at[rows].set(sub.cache.lengths))
     return count, state.replace(step=sub.step, cache=cache, **merged)
+
+
+@functools.partial(jax.jit, donate_argnames=("state",))
+def copy_pages(state: DecodeState, shared: np.ndarray, own: np.ndarray) -> DecodeState:
+    """The state with the paged cache's pages ``shared`` (``[C]`` int32) copied to pages
+    ``own`` (``[C]``, distinct; ``num_pages``: none, dropped): copy-on-write of partly read
+    pages, in place (donated)."""
+    cache = state.cache
+    k = cache.k.at[:, own].set(cache.k[:, shared], mode="drop")  # [L, C, K, page_size, H]
+    v = cache.v.at[:, own].set(cache.v[:, shared], mode="drop")
+    return state.replace(cache=cache.replace(k=k, v=v))

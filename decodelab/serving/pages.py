@@ -1,6 +1,7 @@
 """The host's page accounting of paged KV memory: each page's readers (a reference count), the
-free list, and the index of kept pages with its idle queue (the prefix cache's, ``prefix``).
-``pool.PagedMemory`` decides who gets which pages; this module only keeps the record exact.
+free list, the index of kept pages with its idle queue (the prefix cache's, ``prefix``), and the
+pages an owner must copy before it writes into them (copy-on-write). ``pool.PagedMemory`` decides
+who gets which pages; this module only keeps the record exact.
 """
 
 from __future__ import annotations
@@ -28,6 +29,14 @@ class PagePool:
     finds the free list empty and evicts the least recently released idle page (its key is
     forgotten). Pages are handed out lowest first from the free list, so a run is deterministic.
     ``check()`` raises if any count, list or key disagrees with another.
+
+    Copy-on-write: ``share(owner, pages, copy_last=True)`` marks the last page shared as one
+    ``owner`` reads only in part (a prefix ending mid-page) and will write into: before its first
+    write, ``copy(owner)`` gives it a fresh page in its place (allocated while the shared one is
+    still read, so it cannot be the same page) and drops its read of the shared one; the caller
+    copies the page's contents on the device. Until then ``lacks`` counts that page as lacking.
+    An owner writes in place only into pages it allocated (or copied); the slots of a shared
+    page that a sharer reads are never written again.
     """
 
     def __init__(self, num_pages: int, page_size: int):
@@ -44,7 +53,9 @@ class PagePool:
         self._keys: dict[int, Hashable] = {}  # kept page -> key
         self._ids: dict[int, int] = {}  # kept page -> its entry's id (never reused)
         self._next_id = itertools.count(1)
+        self._copies: dict[Hashable, int] = {}  # owner -> index of the page it copies first
         self.evictions = 0  # idle pages taken by allocations (their keys forgotten)
+        self.copies = 0  # pages given in place of a shared page to copy (``copy``)
 
     @property
     def free(self) -> int:
@@ -91,38 +102,73 @@ class PagePool:
         self.share(owner, new)
         return new
 
-    def share(self, owner: Hashable, pages: Iterable[int]) -> None:
+    def share(self, owner: Hashable, pages: Iterable[int], copy_last: bool = False) -> None:
         """Append ``pages`` (read by others, idle, or just allocated) to ``owner``'s, each
-        counting one more reader; an idle page leaves the idle queue."""
+        counting one more reader; an idle page leaves the idle queue. ``copy_last``: ``owner``
+        copies the last of them before writing into it (class docstring)."""
         held = self._owned.setdefault(owner, [])
+        if copy_last and owner in self._copies:
+            raise ValueError(f"{owner!r} already has a page to copy")
         for page in pages:
             if page in held:
                 raise ValueError(f"page {page} is already {owner!r}'s")
             self._refs[page] += 1
             self._idle.pop(page, None)
             held.append(page)
+        if copy_last and held:
+            self._copies[owner] = len(held) - 1
+
+    def to_copy(self, owner: Hashable) -> int | None:
+        """The shared page ``owner`` must copy before writing into it, or None."""
+        index = self._copies.get(owner)
+        return None if index is None else self._owned[owner][index]
+
+    def copy(self, owner: Hashable) -> tuple[int, int] | None:
+        """Give ``owner`` its own page in place of the shared page it must copy (allocated from
+        the free pages, all or none) and drop its read of the shared one; returns ``(shared,
+        own)``, whose contents the caller copies on the device before ``owner`` writes, or None
+        when ``owner`` has no page to copy."""
+        index = self._copies.get(owner)
+        if index is None:
+            return None
+        held = self._owned[owner]
+        [own] = self.allocate(owner, 1)  # appended while the shared page is still read
+        del self._copies[owner]
+        self.copies += 1
+        shared, held[index] = held[index], held.pop()
+        self._refs[shared] -= 1
+        self._unread([shared] if not self._refs[shared] else [])
+        return shared, own
 
     def grow(self, owner: Hashable, tokens: int) -> list[int]:
         """Allocate what ``owner`` lacks to hold ``tokens`` slots (all or none)."""
         return self.allocate(owner, self.lacks(owner, tokens))
 
     def lacks(self, owner: Hashable, tokens: int) -> int:
-        """Pages ``owner`` would need beyond its own to hold ``tokens`` slots."""
-        return max(pages_for(tokens, self.page_size) - len(self._owned.get(owner, ())), 0)
+        """Pages ``owner`` would need beyond its own to hold ``tokens`` slots (a page it must
+        copy counts as lacking)."""
+        held = len(self._owned.get(owner, ()))
+        return max(pages_for(tokens, self.page_size) - held, 0) + (owner in self._copies)
 
     def release(self, owner: Hashable) -> int:
         """Drop every page of ``owner``: those no one else reads go back to the free list, or,
         if kept, to the idle queue (the last logical page first, so a sequence's tail is evicted
         before the head that other prompts share); returns how many pages ``owner`` held."""
         pages = self._owned.pop(owner, [])
+        self._copies.pop(owner, None)
         unread = []
         for page in pages:
             self._refs[page] -= 1
             if not self._refs[page]:
                 unread.append(page)
-        self._free.extend(sorted(p for p in unread if p not in self._keys))
-        self._idle.update(dict.fromkeys(reversed([p for p in unread if p in self._keys])))
+        self._unread(unread)
         return len(pages)
+
+    def _unread(self, pages: list[int]) -> None:
+        """``pages`` (logical order) lost their last reader: to the free list, or if kept to the
+        idle queue, last page first."""
+        self._free.extend(sorted(p for p in pages if p not in self._keys))
+        self._idle.update(dict.fromkeys(reversed([p for p in pages if p in self._keys])))
 
     def keep(self, page: int, key: Hashable) -> int:
         """Index ``page`` (read by someone, its block of tokens written) under ``key``, unless
@@ -156,6 +202,8 @@ class PagePool:
                                 f"free or idle")
         if any(len(set(pages)) != len(pages) for pages in self._owned.values()):
             problems.append("an owner lists a page twice")
+        if any(i >= len(self._owned.get(o, ())) for o, i in self._copies.items()):
+            problems.append("an owner copies a page it does not list")
         if set(self._free) & set(self._keys) or not set(self._idle) <= set(self._keys):
             problems.append("a free page is kept or an idle page is not")
         if {p: k for k, p in self._index.items()} != self._keys or set(self._ids) != set(

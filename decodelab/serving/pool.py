@@ -17,6 +17,10 @@ Conventions (every caller relies on them):
   prefix (``share``: its prefill starts after them), and the engine reports after each call
   how far each slot's cache is written (``remember``), which records its full pages; a page
   whose last reader leaves stays recorded (idle) until an allocation needs it.
+- A slot may share a page it reads only in part (a prefix ending mid-page, from the prefix
+  cache or from another slot, ``share_from``): ``provide`` gives it a page of its own first
+  (``pages.PagePool.copy``), and the engine copies the contents on the device (``take_copies``)
+  before the call that writes into it.
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ class PagedMemory:
         self._changed = False  # the table differs from the one last handed out
         self._row_multiple = row_multiple
         self.prefix = PrefixCache(self.pool) if prefix_cache else None
+        self._copies: list[tuple[int, int]] = []  # (shared, own) pages to copy on the device
 
     @property
     def num_pages(self) -> int:
@@ -96,10 +101,10 @@ class PagedMemory:
             self.table[slot] = self.num_pages
             self._changed = True
 
-    def cached(self, sequence: Sequence[int]) -> list[int]:
-        """The recorded pages a request prefilling ``sequence`` would share (none without the
-        prefix cache)."""
-        return [] if self.prefix is None else self.prefix.lookup(sequence)[0]
+    def cached(self, sequence: Sequence[int]) -> tuple[list[int], int]:
+        """The recorded pages a request prefilling ``sequence`` would share and the tokens they
+        hold (none without the prefix cache; ``prefix.PrefixCache.lookup``)."""
+        return ([], 0) if self.prefix is None else self.prefix.lookup(sequence)[:2]
 
     def share(self, slot: int, sequence: Sequence[int]) -> int:
         """Give the just admitted ``slot`` the recorded pages of ``sequence``'s prefix; returns
@@ -108,18 +113,18 @@ class PagedMemory:
             return 0
         cached = self.prefix.share(slot, sequence)
         if cached:
-            self.table[slot] = self.pool.table_row(slot, self.table.shape[1])
-            self._changed = True
+            self._table_row(slot)
         return cached
 
-    def share_pages(self, slot: int, pages: Sequence[int]) -> None:
-        """Give the just admitted ``slot`` (holding no page) ``pages`` that another slot holds
-        (its request's leading full pages: one more reader each)."""
+    def share_from(self, slot: int, other: int, tokens: int) -> None:
+        """Give the admitted ``slot`` (holding no page) the pages of ``other`` that hold its
+        first ``tokens`` cache slots (one more reader each); a page it holds only part of is
+        copied before ``slot`` writes into it."""
         if self.pool.pages(slot):
             raise ValueError(f"slot {slot} already holds pages; pages are shared on admission")
-        self.pool.share(slot, pages)
-        self.table[slot] = self.pool.table_row(slot, self.table.shape[1])
-        self._changed = True
+        count = pages_for(tokens, self.page_size)
+        self.pool.share(slot, self.pool.pages(other)[:count], copy_last=bool(tokens % self.page_size))
+        self._table_row(slot)
 
     def remember(self, slot: int, sequence: Sequence[int], filled: int) -> None:
         """``slot``'s cache holds the keys and values of ``sequence[:filled]``: record its full
@@ -132,14 +137,17 @@ class PagedMemory:
         """How many of ``waiting`` (cache slots each would hold after its first call, head of the
         queue first) fit in the pages left once every admitted slot has its ``demand``: first
         come, first served, the count stops at the first that does not fit. ``shared[i]``: the
-        recorded pages request ``i`` would share; one that someone reads (or an earlier waiting
-        request takes) costs nothing, an idle one a free page."""
+        recorded pages request ``i`` would share and the tokens they hold (``cached``); a full
+        one that someone reads (or an earlier waiting request takes) costs nothing, an idle one
+        a free page; a page read in part costs its copy, and a free page until then if idle."""
         free = self.pool.free - self._lacking(demand)
         count, taken = 0, set()
         for i, tokens in enumerate(waiting):
-            pages = shared[i] if i < len(shared) else []
+            pages, held = shared[i] if i < len(shared) else ([], 0)
+            full = held // self.page_size  # the rest: at most one page, read until copied
             free -= pages_for(tokens, self.page_size) - sum(
-                1 for p in pages if self.pool.refs(p) or p in taken)
+                1 for p in pages[:full] if self.pool.refs(p) or p in taken) + sum(
+                1 for p in pages[full:] if not self.pool.refs(p) and p not in taken)
             taken.update(pages)
             if free < 0:
                 break
@@ -156,10 +164,25 @@ class PagedMemory:
             preempted.insert(0, slot)
             self.release(slot)
         for slot in self._admitted:
-            if self.pool.grow(slot, demand[slot]):
-                self.table[slot] = self.pool.table_row(slot, self.table.shape[1])
-                self._changed = True
+            copied = self.pool.copy(slot)
+            if copied:
+                self._copies.append(copied)
+            if self.pool.grow(slot, demand[slot]) or copied:
+                self._table_row(slot)
         return preempted
+
+    def take_copies(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The pages to copy on the device since the last call, ``(shared, own)`` int32 arrays
+        (the contents of ``shared[i]`` go to ``own[i]``; padded to a power of two with pairs
+        whose ``own`` is ``num_pages``: no page, dropped), or None; to be run before anything
+        writes the pool."""
+        if not self._copies:
+            return None
+        pairs = np.full((bucket_rows(len(self._copies)), 2), self.num_pages, np.int32)
+        pairs[:len(self._copies)] = self._copies
+        pairs[len(self._copies):, 0] = 0
+        self._copies = []
+        return pairs[:, 0], pairs[:, 1]
 
     def decode_rows(self) -> np.ndarray | None:
         """The slots a call decodes: the occupied ones, padded with free slots to
@@ -172,6 +195,11 @@ class PagedMemory:
             return None
         free = [i for i in range(num_slots) if i not in self._admitted]
         return np.asarray(sorted(occupied + free[:R - len(occupied)]), np.int32)
+
+    def _table_row(self, slot: int) -> None:
+        """``slot``'s pages changed: its row of the host's table follows."""
+        self.table[slot] = self.pool.table_row(slot, self.table.shape[1])
+        self._changed = True
 
     def changed_table(self) -> np.ndarray | None:
         """The block table ``[num_slots, max_len / page_size]`` if it changed since the last

@@ -11,12 +11,12 @@ Conventions (every caller relies on them):
   block hashes of vLLM's automatic prefix caching), and being a dict key that compares its tokens
   it is exact: two prefixes never collide. Entry ids are never reused, so when a page is evicted,
   the keys built on it name nothing again.
-- A request shares at most ``(len(sequence) - 1) // page_size`` pages: its last token is always
-  computed (its logits are the first sample's), and the page it writes into is its own. A prefix
-  that ends mid-page is therefore shared up to its last full page and the rest recomputed
-  (instead of a copy-on-write of the partly filled page): no page that two requests read is ever
-  written, which is what makes the outputs exact, at the cost of recomputing fewer than
-  ``page_size`` tokens per request.
+- A request shares at most ``len(sequence) - 1`` tokens: its last token is always computed (its
+  logits are the first sample's). After the recorded pages of its leading full pages it also
+  shares the recorded page (a child of the last one found) whose tokens agree longest with its
+  next tokens, if any agree: it reads that page only in part and copies it before its first
+  write (copy-on-write, ``pages.PagePool.copy``), so a prefix that ends mid-page is shared up
+  to its last token. No recorded page is ever written, which is what makes the outputs exact.
 """
 
 from __future__ import annotations
@@ -34,30 +34,47 @@ class PrefixCache:
     def __init__(self, pool: PagePool):
         self.pool = pool
         self._chains: dict[Hashable, tuple[int, int]] = {}  # owner -> (pages recorded, last id)
+        # entry id -> the token blocks recorded after it (pruned as their pages are evicted)
+        self._children: dict[int, dict[tuple[int, ...], None]] = {}
 
-    def lookup(self, tokens: Sequence[int]) -> tuple[list[int], int]:
-        """The recorded pages holding the leading full pages of ``tokens``, in order, stopping
-        at the first miss and before the page of the last token; and the id of the last entry
-        found (0: none)."""
-        size = self.pool.page_size
+    def lookup(self, tokens: Sequence[int]) -> tuple[list[int], int, int]:
+        """The recorded pages holding the longest prefix of ``tokens[:-1]`` found: the leading
+        full pages, stopping at the first miss, then at most one page that holds only the start
+        of the rest (module docstring); the tokens they hold; and the id of the last full page's
+        entry (0: none)."""
+        size, usable = self.pool.page_size, len(tokens) - 1
         pages, parent = [], 0
-        for j in range((len(tokens) - 1) // size):
+        for j in range(usable // size):
             found = self.pool.find((parent, tuple(tokens[j * size:(j + 1) * size])))
             if found is None:
                 break
             page, parent = found
             pages.append(page)
-        return pages, parent
+        start = len(pages) * size
+        rest = tuple(tokens[start:min(start + size, usable)])
+        best, agree = None, 0
+        for block in list(self._children.get(parent, ())) if rest else ():
+            found = self.pool.find((parent, block))
+            if found is None:  # evicted
+                del self._children[parent][block]
+                continue
+            count = next((i for i, (a, b) in enumerate(zip(block, rest)) if a != b),
+                         min(len(block), len(rest)))
+            if count > agree:
+                best, agree = found[0], count
+        return pages + ([best] if agree else []), start + agree, parent
 
     def share(self, owner: Hashable, tokens: Sequence[int]) -> int:
-        """Give ``owner`` (holding no page) the recorded pages of ``tokens``' prefix; returns how
-        many tokens they hold (the prefill starts there)."""
+        """Give ``owner`` (holding no page) the recorded pages of ``tokens``' prefix (the last
+        copied before its first write if it holds only part of it); returns how many tokens
+        they hold (the prefill starts there)."""
         if self.pool.pages(owner):
             raise ValueError(f"{owner!r} already holds pages; a prefix is shared on admission")
-        pages, parent = self.lookup(tokens)
-        self.pool.share(owner, pages)
-        self._chains[owner] = (len(pages), parent)
-        return len(pages) * self.pool.page_size
+        pages, held, parent = self.lookup(tokens)
+        full = held // self.pool.page_size
+        self.pool.share(owner, pages, copy_last=len(pages) > full)
+        self._chains[owner] = (full, parent)
+        return held
 
     def remember(self, owner: Hashable, tokens: Sequence[int], filled: int) -> None:
         """Record ``owner``'s full pages among its first ``filled`` cache slots, which hold the
@@ -67,7 +84,9 @@ class PrefixCache:
         held = self.pool.pages(owner)
         full = min(filled // size, len(held))
         for j in range(count, full):
-            parent = self.pool.keep(held[j], (parent, tuple(tokens[j * size:(j + 1) * size])))
+            block = tuple(tokens[j * size:(j + 1) * size])
+            self._children.setdefault(parent, {})[block] = None
+            parent = self.pool.keep(held[j], (parent, block))
         self._chains[owner] = (max(count, full), parent)
 
     def forget(self, owner: Hashable) -> None:

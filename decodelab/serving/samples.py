@@ -10,9 +10,16 @@ Conventions (every caller relies on them):
   a preempted request admits only the samples it had running.
 - On a dense engine the samples are prefilled together, each in its own row. On paged memory the
   first sample admitted (the *leader*) prefills alone; the others *wait* (no page, no prefill)
-  until its prompt is in the cache, then share its full prompt pages (``join``: one reference
-  each, as a prefix-cache hit) and prefill only the rest: the prompt's last partial page and a
-  resumed sample's own tokens. No shared page is written again, so the output stays exact.
+  until its prompt is in the cache, then share its pages holding all of the prompt but its last
+  token (``join``: one reference each), the partly filled last one copied before their first
+  write (``pages.PagePool.copy``), and prefill only the rest: the prompt's last token and a
+  resumed sample's own tokens.
+- With the prefix cache, requests admitted in the same engine call share too: a request whose
+  sequence agrees with that of a slot still prefilling (and not itself waiting) on at least a
+  page more than the prefix cache holds waits for that slot the same way, and shares its pages
+  holding the common prefix once they are written (``seat``): a prefix common to a batch is
+  prefilled once, the waiting requests a call later. No page a request shares is written
+  again by it before it is copied, so the output stays exact.
 """
 
 from __future__ import annotations
@@ -26,8 +33,8 @@ from decodelab.serving.slots import Slot
 
 
 def shared_prompt_pages(request: Request, page_size: int) -> int:
-    """Full pages of ``request``'s prompt that its waiting samples share (its last token is
-    always computed, as with the prefix cache)."""
+    """Full pages of ``request``'s prompt that its waiting samples share for good (its last
+    token is always computed, as with the prefix cache; a partly filled page is copied)."""
     return (len(request.prompt) - 1) // page_size
 
 
@@ -93,16 +100,55 @@ def preempt(slots: list[Slot | None], memory: PagedMemory, released: Sequence[in
     return taken
 
 
-def join(slots: Sequence[Slot | None], memory: PagedMemory) -> None:
-    """Every waiting sample whose leader's prompt is in the cache shares the leader's full prompt
-    pages and prefills from there (module docstring)."""
+def seat(slots: Sequence[Slot | None], place: int, memory: PagedMemory,
+         first: Slot | None) -> None:
+    """Start the just admitted ``slots[place]`` on paged memory: a further sample waits for
+    ``first`` (its request's first sample); another request waits for the prefilling slot it
+    agrees with longest when that gives a page more than the prefix cache, else it shares the
+    recorded pages (module docstring)."""
+    held = slots[place]
+    if first is not None:
+        held.leader, held.shares = first, len(held.request.prompt) - 1
+        return
+    leader, common = None, 0
+    for other in slots if memory.prefix is not None else ():
+        if other is None or other is held or other.waits or not other.prefilling:
+            continue
+        agree = next((i for i, (a, b) in enumerate(zip(other.sequence, held.sequence))
+                      if a != b), min(len(other.sequence), len(held.sequence)))
+        if min(agree, len(held.sequence) - 1) > common:
+            leader, common = other, min(agree, len(held.sequence) - 1)
+    if common >= memory.cached(held.sequence)[1] + memory.page_size:
+        held.leader, held.shares = leader, common
+    else:
+        held.prefilled = held.cached = memory.share(place, held.sequence)
+
+
+def settle(slots: Sequence[Slot | None], memory: PagedMemory) -> None:
+    """After an engine call: the prefix cache (if on) records every slot's full pages, then the
+    waiting slots whose leaders hold what they share join them (``join``)."""
     for slot, held in enumerate(slots):
-        if held is None or not held.waits:
-            continue
-        leader = next(i for i in group(slots, held.request) if not slots[i].waits)
-        if slots[leader].prefilled < len(held.request.prompt):
-            continue
-        count = shared_prompt_pages(held.request, memory.page_size)
-        memory.share_pages(slot, memory.pool.pages(leader)[:count])
-        held.prefilled = held.cached = count * memory.page_size
-        held.waits = False
+        if held is not None:
+            memory.remember(slot, *held.in_cache())
+    join(slots, memory)
+
+
+def join(slots: Sequence[Slot | None], memory: PagedMemory) -> None:
+    """Every waiting slot whose leader's cache holds what it shares takes those pages and
+    prefills from there; one whose leader left before that (preempted) shares from the prefix
+    cache instead (module docstring)."""
+    joined = True
+    while joined:  # a leader that joins may let its own waiters join
+        joined = False
+        for slot, held in enumerate(slots):
+            if held is None or not held.waits:
+                continue
+            leader = next((i for i, s in enumerate(slots) if s is held.leader), None)
+            if leader is not None and (held.leader.waits or held.leader.prefilled < held.shares):
+                continue
+            if leader is None:
+                held.prefilled = held.cached = memory.share(slot, held.sequence)
+            else:
+                memory.share_from(slot, leader, held.shares)
+                held.prefilled = held.cached = held.shares
+            held.leader, joined = None, True

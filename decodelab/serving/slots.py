@@ -4,9 +4,10 @@ A slot's request prefills its ``sequence`` (its prompt, then the tokens it had g
 preemption) and then decodes; the host keeps the output tokens and log-probs received so far (the
 device state is read once per engine call) and, while it prefills, how much of the sequence is
 in the cache. A preempted slot's record is kept until its request is inserted again, which
-resumes from its tokens. A slot holds one sample of its request (``Request.n``); on paged memory
-sample i > 0 *waits* (holds no page, prefills nothing) until sample 0's prompt is in the cache,
-then shares its full prompt pages (``samples``).
+resumes from its tokens. A slot holds one sample of its request (``Request.n``). On paged memory
+a slot may *wait* for a *leader* (another slot, sample 0 of its request or a request prefilling
+the same prefix): it holds no page and prefills nothing until the leader's cache holds the
+prefix they share, then shares those pages (``samples``).
 """
 
 from __future__ import annotations
@@ -44,21 +45,27 @@ class Slot:
     constraint_start: int = 0  # the automaton state after ``sequence`` (``constraints``)
     cached: int = 0  # of those, the leading ones it shares from the prefix cache (not prefilled)
     sample: int = 0  # which of its request's samples it draws (its key, ``sample_key``)
-    waits: bool = False  # for sample 0's prompt pages (paged memory): holds none, prefills none
+    leader: Slot | None = None  # the slot it waits for (paged memory): holds no page till then
+    shares: int = 0  # the leader's leading cache slots it will share
 
     @classmethod
     def admit(cls, request: Request, params: sampling.RowParams, resumed: Slot | None = None,
-              sample: int = 0, waits: bool = False) -> Slot:
+              sample: int = 0) -> Slot:
         """Sample ``sample`` of ``request`` entering a slot, resuming the output of its
         ``resumed`` (preempted) slot: it prefills its prompt and those tokens."""
         tokens, logprobs = (resumed.tokens, resumed.logprobs) if resumed else ([], [])
         return cls(request, params, request.prompt + tuple(tokens), tokens, logprobs,
-                   sample=sample, waits=waits)
+                   sample=sample)
 
     @property
     def key(self) -> int | str | tuple[int | str, int]:
         """The sample's key in results (``requests.sample_key``)."""
         return sample_key(self.request.id, self.sample, self.request.n)
+
+    @property
+    def waits(self) -> bool:
+        """Waiting for its leader's pages (holds none, prefills nothing)."""
+        return self.leader is not None
 
     @property
     def prefilling(self) -> bool:
