@@ -304,9 +304,9 @@ def test_pool_fuzz_never_frees_or_evicts_a_page_someone_reads():
     """Random allocate / share (some to be copied) / copy / keep / release events: after each,
     every count equals the owners listing the page, no page with a positive count is free or
     idle (``check``), and a copy drops one read of the shared page for one of a page no one
-    else reads."""
+    else reads; ``peak`` is the most pages read after any event."""
     rng = np.random.default_rng(7)
-    pool, kept = PagePool(16, 4), {}
+    pool, kept, most = PagePool(16, 4), {}, 0
     for event in range(3000):
         owner = int(rng.integers(0, 6))
         kind = rng.choice(["allocate", "share", "copy", "keep", "release"],
@@ -336,7 +336,9 @@ def test_pool_fuzz_never_frees_or_evicts_a_page_someone_reads():
             pool.release(owner)
             assert all(pool.refs(p) == readers[p] - 1 for p in held)
         pool.check()
+        most = max(most, pool.used)
     assert pool.evictions > 0 and pool.copies > 0
+    assert pool.peak == most  # the high-water mark sees every event's pages
 
 
 def shared_prefix_requests(n: int, seed: int) -> list[Request]:

@@ -46,10 +46,13 @@ def serve(engine: serving.SlotEngine, requests: Sequence[serving.Request], *,
           steps_per_call: int, clock: Callable[[], float] = time.perf_counter) -> dict:
     """Serve ``requests`` (all arriving now) on ``engine``; returns ``ttft_s`` (each sample's
     first token, seconds from the start, by completion order), ``wall_s``, ``output_tokens``,
-    ``output_tokens_per_s``, ``peak_pages`` (most pool pages read at once), ``prefill_tokens``
+    ``output_tokens_per_s``, ``peak_pages`` (most pool pages read at once during the serve,
+    the pool's high-water mark, so pages freed within one engine call count), ``prefill_tokens``
     and ``preemptions`` (module docstring)."""
     queue, first, done = list(requests), {}, []
-    peak = preemptions = 0
+    preemptions = 0
+    if engine.pool is not None:
+        engine.pool.peak = engine.pool.used  # the high-water mark of this serve alone
     start = clock()
     while queue or engine.active:
         fit = engine.room(queue)
@@ -62,7 +65,6 @@ def serve(engine: serving.SlotEngine, requests: Sequence[serving.Request], *,
         now = clock() - start
         first.update({key: now for key, tokens in result.tokens.items()
                       if tokens and key not in first})
-        peak = max(peak, engine.pool.used if engine.pool is not None else 0)
         preemptions += len(result.preempted)
         queue[:0] = result.preempted
         done += result.finished
@@ -70,7 +72,8 @@ def serve(engine: serving.SlotEngine, requests: Sequence[serving.Request], *,
     prompts = {r.id: len(r.prompt) for r in requests}
     output = sum(len(c.tokens) for c in done)
     return {"ttft_s": [first[c.key] for c in done], "wall_s": wall, "output_tokens": output,
-            "output_tokens_per_s": output / wall, "peak_pages": peak,
+            "output_tokens_per_s": output / wall,
+            "peak_pages": engine.pool.peak if engine.pool is not None else 0,
             "prefill_tokens": sum(prompts[c.request_id] - c.cached_tokens for c in done),
             "preemptions": preemptions}
 

@@ -56,6 +56,7 @@ class PagePool:
         self._copies: dict[Hashable, int] = {}  # owner -> index of the page it copies first
         self.evictions = 0  # idle pages taken by allocations (their keys forgotten)
         self.copies = 0  # pages given in place of a shared page to copy (``copy``)
+        self.peak = 0  # the most pages read at once since creation (``used``'s high-water mark)
 
     @property
     def free(self) -> int:
@@ -117,6 +118,7 @@ class PagePool:
             held.append(page)
         if copy_last and held:
             self._copies[owner] = len(held) - 1
+        self.peak = max(self.peak, self.used)  # only a new read (here) raises the pages read
 
     def to_copy(self, owner: Hashable) -> int | None:
         """The shared page ``owner`` must copy before writing into it, or None."""
