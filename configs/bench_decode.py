@@ -126,7 +126,7 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
         repeats=3,
     ))
     # Timed runs of each measurement after one warm-up run; medians are reported.
-    config.repeats = SAMPLING_REPEATS[weights] if study == "sampling" else 5
+    config.repeats = {"sampling": SAMPLING_REPEATS[weights], "constrained": 20}.get(study, 5)
     # The constrained study's pattern (a regex).
     config.pattern = CONSTRAINED_PATTERN
     config.roofline = config_dict.ConfigDict(dict(

@@ -29,7 +29,7 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
     # Seed of the model's random weights and of the prompts.
     config.seed = 0
     # Timed repetitions per point (each on a fresh engine): the intervals resample them.
-    config.reps = 2 if tiny else 5
+    config.reps = 2 if tiny else 20
     # Model: the `small` preset (or the one named after the colon), random weights.
     config.model = model_section("tiny" if tiny else (arg or "small"))
     config.vocab_size = 256 if tiny else 4096

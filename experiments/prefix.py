@@ -133,8 +133,9 @@ def forms(rows) -> list[report.Form]:
             "prompt drawn n times; hit: a request on a fresh engine, then one sharing its "
             "system prompt. Prefill tokens are counted; seconds are means over fresh-engine reps.",
             f"Roofline: prefill at 2 FLOPs per parameter per token on the stated GPU config "
-            f"({g.get('name')}: {g.get('flops')} FLOP/s, {g.get('bandwidth')} B/s, "
-            f"{g.get('params')} parameters, {g.get('requests')} requests)."],
+            f"({g.get('name')}: {g.get('flops', 0) / 1e12:g} TFLOP/s, "
+            f"{g.get('bandwidth', 0) / 1e12:g} TB/s, {g.get('params', 0) / 1e9:g}B parameters, "
+            f"{g.get('requests')} requests)."],
         caveats=["CPU timings of a small model: a call's fixed cost weighs more than on a GPU; "
                  "waiting samples prefill a call after their leader."],
         csvs={"points": report.points_table},
