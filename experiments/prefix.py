@@ -115,11 +115,11 @@ def answer(judged, rows) -> str:
 
 
 def forms(rows) -> list[report.Form]:
-    g = rows[0]["config"]["gpu"] if rows else {}
+    config = rows[0]["config"] if rows else {"gpu": {}, "steps_per_call": 1}
+    g = config["gpu"]  # the stated GPU of the roofline
     return [report.Form(
-        name="prefix", claims=CLAIMS, answer=answer,
+        name="prefix", claims=CLAIMS, answer=answer, table=pr.main_table,
         question="What do shared prompt pages save: prefill, time to first token, memory?",
-        table=pr.main_table,
         plot=lambda rows, path: report.line_plot(
             [r for r in rows if r["config"]["workload"] == "passk"], path, x="n",
             y="peak_pages", group="sharing", axes=report.Axes(logx=True)),
@@ -131,15 +131,15 @@ def forms(rows) -> list[report.Form]:
             "trace: requests arriving together, one shared system prompt and a question each "
             "(the first prefills the prefix, the others wait a call and share it); passk: one "
             "prompt drawn n times; hit: a request on a fresh engine, then one sharing its "
-            "system prompt. Prefill tokens are counted; seconds are means over fresh-engine reps.",
+            "system prompt. Prefill tokens are counted; seconds are means over fresh-engine reps;"
+            f" {config['steps_per_call']} decode round(s) per engine call.",
             f"Roofline: prefill at 2 FLOPs per parameter per token on the stated GPU config "
             f"({g.get('name')}: {g.get('flops', 0) / 1e12:g} TFLOP/s, "
             f"{g.get('bandwidth', 0) / 1e12:g} TB/s, {g.get('params', 0) / 1e9:g}B parameters, "
             f"{g.get('requests')} requests)."],
         caveats=["CPU timings of a small model: a call's fixed cost weighs more than on a GPU; "
                  "waiting samples prefill a call after their leader."],
-        csvs={"points": report.points_table},
-        command="python -m experiments.report --all")]
+        csvs={"points": report.points_table}, command="python -m experiments.report --all")]
 
 
 def main(argv) -> None:
