@@ -293,7 +293,7 @@ def table(constraints: Sequence[tuple[str, Any] | None], tokenizer: TokenSpellin
                 dict(zip(order, offsets.tolist())))
 
     # A batch with the patterns of an earlier one (in the same order, under the same byte
-    # budgets) reuses its device table.
+    # budgets) reuses its device table; four are kept (each at most MAX_TABLE_BYTES).
     budgets = (constraint.MAX_DENSE_BYTES, constraint.MAX_TABLE_BYTES)
-    built, start_of = _cached(_TABLES, (vocab.digest, tuple(order), budgets), stack, 8)
+    built, start_of = _cached(_TABLES, (vocab.digest, tuple(order), budgets), stack, 4)
     return built, np.array([FREE if k is None else start_of[k] for k in keys], np.int32)
