@@ -1,9 +1,9 @@
 """Peers timed on the same shapes as ``dl.generate``: Hugging Face transformers and llama.cpp.
 
 - transformers (``time_hf_generate``; the ``peer`` extra): ``LlamaForCausalLM.generate`` in
-  PyTorch on the kind of device JAX runs on (``hf_device``: CUDA where JAX's backend is a GPU and
-  torch sees one, else the CPU with ``torch.set_num_threads`` set to the threads XLA uses), with the same
-  shapes (width, layers, heads, kv heads, head width, MLP width, vocabulary, tied embeddings, RoPE
+  PyTorch on the kind of device JAX runs on (``hf_device``: CUDA where JAX's backend is a GPU
+  and torch sees one, else the CPU with ``torch.set_num_threads`` set to the threads XLA uses),
+  with the same shapes (width, layers, heads, kv heads, head width, MLP width, vocabulary, tied embeddings, RoPE
   theta, norm epsilon, ``llama_config``), the same float32 weights (copied from the decodelab
   model, ``llama_state_dict``), the same prompt ids, greedy, ``max_new_tokens = min_new_tokens``.
   Without torch and transformers it returns ``{}`` (the benchmark's figures are n/a).

@@ -5,9 +5,9 @@ of greedy"): temperature 1.0 alone; top-p 0.95 at temperature 1.0 (on a flat dis
 thousands of tokens); top-k 50; min-p 0.05; all four together; and the history processors
 (repetition penalty 1.2 plus frequency penalty 0.5, greedy, so the difference is their cost).
 ``time_settings`` times greedy and each setting (the same rows, the same compiled program:
-parameters are data) by ``time_programs``, their repetitions interleaved, and keeps each one's repetitions under its own
-prefix (``<setting>_generate_reps_s``, ``<setting>_prefill_reps_s``), from which the page's
-step ratios and their intervals are formed (``report.speed.step_ratio``). With the ``peer``
+parameters are data) by ``time_programs``, their repetitions interleaved, and keeps each one's
+repetitions under its own prefix (``<setting>_generate_reps_s``, ``<setting>_prefill_reps_s``),
+from which the page's step ratios and their intervals are formed (``report.speed.step_ratio``). With the ``peer``
 extra it also times transformers on ``PEER_SETTING`` with the same processors.
 """
 

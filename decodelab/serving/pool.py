@@ -123,7 +123,8 @@ class PagedMemory:
         if self.pool.pages(slot):
             raise ValueError(f"slot {slot} already holds pages; pages are shared on admission")
         count = pages_for(tokens, self.page_size)
-        self.pool.share(slot, self.pool.pages(other)[:count], copy_last=bool(tokens % self.page_size))
+        self.pool.share(slot, self.pool.pages(other)[:count],
+                        copy_last=bool(tokens % self.page_size))
         self._table_row(slot)
 
     def remember(self, slot: int, sequence: Sequence[int], filled: int) -> None:

@@ -26,6 +26,11 @@ from collections.abc import Hashable, Sequence
 from decodelab.serving.pages import PagePool
 
 
+def common_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` have in common."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 class PrefixCache:
     """Looks up and records the full pages of each owner's sequence in ``pool``'s key index
     (module docstring); ``pool`` keeps the pages no one reads in its idle queue until it needs
@@ -58,8 +63,7 @@ class PrefixCache:
             if found is None:  # evicted
                 del self._children[parent][block]
                 continue
-            count = next((i for i, (a, b) in enumerate(zip(block, rest)) if a != b),
-                         min(len(block), len(rest)))
+            count = common_length(block, rest)
             if count > agree:
                 best, agree = found[0], count
         return pages + ([best] if agree else []), start + agree, parent

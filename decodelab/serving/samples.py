@@ -28,6 +28,7 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 
 from decodelab.serving.paged import pages_for
 from decodelab.serving.pool import PagedMemory
+from decodelab.serving.prefix import common_length
 from decodelab.serving.requests import Request, sample_key
 from decodelab.serving.slots import Slot
 
@@ -114,10 +115,9 @@ def seat(slots: Sequence[Slot | None], place: int, memory: PagedMemory,
     for other in slots if memory.prefix is not None else ():
         if other is None or other is held or other.waits or not other.prefilling:
             continue
-        agree = next((i for i, (a, b) in enumerate(zip(other.sequence, held.sequence))
-                      if a != b), min(len(other.sequence), len(held.sequence)))
-        if min(agree, len(held.sequence) - 1) > common:
-            leader, common = other, min(agree, len(held.sequence) - 1)
+        agree = min(common_length(other.sequence, held.sequence), len(held.sequence) - 1)
+        if agree > common:
+            leader, common = other, agree
     if common >= memory.cached(held.sequence)[1] + memory.page_size:
         held.leader, held.shares = leader, common
     else:
