@@ -71,7 +71,7 @@ class NextToken(nnx.Module):
         self.base = nnx.Param(jnp.zeros((vocab_size,)) if base is None
                               else jnp.asarray(base, jnp.float32))
 
-    def __call__(self, tokens, *, cache, num_valid=None):
+    def __call__(self, tokens, *, cache, num_valid=None, reach=None):
         V = self.config.vocab_size
         cache, positions = _store(tokens, cache)
         source = positions if self.rule == "position" else _read(cache, positions)  # [B, T]
@@ -154,7 +154,7 @@ class Uniform(nnx.Module):
         self.config = standin_config(vocab_size)
         self.base = nnx.Param(jnp.zeros((vocab_size,)))
 
-    def __call__(self, tokens, *, cache, num_valid=None):
+    def __call__(self, tokens, *, cache, num_valid=None, reach=None):
         B, T = tokens.shape
         return (jnp.broadcast_to(self.base[...], (B, T, self.config.vocab_size)),
                 cache.advance(_valid(tokens, num_valid)))
@@ -174,7 +174,7 @@ class Chain(nnx.Module):
         with np.errstate(divide="ignore"):
             self.logp = nnx.Param(jnp.asarray(np.log(table), jnp.float32))  # [V, V, V]
 
-    def __call__(self, tokens, *, cache, num_valid=None):
+    def __call__(self, tokens, *, cache, num_valid=None, reach=None):
         cache, positions = _store(tokens, cache)
         t1, t2 = _read(cache, positions), _read(cache, positions - 1)  # [B, T] each
         return self.logp[...][t2, t1], cache.advance(_valid(tokens, num_valid))

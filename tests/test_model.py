@@ -171,6 +171,41 @@ def test_bad_attention_blocks_are_rejected(fields, message):
         attention.Blocking(**fields)
 
 
+@pytest.mark.parametrize("case", ["rope", "t5", "alibi"])
+def test_a_prefill_within_its_reach_equals_one_over_the_whole_cache(tiny_config, case):
+    """``reach=T`` on a fresh cache makes a long block (the full-matrix path) read slots
+    ``[0, T)`` only, a position bias included; the slots past them are in every query's future,
+    so logits and cache equal a read of all ``max_len`` slots up to summation order, and decoding
+    on from either gives the same logits."""
+    full_matrix = PATH_BLOCKING["full-matrix"]
+    m = Compiled(tiny_config.replace(**CASES[case]), full_matrix)
+    block = padded_block(np.zeros(B, np.int32), PROMPT_LENS, BLOCK)
+
+    def prefill(reach):
+        cache = dl.KVCache.init(m.cfg, batch_size=B, max_len=MAX_LEN)
+        return m.model(jnp.asarray(block), cache=cache, num_valid=jnp.asarray(PROMPT_LENS),
+                       blocking=full_matrix, reach=reach)
+
+    (near, near_cache), (whole, whole_cache) = prefill(BLOCK), prefill(None)
+    for b, n in enumerate(PROMPT_LENS):
+        np.testing.assert_allclose(near[b, :n], whole[b, :n], rtol=0, atol=ATOL)
+    np.testing.assert_array_equal(near_cache.lengths, whole_cache.lengths)
+    np.testing.assert_allclose(near_cache.k, whole_cache.k, rtol=0, atol=ATOL)  # layers > 0:
+    np.testing.assert_allclose(near_cache.v, whole_cache.v, rtol=0, atol=ATOL)  # their order
+    step = padded_block(np.asarray(near_cache.lengths), ONES, 1)
+    after_near, _ = m.extend(step, near_cache, ONES)
+    after_whole, _ = m.extend(step, whole_cache, ONES)
+    np.testing.assert_allclose(after_near, after_whole, rtol=0, atol=ATOL)
+
+
+@pytest.mark.parametrize("reach", [BLOCK - 1, 0, 8.0, "all"])
+def test_a_reach_shorter_than_the_block_is_rejected(build, reach):
+    m = build("rope")
+    cache = dl.KVCache.init(m.cfg, batch_size=B, max_len=MAX_LEN)
+    with pytest.raises(ValueError, match=rf"^reach must be an int >= the block's {BLOCK} tokens"):
+        m.model(jnp.zeros((B, BLOCK), jnp.int32), cache=cache, reach=reach)
+
+
 def test_a_model_call_takes_only_a_blocking_as_its_blocks(build):
     m = build("rope")
     cache = dl.KVCache.init(m.cfg, batch_size=B, max_len=MAX_LEN)

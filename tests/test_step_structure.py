@@ -92,6 +92,27 @@ def test_greedy_decode_step_updates_the_cache_in_place_without_copy_or_transpose
     assert_cache_in_place(program)
 
 
+def test_a_prefill_attends_to_the_prompt_not_to_the_cache_capacity(tiny):
+    """A 32-token prompt block (the full-matrix path) into a fresh cache of ``S`` slots and of
+    ``8 S``: the compiled prefill's floating-point work is the same (within 2%), because the block
+    reads only its own ``reach`` of slots; only the cache's allocation grows with ``max_len``."""
+    cfg, graphdef, weights = tiny
+    V, T = cfg.vocab_size, 32
+    rows = RowInputs(prompt_lengths=np.full((B,), T, np.int32), keys=sampling.batch_keys(0, B),
+                     params=dl.SamplingParams.greedy().per_row(B, V),
+                     eos_mask=np.zeros(V, bool), stop_ids=np.full((0, 1), -1, np.int32))
+
+    def flops(max_len):
+        compiled = decode.prefill.lower(weights, np.zeros((B, T), np.int32), rows,
+                                        graphdef=graphdef, max_len=max_len,
+                                        outputs=OutputSpec(8)).compile()
+        analysis = compiled.cost_analysis()
+        return (analysis[0] if isinstance(analysis, list) else analysis)["flops"]
+
+    small, large = flops(S), flops(8 * S)
+    assert small > 0 and large == pytest.approx(small, rel=0.02)
+
+
 def test_beam_step_reorders_beams_without_copying_keys_and_values(tiny):
     cfg, graphdef, weights = tiny
     prompts, width = 2, 2  # B = 4 beam rows

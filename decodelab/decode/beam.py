@@ -257,7 +257,7 @@ def beam_prefill(weights, block, rows: BeamInputs, *, graphdef, width, max_len, 
     B, T = block.shape
     W, N = width, max_new_tokens
     cache = init_cache(model.config, B, max_len, kv_cache)
-    logits, cache = model(block, cache=cache, num_valid=prompt_lengths)  # [B, T, V]
+    logits, cache = model(block, cache=cache, num_valid=prompt_lengths, reach=T)  # [B, T, V]
     last = jnp.take_along_axis(logits, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0]  # [B, V]
     beams = jnp.repeat(jnp.arange(B, dtype=jnp.int32), W)  # [B * W]
     # Only beam 0 of each prompt is alive at first, so the first step does not pick W copies of

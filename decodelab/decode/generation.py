@@ -188,7 +188,8 @@ def prefill(weights, block, rows: RowInputs, *, graphdef, max_len: int, outputs:
     lengths = rows.prompt_lengths
     if samples is not None:  # each block row's length; a padding row no state row takes: 1
         lengths = jnp.ones((block.shape[0],), jnp.int32).at[samples].max(lengths)
-    logits, cache = model(block, cache=cache, num_valid=lengths)  # [B, T, V]
+    # A fresh cache: the block attends to itself, not to the cache's capacity.
+    logits, cache = model(block, cache=cache, num_valid=lengths, reach=block.shape[1])  # [B, T, V]
     last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]  # [B, V]
     if samples is not None:
         block, cache, last = block[samples], cache.take_rows(samples), last[samples]

@@ -202,7 +202,8 @@ class Attention(nnx.Module):
         blocked: Blocked | None = None,  # with a cache: take the blocked path
     ) -> tuple[jax.Array, Cache | None]:
         """Without ``blocked`` the whole score matrix over ``k_pos`` (the block itself without a
-        cache, all ``S`` slots with one); with it, ``blocked_attention`` over the cache."""
+        cache, the cache's first ``S`` slots with one: all of them, or the call's ``reach``);
+        with it, ``blocked_attention`` over the cache."""
         q = positions.rotate(self.q(x), q_pos)
         k = positions.rotate(self.k(x), q_pos)  # [B, T, K, H]
         v = self.v(x)
@@ -216,7 +217,7 @@ class Attention(nnx.Module):
                                     positions.bias, blocked.slots)
             return self.o(out), cache
         tail = cache.float_tail(layer, q_pos)
-        k, v = cache.read_stored(layer, 0, cache.max_len)  # [B, K, S, H]
+        k, v = cache.read_stored(layer, 0, k_pos.shape[1])  # [B, K, S, H], S <= max_len
         if tail is None:
             out = causal_attention(q, k, v, q_pos, k_pos, bias)
         else:

@@ -21,6 +21,7 @@ from flax import nnx
 
 from decodelab import sharding
 from decodelab.cache import Cache
+from decodelab.checks import is_int
 from decodelab.config import ModelConfig
 from decodelab.model.attention import BLOCKING, Attention, Blocked, Blocking
 from decodelab.model.layers import MLPS, NORMS
@@ -118,7 +119,13 @@ class Transformer(nnx.Module):
         cache: Cache | None = None,
         num_valid: jax.Array | None = None,  # [B] int, only with a cache
         blocking: Blocking = BLOCKING,  # how attention over the cache is split (static)
+        reach: int | None = None,  # static: no query of this call sees a slot at or past it
     ):
+        """Logits ``[B, T, V]`` (and with a cache, the cache after the block). ``reach``, with a
+        cache: the caller's promise that every row holds at most ``reach - T`` tokens before the
+        call (e.g. ``T`` on a fresh cache, as a prefill has), so a block longer than
+        ``blocking.short`` reads only slots ``[0, reach)`` instead of all ``max_len``: a prefill
+        then attends to the prompt, not to the cache's capacity. None: ``max_len``."""
         cfg = self.config
         if not isinstance(blocking, Blocking):
             raise ValueError(f"blocking must be an attention.Blocking, got {blocking!r}")
@@ -140,6 +147,10 @@ class Transformer(nnx.Module):
             # what depends on how far a row reaches (a dynamic RoPE) never sees the padding.
             last = cache.lengths + jnp.maximum(num_valid, 1) - 1  # [B]
             q_pos = jnp.minimum(cache.positions(T), last[:, None])
+            if reach is not None and (not is_int(reach) or reach < T):
+                raise ValueError(f"reach must be an int >= the block's {T} tokens (or None), "
+                                 f"got {reach!r}")
+            read = cache.max_len if reach is None else min(reach, cache.max_len)
             reach = cache.max_len
             if T <= blocking.short:
                 # Slots the blocked path visits: rows with no real token do not count (their
@@ -148,7 +159,7 @@ class Transformer(nnx.Module):
                                   slots=blocking.slots)
                 k_pos = None
             else:
-                k_pos = jnp.broadcast_to(jnp.arange(reach, dtype=jnp.int32), (B, reach))
+                k_pos = jnp.broadcast_to(jnp.arange(read, dtype=jnp.int32), (B, read))
         limit = self.positions.max_positions
         if limit is not None and reach > limit:
             raise ValueError(

@@ -79,7 +79,7 @@ class ModelDrafter(Drafter):
     def prefill(self, weights, block, num_valid, max_len):
         model = nnx.merge(self.graphdef, weights)
         cache = init_cache(model.config, block.shape[0], max_len, self.kv_cache)
-        _, cache = model(block, cache=cache, num_valid=num_valid)
+        _, cache = model(block, cache=cache, num_valid=num_valid, reach=block.shape[1])
         return cache
 
     def propose(self, weights, state):

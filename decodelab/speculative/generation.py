@@ -93,7 +93,7 @@ def prefill(target_weights, draft_weights, block, num_valid, *, graphdef, drafte
     each prompt but its last token."""
     target = nnx.merge(graphdef, target_weights)
     cache = init_cache(target.config, block.shape[0], max_len, kv_cache)
-    _, cache = target(block, cache=cache, num_valid=num_valid)
+    _, cache = target(block, cache=cache, num_valid=num_valid, reach=block.shape[1])
     return cache, drafter.prefill(draft_weights, block, num_valid, max_len)
 
 
