@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from decodelab.config import ModelConfig
+from decodelab.model.linear import projection
 
 
 def normal(stddev: float) -> Callable:
@@ -45,13 +46,12 @@ class SwiGLU(nnx.Module):
     """``down(silu(gate(x)) * up(x))`` (Shazeer 2020); x: [B, T, D] -> [B, T, D]."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        D, F, dtype = cfg.d_model, cfg.d_ff, jnp.dtype(cfg.dtype)
-        self.gate = nnx.Einsum("BTD,DF->BTF", (D, F), _mlp_bias(cfg, F), dtype=dtype,
-                               kernel_init=normal(D**-0.5), rngs=rngs)
-        self.up = nnx.Einsum("BTD,DF->BTF", (D, F), _mlp_bias(cfg, F), dtype=dtype,
-                             kernel_init=normal(D**-0.5), rngs=rngs)
-        self.down = nnx.Einsum("BTF,FD->BTD", (F, D), _mlp_bias(cfg, D), dtype=dtype,
-                               kernel_init=residual_init(cfg, F), rngs=rngs)
+        D, F = cfg.d_model, cfg.d_ff
+        self.gate = projection(cfg, "BTD,DF->BTF", (D, F), _mlp_bias(cfg, F), normal(D**-0.5),
+                               rngs)
+        self.up = projection(cfg, "BTD,DF->BTF", (D, F), _mlp_bias(cfg, F), normal(D**-0.5), rngs)
+        self.down = projection(cfg, "BTF,FD->BTD", (F, D), _mlp_bias(cfg, D),
+                               residual_init(cfg, F), rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return self.down(jax.nn.silu(self.gate(x)) * self.up(x))
@@ -61,11 +61,10 @@ class GeluMLP(nnx.Module):
     """``down(gelu(up(x)))`` with the tanh approximation (GPT-2); x: [B, T, D] -> [B, T, D]."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        D, F, dtype = cfg.d_model, cfg.d_ff, jnp.dtype(cfg.dtype)
-        self.up = nnx.Einsum("BTD,DF->BTF", (D, F), _mlp_bias(cfg, F), dtype=dtype,
-                             kernel_init=normal(D**-0.5), rngs=rngs)
-        self.down = nnx.Einsum("BTF,FD->BTD", (F, D), _mlp_bias(cfg, D), dtype=dtype,
-                               kernel_init=residual_init(cfg, F), rngs=rngs)
+        D, F = cfg.d_model, cfg.d_ff
+        self.up = projection(cfg, "BTD,DF->BTF", (D, F), _mlp_bias(cfg, F), normal(D**-0.5), rngs)
+        self.down = projection(cfg, "BTF,FD->BTD", (F, D), _mlp_bias(cfg, D),
+                               residual_init(cfg, F), rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return self.down(jax.nn.gelu(self.up(x), approximate=True))
