@@ -24,10 +24,9 @@ int8 x float32 ``dot_general`` is converted the same way), and a multiply-and-re
 never forms the kernel is slower than the float32 dot there. Worse, XLA keeps the dequantized
 kernels of a whole decode step alive at once (100 MB for ``medium``, as large as its float32
 weights), so the step wrote and read 4 bytes per weight on top of reading 1: int8 decoded at a
-fifth of float32's speed. So ``__call__`` loops (``lax.scan``, ``decodelab.model.linear.blocked_matmul``, which
-reads 16-bit float kernels the same way) over blocks of output columns: each iteration
-dequantizes ``[In, C]`` (at most ``block_elements`` weights, by default ``BLOCK_ELEMENTS``: 512
-KiB of float32, which stays in the core's cache) and multiplies it; a group
+fifth of float32's speed. So ``__call__`` loops (``lax.scan``) over blocks of output columns: each
+iteration dequantizes ``[In, C]`` (at most ``block_elements`` weights, by default
+``BLOCK_ELEMENTS``: 512 KiB of float32, which stays in the core's cache) and multiplies it; a group
 runs along In, so a block holds whole groups. The step then never forms a float buffer larger than
 one block (``tests/test_quantize.py`` checks its jaxpr and compiled memory). int4 weights are the
 exception that stays: XLA on CPU converts an int4 array that enters a loop to an int8 copy first,
@@ -57,12 +56,32 @@ import jax.numpy as jnp
 from flax import nnx
 
 from decodelab.checks import check_int, check_one_of
-from decodelab.model.linear import (BLOCK_ELEMENTS, blocked_matmul, columns_per_block,
-                                    contracted_axes)
 
 ACTIVATIONS = (None, "int8")  # float inputs, or inputs quantized per row (module docstring)
 # Rows an int8 x int8 dot is padded to (module docstring: one row takes a slow path on CPU).
 INT8_MIN_ROWS = 2
+# Weights dequantized at a time by a quantized matmul, unless a layer is given another
+# ``block_elements`` (module docstring): 512 KiB of float32.
+BLOCK_ELEMENTS = 2**17
+
+
+def _split_equation(equation: str) -> tuple[str, str, str]:
+    inputs, out = equation.replace(" ", "").split("->")
+    lhs, kernel = inputs.split(",")
+    return lhs, kernel, out
+
+
+def contracted_axes(equation: str, kernel_shape: Sequence[int]) -> int:
+    """How many leading kernel axes ``equation`` contracts with the input's trailing axes; a
+    kernel laid out otherwise cannot be viewed as ``[In, Out]`` and is refused."""
+    lhs, kernel, _ = _split_equation(equation)
+    n = sum(letter in lhs for letter in kernel)
+    if kernel[:n] != lhs[len(lhs) - n:] or any(letter in lhs for letter in kernel[n:]):
+        raise ValueError(f"equation {equation!r} must contract the kernel's leading axes with the "
+                         "input's trailing axes in order")
+    return n
+
+
 def _dequantize(qvalue: jax.Array, scale: jax.Array, offset: jax.Array | None,
                 dtype) -> jax.Array:
     """``qvalue [In, ...]`` with ``scale`` / ``offset [G, ...]`` -> float ``[In, ...]``."""
@@ -146,7 +165,9 @@ class QuantizedEinsum(nnx.Module):
         """Output columns dequantized at a time by ``__call__``: the largest divisor of Out
         whose block ``[In, columns]`` has at most ``block_elements`` weights (one column when
         even one is larger)."""
-        return columns_per_block(*self.qvalue.shape, self.block_elements)
+        In, Out = self.qvalue.shape
+        fits = max(self.block_elements // In, 1)
+        return max(c for c in range(1, min(fits, Out) + 1) if Out % c == 0)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         lead = x.shape[: x.ndim - len(self.in_dims)]
@@ -161,14 +182,18 @@ class QuantizedEinsum(nnx.Module):
 
     def _blocked_matmul(self, x: jax.Array) -> jax.Array:
         """``x [R, In] @ kernel -> [R, Out]``, dequantizing a block of columns at a time."""
+        Out = self.qvalue.shape[1]
+        C = self.columns_per_block()
         offset = None if self.offset is None else self.offset[...]
 
-        def block(j, C):  # output columns j * C .. (j + 1) * C - 1: [In, C]
+        def block(_, j):  # output columns j * C .. (j + 1) * C - 1: [R, C]
             cols = lambda a: jax.lax.dynamic_slice_in_dim(a, j * C, C, axis=1)  # noqa: E731
-            return _dequantize(cols(self.qvalue[...]), cols(self.scale[...]),
-                               None if offset is None else cols(offset), self.dtype)
+            w = _dequantize(cols(self.qvalue[...]), cols(self.scale[...]),
+                            None if offset is None else cols(offset), self.dtype)  # [In, C]
+            return None, x @ w
 
-        return blocked_matmul(x, block, self.qvalue.shape[1], self.columns_per_block())
+        _, y = jax.lax.scan(block, None, jnp.arange(Out // C))  # [Out / C, R, C]
+        return jnp.moveaxis(y, 0, 1).reshape(-1, Out)
 
     def _integer_matmul(self, x: jax.Array) -> jax.Array:
         """``x [R, In] @ kernel -> [R, Out]`` with ``x`` quantized to int8 per row (module

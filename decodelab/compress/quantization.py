@@ -2,7 +2,7 @@
 whose projections hold integer values and per-group scales, not float kernels; and weights stored
 as 16-bit floats: ``quantize(model, weights="bfloat16" | "float16")`` -> the model under
 ``ModelConfig.param_dtype``, its projections and embedding table cast (round to nearest even),
-computed with as ``decodelab.model.linear`` says.
+computed with as ``decodelab.model.layers`` says.
 
 The quantized modules and their matmul (int8 / int4 values, per-group scales, float or int8
 activations) are ``decodelab.compress.qlinear``'s; this module makes them from a float model.
@@ -45,11 +45,10 @@ import numpy as np
 from flax import nnx
 
 from decodelab.checks import check_bool, check_one_of, is_int
-from decodelab.compress.qlinear import (ACTIVATIONS, QuantizedEinsum, QuantizedEmbed,
-                                        QuantizedWeights)
+from decodelab.compress.qlinear import (ACTIVATIONS, BLOCK_ELEMENTS, QuantizedEinsum,
+                                        QuantizedEmbed, QuantizedWeights, contracted_axes)
 from decodelab.compress.rounding import quantize_matrix
 from decodelab.model import Transformer, with_config
-from decodelab.model.linear import BLOCK_ELEMENTS, contracted_axes
 from decodelab.sharding import place_like
 
 WEIGHTS = {"int8": jnp.int8, "int4": jnp.int4}

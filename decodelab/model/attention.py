@@ -40,8 +40,7 @@ from flax import nnx
 from decodelab.cache import Cache
 from decodelab.checks import is_int
 from decodelab.config import ModelConfig
-from decodelab.model.layers import normal, residual_init
-from decodelab.model.linear import projection
+from decodelab.model.layers import normal, projection, residual_init
 from decodelab.model.positions import PositionEncoding
 
 

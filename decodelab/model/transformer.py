@@ -23,8 +23,7 @@ from decodelab import sharding
 from decodelab.cache import Cache
 from decodelab.config import ModelConfig
 from decodelab.model.attention import BLOCKING, Attention, Blocked, Blocking
-from decodelab.model.layers import MLPS, NORMS
-from decodelab.model.linear import Embed, projection
+from decodelab.model.layers import MLPS, NORMS, projection
 from decodelab.model.positions import POSITION_ENCODINGS, PositionEncoding
 
 
@@ -102,9 +101,10 @@ class Transformer(nnx.Module):
         dtype = jnp.dtype(cfg.dtype)
         # Unit-variance logits at init: embeddings have std 1/sqrt(D) and the final norm's output
         # has unit RMS, so a tied projection gives logits of std ~1.
-        self.embed = Embed(cfg.vocab_size, cfg.d_model, dtype=dtype,
-                           param_dtype=jnp.dtype(cfg.param_dtype),
-                           embedding_init=nnx.initializers.normal(cfg.d_model**-0.5), rngs=rngs)
+        self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, dtype=dtype,
+                               param_dtype=jnp.dtype(cfg.param_dtype),
+                               embedding_init=nnx.initializers.normal(cfg.d_model**-0.5),
+                               rngs=rngs)
         self.positions = POSITION_ENCODINGS[cfg.position](cfg, rngs=rngs)
         self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.n_layers)])
         self.final_norm = NORMS[cfg.norm](cfg, rngs)
