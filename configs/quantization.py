@@ -31,9 +31,12 @@ from decodelab.experiment.presets import (PRETRAINED_MODELS, check_config_arg, m
                                           train_section)
 
 # (weights, group_size (0: one scale per output channel), scheme, method, activations ("": float,
-# "int8": W8A8)): the weight rows.
+# "int8": W8A8)): the weight rows. bfloat16 and float16 store the float32 weights cast (a 16-bit
+# row is read through the float32 KV cache only: its KV cache rows would repeat the f32 row's).
 WEIGHT_ROWS = (
     ("f32", 0, "absmax", "rtn", ""),
+    ("bfloat16", 0, "absmax", "rtn", ""),
+    ("float16", 0, "absmax", "rtn", ""),
     ("int8", 0, "absmax", "rtn", ""),
     ("int4", 128, "absmax", "rtn", ""),
     ("int4", 32, "absmax", "rtn", ""),
@@ -43,6 +46,7 @@ WEIGHT_ROWS = (
     ("int8", 0, "absmax", "rtn", "int8"),
 )
 KV_CACHES = ("f32", "int8", "int4")
+SIXTEEN_BITS = ("bfloat16", "float16")
 PEERS = ("llama.cpp", "llama.cpp-f32")
 
 
@@ -108,7 +112,8 @@ def get_sweep(arg: str | None = None) -> list[dict]:
     for weights, group, scheme, method, activations in WEIGHT_ROWS:
         group = big_group if group == 128 else group
         extra = {"activations": [activations]} if activations else {}
+        kv = ["f32"] if weights in SIXTEEN_BITS else list(KV_CACHES)
         points += product({"weights": [weights], "group_size": [group], "scheme": [scheme],
-                           "method": [method], "kv_cache": list(KV_CACHES), **extra})
+                           "method": [method], "kv_cache": kv, **extra})
     peers = [{"peer": p} for p in PEERS] if arg in PRETRAINED_MODELS else []
     return points + [{"self_draft": True}] + peers

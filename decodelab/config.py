@@ -20,11 +20,13 @@ ROPE_SCALINGS = ("none", "linear", "ntk", "yarn", "dynamic", "llama3")
 NORMS = ("rms", "layer")
 MLPS = ("swiglu", "gelu")
 DTYPES = ("float32", "bfloat16")
-# Fields that only imported checkpoints set (they came with the GGUF / Hugging Face loaders). At
-# their defaults they are left out of cache keys (``key_dict``) and of the size presets' config
-# sections, so trained models and result rows made before these fields existed keep their keys.
+PARAM_DTYPES = ("float32", "bfloat16", "float16")
+# Fields added after trained models and result rows were keyed: those that only imported
+# checkpoints set (they came with the GGUF / Hugging Face loaders) and the parameters' storage
+# dtype. At their defaults they are left out of cache keys (``key_dict``) and of the size presets'
+# config sections, so what was made before these fields existed keeps its keys.
 CHECKPOINT_FIELDS = ("attention_bias", "mlp_bias", "llama3_low_freq_factor",
-                     "llama3_high_freq_factor")
+                     "llama3_high_freq_factor", "param_dtype")
 
 
 def _require(condition: bool, message: str) -> None:
@@ -83,8 +85,12 @@ class ModelConfig:
     mlp_bias: bool = False
     # Share the token embedding with the output projection.
     tie_embeddings: bool = True
-    # Computation dtype (parameters are always float32), one of DTYPES.
+    # Computation dtype, one of DTYPES; logits are float32 whatever it is.
     dtype: str = "float32"
+    # Storage dtype of the projections' and the token embedding's parameters, one of PARAM_DTYPES
+    # (norms and position tables stay float32; ``decodelab.model.linear`` says how 16-bit weights
+    # are computed with).
+    param_dtype: str = "float32"
 
     def __post_init__(self) -> None:
         # Stored as Python ints (a NumPy int would not survive the JSON of a checkpoint).
@@ -118,6 +124,7 @@ class ModelConfig:
         check_one_of("norm", self.norm, NORMS)
         check_one_of("mlp", self.mlp, MLPS)
         check_one_of("dtype", self.dtype, DTYPES)
+        check_one_of("param_dtype", self.param_dtype, PARAM_DTYPES)
         for name in ("rope_theta", "norm_eps", "yarn_beta_fast", "yarn_beta_slow",
                      "llama3_low_freq_factor", "llama3_high_freq_factor", "rope_scaling_factor"):
             check_number(name, getattr(self, name), 0, open_low=True)

@@ -6,8 +6,10 @@ installed). Synthetic rows; no model is trained."""
 import csv
 
 import pytest
+from flax import nnx
 from study_config import config_module
 
+import decodelab as dl
 from decodelab import experiment, report
 from decodelab.experiment import compression as candidates
 
@@ -63,7 +65,7 @@ def render(study, rows, out_dir) -> dict[str, str]:
 def test_the_pretrained_sweep_adds_the_llama_cpp_rows_after_the_self_draft_row():
     module = config_module("quantization")
     trained, pretrained = module.get_sweep(), module.get_sweep("smollm2-135m")
-    assert len(trained) == 25 and len(pretrained) == 27
+    assert len(trained) == 27 and len(pretrained) == 29
     assert pretrained[-3:] == [{"self_draft": True}, {"peer": "llama.cpp"},
                                {"peer": "llama.cpp-f32"}]
     assert not any("peer" in point for point in trained)
@@ -73,7 +75,7 @@ def test_each_point_is_labelled_by_its_weights_method_and_activations():
     module = config_module("quantization")
     points = experiment.expand(module.get_config(), module.get_sweep())
     labels = list(dict.fromkeys(candidates.quantization_label(p.config) for p in points))
-    assert labels == ["f32", "int8", "int4 g128", "int4 g32", "int4 g32 min-max",
+    assert labels == ["f32", "bfloat16", "float16", "int8", "int4 g128", "int4 g32", "int4 g32 min-max",
                       "int4 g128 GPTQ", "int4 g128 AWQ", "int8 W8A8", "self-draft (int4 g32)"]
 
 
@@ -92,6 +94,7 @@ def test_the_page_shows_the_llama_cpp_rows_beside_the_targets(study, tmp_path):
     assert ("int8 0.00100 against 0.00136 for q8_0 (blocks of 32) (0.735x)") in page
     assert "- llama.cpp (GGUF as stored): not run: llama-cpp-python is not installed." in page
     assert "| llama.cpp (its float32 copy) | f16 (llama.cpp) |" in page
+    assert "| bfloat16 | f32 |" in page and "| float16 | f32 |" in page
     assert "This reference is itself its Q4_1 file dequantized" in page
 
 
@@ -167,3 +170,14 @@ def test_gptq_and_awq_are_judged_against_round_to_nearest_window_by_window(study
                                "nearest's: GPTQ | -0.00500 [")
     assert lines[0].endswith("| <= 0 | met |")
     assert lines[1].endswith("| <= 0 | not met |")
+
+
+def test_a_16_bit_weight_row_is_the_reference_cast_and_read_through_a_float32_cache(tiny_config):
+    module = config_module("quantization")
+    points = experiment.expand(module.get_config(), module.get_sweep())
+    sixteen = [p.config for p in points if p.config.weights in ("bfloat16", "float16")]
+    assert [(c.weights, c.kv_cache) for c in sixteen] == [("bfloat16", "f32"), ("float16", "f32")]
+    model = dl.Transformer(tiny_config, rngs=nnx.Rngs(0))
+    for c in sixteen:
+        candidate = candidates.quantized(c, model, tokenizer=None)
+        assert candidate.config == model.config.replace(param_dtype=c.weights)

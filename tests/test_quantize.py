@@ -321,7 +321,8 @@ def test_gptq_and_awq_lower_the_calibration_output_error_of_round_to_nearest(mod
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(weights="int3"), "weights must be one of ('int8', 'int4'), got 'int3'"),
+    (dict(weights="int3"), "weights must be one of ('int8', 'int4', 'bfloat16', 'float16'), "
+                            "got 'int3'"),
     (dict(weights="int4", group_size=48), "group_size must divide the input dimension"),
     (dict(weights="int4", group_size=0), "group_size must be None or a positive int"),
     (dict(weights="int4", method="gptq"), "calibration must be a token array [B, T] for "

@@ -29,8 +29,10 @@ mesh's ``model`` axis holds quantized projections whole (its rules split float k
 ``dequantized`` of a float model is a copy (it is what was asked); ``with_block_elements``,
 ``mask_heads``, ``mask_neurons``, ``update_mask`` and the importances refuse what they cannot
 act on (a float model; a quantized one). ``shard`` of a sharded model lays it out afresh;
-``decodelab.sharding`` states it. Weights stored as 16-bit floats are not a ``quantize`` kind yet
-(``weights`` is checked against ``quantization.WEIGHTS``).
+``decodelab.sharding`` states it. Weights stored as 16-bit floats (``quantize(model,
+weights="bfloat16" | "float16")``, ``ModelConfig.param_dtype``) count as quantized in this table:
+quantized again from float32 with a warning, refused by ``prune``, back to float32 through
+``dequantized``.
 """
 
 from decodelab.compress.pruning import prune, prune_heads, prune_neurons, update_mask

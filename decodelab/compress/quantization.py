@@ -1,5 +1,8 @@
 """Weights stored quantized: ``quantize(model, weights="int8" | "int4", ...)`` -> a Transformer
-whose projections hold integer values and per-group scales, not float kernels.
+whose projections hold integer values and per-group scales, not float kernels; and weights stored
+as 16-bit floats: ``quantize(model, weights="bfloat16" | "float16")`` -> the model under
+``ModelConfig.param_dtype``, its projections and embedding table cast (round to nearest even),
+computed with as ``decodelab.model.layers`` says.
 
 The quantized modules and their matmul (int8 / int4 values, per-group scales, float or int8
 activations) are ``decodelab.compress.qlinear``'s; this module makes them from a float model.
@@ -15,7 +18,7 @@ cannot rebuild from a saved file (here the saved ``quantization`` description re
 (3) its zero points are integers, which cannot hold a GGUF Q4_1 block minimum exactly (a float
 ``offset`` holds both); (4) it has no embedding-table lookup. And qwix's GPTQ unrolls its column
 loop in Python, so its compile time grows with the input width (170 s for a 2-layer d=64 model
-here, far more for SmolLM2): ``_gptq`` runs the same algorithm with qwix's per-group and
+here, far more for SmolLM2): ``rounding.gptq`` runs the same algorithm with qwix's per-group and
 per-column helpers inside a ``lax.fori_loop``. The module swap, the calibration pass that collects
 each projection's inputs (``X^T X`` for GPTQ, mean ``|X|`` for AWQ) are this module's own, as
 is the grouped matmul (``decodelab.compress.qlinear``).
@@ -41,14 +44,15 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from decodelab import optional
 from decodelab.checks import check_bool, check_one_of, is_int
 from decodelab.compress.qlinear import (ACTIVATIONS, BLOCK_ELEMENTS, QuantizedEinsum,
                                         QuantizedEmbed, QuantizedWeights, contracted_axes)
-from decodelab.model import Transformer
+from decodelab.compress.rounding import quantize_matrix
+from decodelab.model import Transformer, with_config
 from decodelab.sharding import place_like
 
 WEIGHTS = {"int8": jnp.int8, "int4": jnp.int4}
+FLOAT_WEIGHTS = ("bfloat16", "float16")  # a cast: ModelConfig.param_dtype
 METHODS = ("rtn", "gptq", "awq")
 SCHEMES = ("absmax", "minmax")  # symmetric, or asymmetric with a zero point (offset)
 GROUP_SIZES = (None, 32, 64, 128)
@@ -58,14 +62,26 @@ _DTYPES = {"int8": jnp.int8, "int4": jnp.int4, "float32": jnp.float32, "float16"
 
 def _check_args(weights, group_size, method, scheme, calibration, embeddings,
                 activations) -> None:
-    check_one_of("weights", weights, tuple(WEIGHTS))
+    check_one_of("weights", weights, tuple(WEIGHTS) + FLOAT_WEIGHTS)
+    if weights in FLOAT_WEIGHTS:
+        given = {"group_size": (group_size, None), "method": (method, "rtn"),
+                 "scheme": (scheme, "absmax"), "calibration": (calibration, None),
+                 "embeddings": (embeddings, None), "activations": (activations, None)}
+        for name, (value, default) in given.items():
+            if (value is not None) if default is None else (value != default):
+                shown = "tokens" if name == "calibration" else repr(value)
+                raise ValueError(f"{name} does not apply to weights={weights!r} (a cast of every "
+                                 f"projection and of the embedding table), got {name}={shown}; "
+                                 f"leave it at its default ({default!r})")
+        return
     check_one_of("activations", activations, ACTIVATIONS)
     if group_size is not None and (not is_int(group_size) or group_size <= 0):
         raise ValueError(f"group_size must be None or a positive int (e.g. {GROUP_SIZES[1:]}), "
                          f"got {group_size!r}")
     check_one_of("method", method, METHODS)
     check_one_of("scheme", scheme, SCHEMES)
-    check_bool("embeddings", embeddings)
+    if embeddings is not None:
+        check_bool("embeddings", embeddings)
     if method != "rtn":
         check_calibration(calibration, f"method={method!r} (it calibrates on the model's "
                                        "activations)")
@@ -161,109 +177,25 @@ def calibrate(model: Transformer, targets, method: str, tokens) -> dict[tuple, A
     return {path: finish(total, count) for path, (total, count) in sink.items()}
 
 
-def _qwix():
-    """The qwix package (the ``quant`` extra), imported when a model is quantized."""
-    return (optional.require("qwix"), optional.require("qwix.contrib.gptq_core"),
-            optional.require("qwix.contrib.awq_core"))
-
-
-def _how(qtype, group_size: int | None, scheme: str, in_axis: int):
-    """qwix's description of one matrix's quantization: a scale per output channel, grouped in
-    ``group_size`` runs along the input axis ``in_axis``."""
-    qarray = optional.require("qwix._src.core.qarray")
-    return qarray.HowToQuantize(qtype=qtype, channelwise_axes=(1 - in_axis,),
-                         tiled_axes={in_axis: group_size} if group_size else {},
-                         calibration_method=scheme)
-
-
-@functools.partial(jax.jit, static_argnames=("qtype", "group_size", "scheme", "damping"))
-def _gptq(W: jax.Array, hessian: jax.Array, *, qtype, group_size, scheme, damping=0.01):
-    """GPTQ (Frantar et al. 2022) of ``W [Out, In]`` given ``hessian = X^T X [In, In]``: columns
-    are rounded in order and each one's error is spread over the columns not yet rounded, through
-    the Cholesky factor of the inverse Hessian; a group's scales are found when its first column
-    is reached. Returns a qwix ``QArray`` ``[Out, In]`` with scales ``[Out, G]``.
-
-    The same algorithm as qwix's ``gptq_core.quantize_weight`` (its helpers find each group's
-    scales and round each column), with the column loop as a ``lax.fori_loop``: qwix unrolls it
-    in Python, so its compile time grows with In (170 s for a 2-layer d=64 model here)."""
-    qwix, gptq_core, _ = _qwix()
-    Out, In = W.shape
-    g = group_size or In
-    G = In // g
-    dead = jnp.diag(hessian) == 0
-    hessian = jnp.where(dead[None, :] & jnp.eye(In, dtype=bool), 1.0, hessian)
-    W = jnp.where(dead[None, :], 0.0, W)  # an input that is always 0 gets weight 0
-    hessian = hessian + damping * jnp.mean(jnp.diag(hessian)) * jnp.eye(In)
-    Hinv = jnp.linalg.cholesky(gptq_core.cholesky_inverse(jnp.linalg.cholesky(hessian)),
-                               upper=True)  # [In, In], upper triangular
-    how = _how(qtype, None, scheme, in_axis=1)
-    asymmetric = scheme == "minmax"
-
-    def group(G_i, carry):
-        W, Q, S, Z = carry
-        block = jax.lax.dynamic_slice_in_dim(W, G_i * g, g, axis=1)  # [Out, g]
-        scale, zero = gptq_core.find_params(block, how)  # [Out, 1] each
-        S = jax.lax.dynamic_update_slice_in_dim(S, scale, G_i, axis=1)
-        if asymmetric:
-            Z = jax.lax.dynamic_update_slice_in_dim(Z, zero, G_i, axis=1)
-
-        def column(c, carry):
-            W, Q = carry
-            i = G_i * g + c
-            w = jax.lax.dynamic_slice_in_dim(W, i, 1, axis=1)  # [Out, 1]
-            q, dq = gptq_core.quantize(w, qtype, scale, zero if asymmetric else None)
-            err = (w - dq) / Hinv[i, i]
-            row = jnp.where(jnp.arange(In) > i, Hinv[i], 0.0)  # only columns not yet rounded
-            W = jax.lax.dynamic_update_slice_in_dim(W - err * row[None, :], dq, i, axis=1)
-            return W, jax.lax.dynamic_update_slice_in_dim(Q, q, i, axis=1)
-
-        W, Q = jax.lax.fori_loop(0, g, column, (W, Q))
-        return W, Q, S, Z
-
-    init = (W, jnp.zeros((Out, In), qtype), jnp.zeros((Out, G), W.dtype),
-            jnp.zeros((Out, G), qtype))
-    _, Q, S, Z = jax.lax.fori_loop(0, G, group, init)
-    return qwix.QArray(Q, S, Z if asymmetric else None)
-
-
-def _quantize_matrix(w, qtype, group_size, scheme, method, stat):
-    """``w [In, Out]`` -> ``(qvalue [In, Out], scale [G, Out], offset or None, input_scale or
-    None)`` through qwix."""
-    qwix, _, awq_core = _qwix()
-    input_scale = None
-    if method == "rtn":
-        qa = qwix.quantize(jnp.asarray(w, jnp.float32), qtype, channelwise_axes=(1,),
-                           tiled_axes={0: group_size} if group_size else None,
-                           calibration_method=scheme)
-    elif method == "gptq":
-        qa = _gptq(jnp.asarray(w, jnp.float32).T, stat, qtype=qtype,
-                   group_size=group_size, scheme=scheme)
-        qa = jax.tree.map(lambda a: a.T, qa)
-    else:
-        how = _how(qtype, group_size, scheme, in_axis=1)
-        qa, factors = awq_core.quantize_weight(jnp.asarray(w, jnp.float32).T, stat, how)
-        qa = jax.tree.map(lambda a: a.T, qa)
-        input_scale = 1.0 / factors[0]  # x @ (dq / factors) == (x / factors) @ dq
-    offset = None
-    if qa.zero_point is not None:
-        offset = -qa.scale * qa.zero_point.astype(jnp.float32)
-    return qa.qvalue, qa.scale, offset, input_scale
-
-
 def quantize(model: Transformer, weights: str = "int8", group_size: int | None = None,
              method: str = "rtn", calibration=None, *, scheme: str = "absmax",
-             embeddings: bool = False, activations: str | None = None) -> Transformer:
+             embeddings: bool | None = None, activations: str | None = None) -> Transformer:
     """A copy of ``model`` whose block projections (and with ``embeddings=True`` the head or the
-    tied embedding table) are stored as ``weights`` values with one scale per ``group_size``
-    input channels of each output channel (None: per output channel). ``method``: "rtn" (round to
-    nearest), "gptq" or "awq", the last two calibrated on ``calibration`` tokens ``[B, T]``.
-    ``scheme``: "absmax" (symmetric) or "minmax" (asymmetric, with zero points).
+    tied embedding table; None means False) are stored as ``weights`` values with one scale per
+    ``group_size`` input channels of each output channel (None: per output channel). ``method``:
+    "rtn" (round to nearest), "gptq" or "awq", the last two calibrated on ``calibration`` tokens
+    ``[B, T]``. ``scheme``: "absmax" (symmetric) or "minmax" (asymmetric, with zero points).
     ``activations``: None (float inputs) or "int8" (each input row quantized to int8 and an
     integer dot, W8A8: module docstring). Each quantized layer dequantizes
-    ``qlinear.BLOCK_ELEMENTS`` weights at a time; ``qlinear.with_block_elements`` changes that."""
+    ``qlinear.BLOCK_ELEMENTS`` weights at a time; ``qlinear.with_block_elements`` changes that.
+
+    ``weights="bfloat16"`` or ``"float16"``: the model under ``param_dtype=weights``, every
+    projection and the embedding table cast to it; the other arguments do not apply (each one
+    given is a ValueError that names it)."""
     _check_args(weights, group_size, method, scheme, calibration, embeddings, activations)
     if not isinstance(model, Transformer):
         raise ValueError(f"model must be a decodelab Transformer, got {type(model).__name__}")
+    embeddings = bool(embeddings)
     for path, module in projections(model, embeddings):
         In = layout(module)[2]
         if group_size is not None and In % group_size:
@@ -277,6 +209,8 @@ def quantize(model: Transformer, weights: str = "int8", group_size: int | None =
                       f"carries both roundings: quantize the float model to avoid the first",
                       stacklevel=2)
         model = dequantized(model)
+    if weights in FLOAT_WEIGHTS:
+        return with_config(model, model.config.replace(param_dtype=weights))
     targets = projections(model, embeddings)
     stats = calibrate(model, targets, method, calibration) if method != "rtn" else {}
     qtype = WEIGHTS[weights]
@@ -285,7 +219,7 @@ def quantize(model: Transformer, weights: str = "int8", group_size: int | None =
         w, equation, kernel_shape = as_matrix(module)
         embed = isinstance(module, nnx.Embed)
         how = "rtn" if embed else method
-        weights = QuantizedWeights(*_quantize_matrix(w, qtype, group_size, scheme, how,
+        weights = QuantizedWeights(*quantize_matrix(w, qtype, group_size, scheme, how,
                                                      stats.get(path)))
         bias = None if embed or module.bias is None else module.bias[...]
         cls = QuantizedEmbed if embed else QuantizedEinsum
@@ -315,10 +249,15 @@ def describe(model: nnx.Module) -> dict[str, dict[str, Any]]:
 
 
 def stored_as(model: nnx.Module) -> str:
-    """How many projections of ``model`` hold each quantized kind, e.g. ``"int8 in 14
-    projections"``; empty for a float model (a message's words: ``describe`` has the details)."""
+    """How ``model``'s weights are stored when not as float32, e.g. ``"int8 in 14 projections"``
+    or ``"bfloat16 parameters"``; empty for a float32 model (a message's words: ``describe`` has
+    the details)."""
     kinds = Counter(spec["qvalue"] for spec in describe(model).values())
-    return ", ".join(f"{kind} in {n} projection{'s' * (n > 1)}" for kind, n in kinds.items())
+    found = [f"{kind} in {n} projection{'s' * (n > 1)}" for kind, n in kinds.items()]
+    config = getattr(model, "config", None)
+    if config is not None and config.param_dtype != "float32":
+        found.append(f"{config.param_dtype} parameters")
+    return ", ".join(found)
 
 
 def check_float_model(model: Any, call: str) -> None:
@@ -365,8 +304,9 @@ def restructure(model: Transformer, description: dict[str, dict[str, Any]]) -> T
 
 
 def dequantized(model: Transformer) -> Transformer:
-    """A float copy of ``model``: each quantized module back as the ``nnx.Einsum`` (or
-    ``nnx.Embed``) it replaced, holding its dequantized kernel (float32)."""
+    """A float32 copy of ``model``: each quantized module back as the ``nnx.Einsum`` (or
+    ``nnx.Embed``) it replaced, holding its dequantized kernel, and 16-bit parameters
+    (``param_dtype``) converted to float32 (exactly)."""
     out = nnx.clone(model)
     for path, module in list(nnx.iter_modules(out)):
         if not isinstance(module, QuantizedEinsum):
@@ -384,6 +324,8 @@ def dequantized(model: Transformer) -> Transformer:
             if module.bias is not None:
                 float_module.bias[...] = module.bias[...].astype(jnp.float32)
         set_module(out, path, float_module)
+    if out.config.param_dtype != "float32":
+        out = with_config(out, out.config.replace(param_dtype="float32"))
     return place_like(model, out)
 
 

@@ -40,7 +40,7 @@ from flax import nnx
 from decodelab.cache import Cache
 from decodelab.checks import is_int
 from decodelab.config import ModelConfig
-from decodelab.model.layers import normal, residual_init
+from decodelab.model.layers import normal, projection, residual_init
 from decodelab.model.positions import PositionEncoding
 
 
@@ -181,14 +181,11 @@ class Attention(nnx.Module):
             """A projection's bias shape (None: no bias)."""
             return shape if cfg.attention_bias else None
 
-        self.q = nnx.Einsum("BTD,DNH->BTNH", (D, N, H), bias(N, H), dtype=dtype, kernel_init=init,
-                            rngs=rngs)
-        self.k = nnx.Einsum("BTD,DKH->BTKH", (D, K, H), bias(K, H), dtype=dtype, kernel_init=init,
-                            rngs=rngs)
-        self.v = nnx.Einsum("BTD,DKH->BTKH", (D, K, H), bias(K, H), dtype=dtype, kernel_init=init,
-                            rngs=rngs)
-        self.o = nnx.Einsum("BTNH,NHD->BTD", (N, H, D), bias(D), dtype=dtype,
-                            kernel_init=residual_init(cfg, N * H), rngs=rngs)
+        self.q = projection(cfg, "BTD,DNH->BTNH", (D, N, H), bias(N, H), init, rngs)
+        self.k = projection(cfg, "BTD,DKH->BTKH", (D, K, H), bias(K, H), init, rngs)
+        self.v = projection(cfg, "BTD,DKH->BTKH", (D, K, H), bias(K, H), init, rngs)
+        self.o = projection(cfg, "BTNH,NHD->BTD", (N, H, D), bias(D), residual_init(cfg, N * H),
+                            rngs)
 
     def __call__(
         self,

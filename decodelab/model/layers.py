@@ -1,4 +1,21 @@
-"""Norms and MLPs, each chosen from a registry by a ModelConfig field."""
+"""Norms and MLPs, each chosen from a registry by a ModelConfig field; the projections they and
+attention are made of.
+
+Parameters in 16 bits. With ``ModelConfig.param_dtype`` "bfloat16" or "float16", every projection's
+kernel and bias (attention q, k, v, o; the MLP; the untied head) and the token embedding table are
+stored in that dtype: half the bytes of float32. The norms' scales and the position encodings'
+tables (learned, T5) stay float32, as llama.cpp keeps its norms: vectors and small tables. The
+computation runs in ``ModelConfig.dtype``: each kernel is converted to it (exactly: every bfloat16
+or float16 value is a float32) where the einsum reads it and the dot accumulates in float32, so a
+float32-computing model holding 16-bit weights gives the logits of a float32 model holding the
+same rounded weights. On XLA CPU the convert is its own fusion, not part of the dot (the dot is a
+library call reading float32 operands): the compiled step writes a float32 copy of each 16-bit
+kernel and reads it back, so 16-bit weights save memory at rest, not time, there. Reading column
+blocks in a loop (as ``decodelab.compress.qlinear`` does for integer kernels) does not help: XLA
+CPU converts a bfloat16 array that enters a loop to float32 first, and for float16, which it
+slices as stored, the loop measured no faster than the whole convert. On GPU and TPU XLA fuses
+such a convert into the dot's operand.
+"""
 
 from __future__ import annotations
 
@@ -30,6 +47,15 @@ NORMS: dict[str, Callable[[ModelConfig, nnx.Rngs], nnx.Module]] = {
 }
 
 
+def projection(cfg: ModelConfig, equation: str, kernel_shape: tuple[int, ...],
+               bias_shape: tuple[int, ...] | None, kernel_init: Callable,
+               rngs: nnx.Rngs) -> nnx.Einsum:
+    """A projection computed in ``cfg.dtype`` with its parameters stored in ``cfg.param_dtype``
+    (module docstring)."""
+    return nnx.Einsum(equation, kernel_shape, bias_shape, dtype=jnp.dtype(cfg.dtype),
+                      param_dtype=jnp.dtype(cfg.param_dtype), kernel_init=kernel_init, rngs=rngs)
+
+
 def residual_init(cfg: ModelConfig, fan_in: int) -> Callable:
     """Init for a projection back into the residual stream: fan-in scaled, shrunk by sqrt(2L)
     so the stream's variance at init does not grow with depth (GPT-2)."""
@@ -45,13 +71,12 @@ class SwiGLU(nnx.Module):
     """``down(silu(gate(x)) * up(x))`` (Shazeer 2020); x: [B, T, D] -> [B, T, D]."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        D, F, dtype = cfg.d_model, cfg.d_ff, jnp.dtype(cfg.dtype)
-        self.gate = nnx.Einsum("BTD,DF->BTF", (D, F), _mlp_bias(cfg, F), dtype=dtype,
-                               kernel_init=normal(D**-0.5), rngs=rngs)
-        self.up = nnx.Einsum("BTD,DF->BTF", (D, F), _mlp_bias(cfg, F), dtype=dtype,
-                             kernel_init=normal(D**-0.5), rngs=rngs)
-        self.down = nnx.Einsum("BTF,FD->BTD", (F, D), _mlp_bias(cfg, D), dtype=dtype,
-                               kernel_init=residual_init(cfg, F), rngs=rngs)
+        D, F = cfg.d_model, cfg.d_ff
+        self.gate = projection(cfg, "BTD,DF->BTF", (D, F), _mlp_bias(cfg, F), normal(D**-0.5),
+                               rngs)
+        self.up = projection(cfg, "BTD,DF->BTF", (D, F), _mlp_bias(cfg, F), normal(D**-0.5), rngs)
+        self.down = projection(cfg, "BTF,FD->BTD", (F, D), _mlp_bias(cfg, D),
+                               residual_init(cfg, F), rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return self.down(jax.nn.silu(self.gate(x)) * self.up(x))
@@ -61,11 +86,10 @@ class GeluMLP(nnx.Module):
     """``down(gelu(up(x)))`` with the tanh approximation (GPT-2); x: [B, T, D] -> [B, T, D]."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        D, F, dtype = cfg.d_model, cfg.d_ff, jnp.dtype(cfg.dtype)
-        self.up = nnx.Einsum("BTD,DF->BTF", (D, F), _mlp_bias(cfg, F), dtype=dtype,
-                             kernel_init=normal(D**-0.5), rngs=rngs)
-        self.down = nnx.Einsum("BTF,FD->BTD", (F, D), _mlp_bias(cfg, D), dtype=dtype,
-                               kernel_init=residual_init(cfg, F), rngs=rngs)
+        D, F = cfg.d_model, cfg.d_ff
+        self.up = projection(cfg, "BTD,DF->BTF", (D, F), _mlp_bias(cfg, F), normal(D**-0.5), rngs)
+        self.down = projection(cfg, "BTF,FD->BTD", (F, D), _mlp_bias(cfg, D),
+                               residual_init(cfg, F), rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return self.down(jax.nn.gelu(self.up(x), approximate=True))

@@ -24,7 +24,7 @@ from decodelab.cache import Cache
 from decodelab.checks import is_int
 from decodelab.config import ModelConfig
 from decodelab.model.attention import BLOCKING, Attention, Blocked, Blocking
-from decodelab.model.layers import MLPS, NORMS
+from decodelab.model.layers import MLPS, NORMS, projection
 from decodelab.model.positions import POSITION_ENCODINGS, PositionEncoding
 
 
@@ -103,14 +103,15 @@ class Transformer(nnx.Module):
         # Unit-variance logits at init: embeddings have std 1/sqrt(D) and the final norm's output
         # has unit RMS, so a tied projection gives logits of std ~1.
         self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, dtype=dtype,
-                               embedding_init=nnx.initializers.normal(cfg.d_model**-0.5), rngs=rngs)
+                               param_dtype=jnp.dtype(cfg.param_dtype),
+                               embedding_init=nnx.initializers.normal(cfg.d_model**-0.5),
+                               rngs=rngs)
         self.positions = POSITION_ENCODINGS[cfg.position](cfg, rngs=rngs)
         self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.n_layers)])
         self.final_norm = NORMS[cfg.norm](cfg, rngs)
         if not cfg.tie_embeddings:
-            self.lm_head = nnx.Einsum("BTD,DV->BTV", (cfg.d_model, cfg.vocab_size), dtype=dtype,
-                                      kernel_init=nnx.initializers.normal(cfg.d_model**-0.5),
-                                      rngs=rngs)
+            self.lm_head = projection(cfg, "BTD,DV->BTV", (cfg.d_model, cfg.vocab_size), None,
+                                      nnx.initializers.normal(cfg.d_model**-0.5), rngs)
 
     def __call__(
         self,
@@ -196,14 +197,21 @@ def param_count(model: nnx.Module) -> int:
 
 def with_config(model: Transformer, cfg: ModelConfig) -> Transformer:
     """``model``'s parameters under ``cfg``, a config that may differ only in fields that hold no
-    parameters (e.g. RoPE scaling at inference time). The parameters are shared, not copied, and a
-    sharded model stays on its mesh."""
+    parameters (e.g. RoPE scaling at inference time) and in ``param_dtype``. The parameters are
+    shared, not copied, except those ``param_dtype`` stores in another dtype: those are cast
+    (rounded to nearest even). A sharded model stays on its mesh."""
     fresh = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
     graphdef, abstract = nnx.split(fresh)
     state = nnx.state(model)
-    shapes = lambda tree: jax.tree.map(lambda x: (x.shape, x.dtype), tree)  # noqa: E731
+    shapes = lambda tree: jax.tree.map(lambda x: x.shape, tree)  # noqa: E731
     if jax.tree.structure(abstract) != jax.tree.structure(state) or shapes(abstract) != shapes(state):
         raise ValueError(f"cfg must keep the model's parameter shapes; {cfg} does not match "
+                         f"{model.config}")
+    if cfg.param_dtype != model.config.param_dtype:
+        state = jax.tree.map(lambda target, x: x.astype(target.dtype), abstract, state)
+    dtypes = lambda tree: jax.tree.map(lambda x: x.dtype, tree)  # noqa: E731
+    if dtypes(abstract) != dtypes(state):
+        raise ValueError(f"cfg must keep the model's parameter dtypes; {cfg} does not match "
                          f"{model.config}")
     rebuilt = nnx.merge(graphdef, state)
     mesh = sharding.mesh_of(model)

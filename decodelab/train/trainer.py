@@ -287,6 +287,11 @@ def train(
     stop_after, progress, extra_meta = run.stop_after, run.progress, run.extra_meta
     if stop_after is not None and not 1 <= stop_after <= tc.steps:
         raise ValueError(f"stop_after must be in [1, steps={tc.steps}], got {stop_after!r}")
+    if model_cfg.param_dtype != "float32":
+        raise ValueError(f"model_cfg.param_dtype must be 'float32' for training (the optimizer "
+                         f"updates float32 parameters), got {model_cfg.param_dtype!r}; train in "
+                         "float32, then store the weights in 16 bits with "
+                         "decodelab.quantize(model, weights=...)")
     if model_cfg.position == "learned" and tc.seq_len > model_cfg.max_seq_len:
         raise ValueError(f"seq_len must be <= max_seq_len={model_cfg.max_seq_len} for a learned "
                          f"position table, got {tc.seq_len}")
