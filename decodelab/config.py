@@ -88,7 +88,7 @@ class ModelConfig:
     # Computation dtype, one of DTYPES; logits are float32 whatever it is.
     dtype: str = "float32"
     # Storage dtype of the projections' and the token embedding's parameters, one of PARAM_DTYPES
-    # (norms and position tables stay float32; ``decodelab.model.linear`` says how 16-bit weights
+    # (norms and position tables stay float32; ``decodelab.model.layers`` says how 16-bit weights
     # are computed with).
     param_dtype: str = "float32"
 
