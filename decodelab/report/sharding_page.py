@@ -61,6 +61,14 @@ def fastest_mesh_ratio(rows: Rows) -> Interval | float | None:
     return vs_one_device(fastest, base)
 
 
+def load_text(rows: Rows) -> str:
+    """The 1-minute load average the measured rows recorded at their ends."""
+    loads = [r["metrics"]["load_average"] for r in part(rows, "measure")]
+    if not loads:
+        return "no measured rows"
+    return f"load average {min(loads):.1f} to {max(loads):.1f} at the ends of the measured points"
+
+
 def mesh_label(mesh: str) -> str:
     return "one device" if mesh == ONE_DEVICE else mesh.replace("x", " x ")
 
@@ -73,7 +81,7 @@ def main_table(rows: Rows) -> Table:
     for row in part(rows, "measure"):
         c, m = row["config"], row["metrics"]
         lines.append([mesh_label(c["mesh"]), m["compile_s"], m["median_ms"], m["ms_per_token"],
-                      None if base is None else vs_one_device(row, base),
+                      None if base is None else 1.0 if row is base else vs_one_device(row, base),
                       None if base is None else
                       ("yes" if m["tokens_sha256"] == base["metrics"]["tokens_sha256"] else "NO")])
     return Table(["mesh (data x model)", "compile (s)", "generate (ms)", "ms / new token",
