@@ -252,7 +252,7 @@ def test_a_row_records_the_cpu_time_other_processes_took(tmp_path, monkeypatch):
     assert report.other_cores([dict(rows[0], wall_time_s=0.001)]) == []
     assert report.provenance_lines(timed, command="c")[2].endswith(
         "; other processes kept 0.25 cores busy on average during a point of the 2 that recorded "
-        "it (at most 0.50).")
+        "it over 0.5 s or more (at most 0.50).")
 
 
 def test_git_state_outside_a_repository_is_unknown(tmp_path):

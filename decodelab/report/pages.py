@@ -86,7 +86,8 @@ def _sharing(rows: Sequence[Mapping[str, Any]]) -> str:
     shares = other_cores(rows)
     if not shares:
         return ""
-    counted = "" if len(shares) == len(rows) else f" of the {len(shares)} that recorded it"
+    counted = "" if len(shares) == len(rows) else (f" of the {len(shares)} that recorded it over "
+                                                  f"{MIN_WALL_S:g} s or more")
     return (f"; other processes kept {sum(shares) / len(shares):.2f} cores busy on average during "
             f"a point{counted} (at most {max(shares):.2f})")
 
