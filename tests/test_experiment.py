@@ -248,9 +248,11 @@ def test_a_row_records_the_cpu_time_other_processes_took(tmp_path, monkeypatch):
     assert "other_cpu_s" not in rows[2]  # no /proc/stat: not recorded
     timed = [dict(rows[0], wall_time_s=3.0), dict(rows[1], wall_time_s=1.0), rows[2]]
     assert report.other_cores(timed) == [0.5, 0.0]
+    # A point of a millisecond (computed, not measured): one 10 ms tick is no reading.
+    assert report.other_cores([dict(rows[0], wall_time_s=0.001)]) == []
     assert report.provenance_lines(timed, command="c")[2].endswith(
         "; other processes kept 0.25 cores busy on average during a point of the 2 that recorded "
-        "it (at most 0.50).")
+        "it over 0.5 s or more (at most 0.50).")
 
 
 def test_git_state_outside_a_repository_is_unknown(tmp_path):

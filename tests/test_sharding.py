@@ -29,7 +29,6 @@ from jax.sharding import PartitionSpec as P
 import decodelab as dl
 from decodelab import sharding
 from decodelab.measure import mesh_timing, sharding_plan
-from decodelab.report import sharding_page
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tests" / "sharding_checks.py"
@@ -295,7 +294,7 @@ def test_two_processes_generate_on_one_mesh_like_one_device(checks):
         assert result["tokens"] == checks["programs"]["reference_tokens"]
 
 
-# --- The plan of results/sharding.md --------------------------------------------------------------
+# --- The plan and the timing of results/sharding.md -----------------------------------------------
 
 
 def test_the_plan_counts_one_layers_bytes(tiny_config):
@@ -318,36 +317,16 @@ def test_the_plan_break_even_batch_solves_tp_equals_dp():
     assert abs(tp - dp) <= 1e-6 * dp
 
 
-def test_the_page_plans_from_the_published_figures_alone(tiny_config):
-    lines = sharding_page.plan_lines({"tiny": tiny_config,
-                                      "Llama-3-8B shape": sharding_plan.LLAMA3_8B})
-    # 4 query heads do not split over 8 chips; Llama-3-8B's 32 do, and TP pays below ~1,600 rows.
-    assert "| 8 x H100 SXM (NVLink 4) | tiny | n/a (heads do not split over 8) |" in lines
-    assert "| 8 x H100 SXM (NVLink 4) | Llama-3-8B shape | 1,631 |" in lines
-    assert ("| TPU v5e-8 (ICI) | Llama-3-8B shape | 1 | 78.14 | 533.89 | TP (DP does not fit) "
-            "| no |") in lines
-    assert f"- {sharding_plan.CHIPS[0].name}: {sharding_plan.CHIPS[0].source}." in lines
-
-
-def test_the_page_reports_each_mesh_against_one_device(tiny_config):
-    timings = [mesh_timing.MeshTiming(None, 2.0, 0.100, True),
-               mesh_timing.MeshTiming((2, 4), 3.0, 0.250, True),
-               mesh_timing.MeshTiming((1, 8), 3.5, 0.150, False)]
-    lines = sharding_page.measured_lines(tiny_config, 8, 16, 32, 3, timings, "`x86_64`, 2 cores")
-    assert "| one device | 2.0 | 100 | 3.1 | 1.00x | yes |" in lines
-    assert "| 2 x 4 | 3.0 | 250 | 7.8 | 2.50x | yes |" in lines
-    assert "| 1 x 8 | 3.5 | 150 | 4.7 | 1.50x | NO |" in lines
-    assert lines[2].startswith("`x86_64`, 2 cores. Model: 2 layers, d 64, 4 heads (GQA, 2 KV "
-                                "heads)")
-
-
-def test_mesh_timing_runs_each_mesh_and_compares_its_tokens_with_one_device(tiny_config):
+def test_mesh_timing_times_a_mesh_and_digests_its_tokens(tiny_config):
     model = dl.Transformer(tiny_config, rngs=nnx.Rngs(0))
-    timings = mesh_timing.time_meshes(model, [[1, 2, 3], [4, 5]], 2, 1, [None, (1, 1)])
-    assert [t.shape for t in timings] == [None, (1, 1)]
-    assert all(t.same_tokens and t.median_s > 0 for t in timings)
-    with pytest.raises(ValueError, match="repeats must be >= 1, got 0"):
-        mesh_timing.time_meshes(model, [[1, 2, 3]], 2, 0, [None])
+    alone = mesh_timing.time_mesh(model, [[1, 2, 3], [4, 5]], 2, 2, None)
+    meshed = mesh_timing.time_mesh(model, [[1, 2, 3], [4, 5]], 2, 1, (1, 1))
+    assert (alone.shape, meshed.shape, len(alone.rep_s), len(meshed.rep_s)) == (None, (1, 1), 2, 1)
+    assert alone.tokens_sha256 == meshed.tokens_sha256 and alone.median_s > 0
+    out = dl.generate(model, [[1, 2, 3], [4, 5]], dl.SamplingParams.greedy(), 2)
+    assert alone.tokens_sha256 == mesh_timing.tokens_digest(out.tokens)
+    with pytest.raises(ValueError, match="repeats must be an int >= 1, got 0"):
+        mesh_timing.time_mesh(model, [[1, 2, 3]], 2, 0, None)
 
 
 def test_the_sharding_program_refuses_a_positional_argument():

@@ -1,23 +1,27 @@
-"""Greedy ``generate`` of one model on one device and under each device mesh of this process,
-timed: what partitioning costs on the devices at hand and whether every mesh gives the one-device
-tokens. On fake CPU devices (``--xla_force_host_platform_device_count``) the devices are threads
+"""Greedy ``generate`` of one model on one device or under a device mesh of this process, timed:
+what partitioning costs on the devices at hand, and a digest of the tokens so that every mesh can
+be checked against one device. On fake CPU devices (``fake_cpu_devices``) the devices are threads
 of one CPU, so the times show the cost of partitioning on one host, not a speed-up."""
 
 from __future__ import annotations
 
 import dataclasses
-import datetime
+import hashlib
 import os
-import platform
 import statistics
 import time
 from collections.abc import Sequence
 
 import jax
+import numpy as np
 
 from decodelab import sharding
+from decodelab.checks import check_int
 from decodelab.decode.generation import generate
 from decodelab.sampling.params import SamplingParams
+
+DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
+ONE_DEVICE = "none"  # the mesh named so: one device, no mesh (the reference)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,37 +29,65 @@ class MeshTiming:
     """One mesh's run: ``shape`` (data, model), None for one device without a mesh."""
 
     shape: tuple[int, int] | None
-    compile_s: float  # the first (compiling) call minus the median
-    median_s: float  # the median of the timed calls
-    same_tokens: bool  # the tokens equal the one-device run's
+    first_s: float  # the first call, which compiles
+    rep_s: tuple[float, ...]  # each timed call after it
+    tokens_sha256: str  # of the generated tokens [B, new_tokens] as int32: equal tokens, equal
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.rep_s)
+
+    @property
+    def compile_s(self) -> float:
+        """The first call minus the median of the timed ones."""
+        return self.first_s - self.median_s
 
 
-def time_meshes(model, prompts: Sequence[Sequence[int]], new_tokens: int, repeats: int,
-                shapes: Sequence[tuple[int, int] | None]) -> list[MeshTiming]:
-    """For each mesh shape (the first should be None: the one-device reference), a first call of
-    greedy ``generate`` then ``repeats`` timed calls of the model sharded on that mesh."""
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
-    greedy, found, reference = SamplingParams.greedy(), [], None
-    for shape in shapes:
-        m = model if shape is None else sharding.shard(model, sharding.make_mesh(*shape))
+def tokens_digest(tokens) -> str:
+    return hashlib.sha256(np.ascontiguousarray(np.asarray(tokens, np.int32)).tobytes()).hexdigest()
+
+
+def mesh_shape(mesh: str) -> tuple[int, int] | None:
+    """A mesh as a config names it, ``"DxM"`` (data x model), as (D, M); ``ONE_DEVICE``: None."""
+    if mesh == ONE_DEVICE:
+        return None
+    parts = mesh.split("x") if isinstance(mesh, str) else []
+    if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"mesh must be {ONE_DEVICE!r} or 'DxM' (data x model, positive ints), "
+                         f"got {mesh!r}")
+    return int(parts[0]), int(parts[1])
+
+
+def time_mesh(model, prompts: Sequence[Sequence[int]], new_tokens: int, repeats: int,
+              shape: tuple[int, int] | None) -> MeshTiming:
+    """A first call of greedy ``generate`` with ``model`` sharded on a ``shape`` mesh (None: as
+    it is, on one device), then ``repeats`` timed calls."""
+    check_int("repeats", repeats, 1)
+    m = model if shape is None else sharding.shard(model, sharding.make_mesh(*shape))
+    greedy = SamplingParams.greedy()
+    start = time.perf_counter()
+    out = generate(m, prompts, greedy, new_tokens)
+    first = time.perf_counter() - start
+    times = []
+    for _ in range(repeats):
         start = time.perf_counter()
-        out = generate(m, prompts, greedy, new_tokens)
-        first = time.perf_counter() - start
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            generate(m, prompts, greedy, new_tokens)
-            times.append(time.perf_counter() - start)
-        reference = out.tokens if reference is None else reference
-        median = statistics.median(times)
-        found.append(MeshTiming(shape, first - median, median,
-                                bool((out.tokens == reference).all())))
+        generate(m, prompts, greedy, new_tokens)
+        times.append(time.perf_counter() - start)
+    return MeshTiming(shape, first, tuple(times), tokens_digest(out.tokens))
+
+
+def fake_cpu_devices(count: int) -> int:
+    """Ask XLA's CPU backend for ``count`` devices (``DEVICE_COUNT_FLAG`` added to XLA_FLAGS, the
+    other flags kept) and return how many devices JAX has. The count is fixed when the backend
+    starts, so a program calls this before anything asks JAX for devices; ValueError when the
+    backend had already started with fewer."""
+    check_int("count", count, 1)
+    kept = [f for f in os.environ.get("XLA_FLAGS", "").split()
+            if not f.startswith(DEVICE_COUNT_FLAG + "=")]
+    os.environ["XLA_FLAGS"] = " ".join([*kept, f"{DEVICE_COUNT_FLAG}={count}"])
+    found = jax.device_count()
+    if found < count:
+        raise ValueError(f"count={count} devices need XLA_FLAGS={DEVICE_COUNT_FLAG}={count} "
+                         f"(and JAX_PLATFORMS=cpu) before JAX's backend starts; it started "
+                         f"earlier, with {found} {jax.default_backend()} device(s)")
     return found
-
-
-def machine_text() -> str:
-    """This machine as the page names it: processor, cores, load average now, jax, the date."""
-    return (f"`{platform.processor() or platform.machine()}`, {os.cpu_count()} cores (load "
-            f"average {os.getloadavg()[0]:.1f} at the end: other work shared them), jax "
-            f"{jax.__version__}, {datetime.date.today().isoformat()}")

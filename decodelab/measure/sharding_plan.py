@@ -116,8 +116,44 @@ def min_layer_bytes_for_tp(chip: Chip, d_model: int, batch: int) -> float:
     return comm * chip.hbm_bytes_per_s / (1 - 1 / M)
 
 
-def fits_one_chip(cfg: ModelConfig, chip: Chip, batch: int, context: int) -> bool:
-    """Whether DP is possible: all weights plus the replica's share of the cache on one chip."""
+def dp_bytes_per_chip(cfg: ModelConfig, batch: int, context: int) -> float:
+    """What one DP replica holds: all weights plus its ``batch / DEVICES`` rows' cache."""
     weights = cfg.num_params() * ITEMSIZE
-    kv = cfg.n_layers * layer_step(cfg, batch, context, 1).kv_bytes / DEVICES
-    return weights + kv <= chip.hbm_bytes
+    return weights + cfg.n_layers * layer_step(cfg, batch, context, 1).kv_bytes / DEVICES
+
+
+def fits_one_chip(cfg: ModelConfig, chip: Chip, batch: int, context: int) -> bool:
+    """Whether DP is possible: ``dp_bytes_per_chip`` fit one chip's memory."""
+    return dp_bytes_per_chip(cfg, batch, context) <= chip.hbm_bytes
+
+
+def chip_named(name: str) -> Chip:
+    """The chip of ``CHIPS`` called ``name``."""
+    for chip in CHIPS:
+        if chip.name == name:
+            return chip
+    raise ValueError(f"chip must be one of {[c.name for c in CHIPS]}, got {name!r}")
+
+
+def plan_point(cfg: ModelConfig, chip: Chip, batch: int) -> dict:
+    """Everything the plan says about ``cfg`` on 8 x ``chip`` at total batch ``batch``, with the
+    published figures it used: per-layer bytes (MB, all devices together; ``link_mb`` per device),
+    per-layer step times (µs; ``tp_us`` None where the heads do not split), the break-even batch
+    and the layer size above which TP pays at this batch (D = 4096)."""
+    step = layer_step(cfg, batch, CONTEXT, DEVICES)
+    tp, dp = tp_seconds(cfg, chip, batch, CONTEXT, DEVICES), dp_seconds(cfg, chip, batch, CONTEXT)
+    fits = fits_one_chip(cfg, chip, batch, CONTEXT)
+    return {
+        "params_m": cfg.num_params() / 1e6, "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads,
+        "weight_mb": step.weight_bytes / 1e6, "kv_mb": step.kv_bytes / 1e6,
+        "allreduce_mb": step.allreduce_bytes / 1e6, "link_mb": step.link_bytes / 1e6,
+        "kv_split": step.kv_split, "tp_us": None if tp is None else tp * 1e6, "dp_us": dp * 1e6,
+        "faster": ("TP (DP does not fit)" if not fits and tp is not None
+                   else "DP" if tp is None or dp <= tp else "TP"),
+        "dp_fits": fits,
+        "dp_gb_per_chip": dp_bytes_per_chip(cfg, batch, CONTEXT) / 1e9,
+        "break_even_batch": break_even_batch(cfg, chip, CONTEXT),
+        "tp_pays_above_layer_mb": min_layer_bytes_for_tp(chip, 4096, batch) / 1e6,
+        "hbm_tb_s": chip.hbm_bytes_per_s / 1e12, "link_gb_s": chip.link_bytes_per_s / 1e9,
+        "hbm_gb": chip.hbm_bytes / 1e9, "allreduce_latency_us": ALLREDUCE_LATENCY_S * 1e6,
+        "context": CONTEXT, "devices": DEVICES, "itemsize": ITEMSIZE, "source": chip.source}

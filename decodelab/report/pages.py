@@ -69,18 +69,25 @@ def provenance_lines(rows: Sequence[Mapping[str, Any]], command: str | None = No
     ]
 
 
+# Points shorter than this say nothing about other processes: ``/proc/stat`` counts 10 ms ticks,
+# so over a point of a millisecond (one computed, not measured) one tick reads as 10 busy cores.
+MIN_WALL_S = 0.5
+
+
 def other_cores(rows: Sequence[Mapping[str, Any]]) -> list[float]:
-    """Per row that records it (``other_cpu_s``, see ``experiment.cpu_seconds``): the cores other
-    processes kept busy on average during the point, ``other_cpu_s / wall_time_s``."""
+    """Per row that records it (``other_cpu_s``, see ``experiment.cpu_seconds``) and ran at least
+    ``MIN_WALL_S``: the cores other processes kept busy on average during the point,
+    ``other_cpu_s / wall_time_s``."""
     return [row["other_cpu_s"] / row["wall_time_s"] for row in rows
-            if row.get("other_cpu_s") is not None and row.get("wall_time_s")]
+            if row.get("other_cpu_s") is not None and row.get("wall_time_s", 0) >= MIN_WALL_S]
 
 
 def _sharing(rows: Sequence[Mapping[str, Any]]) -> str:
     shares = other_cores(rows)
     if not shares:
         return ""
-    counted = "" if len(shares) == len(rows) else f" of the {len(shares)} that recorded it"
+    counted = "" if len(shares) == len(rows) else (f" of the {len(shares)} that recorded it over "
+                                                  f"{MIN_WALL_S:g} s or more")
     return (f"; other processes kept {sum(shares) / len(shares):.2f} cores busy on average during "
             f"a point{counted} (at most {max(shares):.2f})")
 
