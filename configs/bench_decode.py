@@ -28,6 +28,11 @@ Two more sweeps write their own rows (`study`) into the same workdir:
     python -m experiments.bench_decode --config=configs/bench_decode.py:constrained \
         --workdir=runs/bench_decode
 
+    python -m experiments.bench_decode --config=configs/bench_decode.py:weights \
+        --workdir=runs/bench_decode
+    python -m experiments.bench_decode --config=configs/bench_decode.py:weights:smollm2-135m \
+        --workdir=runs/bench_decode
+
 `constrained`: what a constrained decode step costs beside a free one (issue 33), SmolLM2-135M
 (its tokenizer builds the automaton) at batch 1 and 8: greedy, EOS banned, 64 new tokens,
 `CONSTRAINED_PATTERN`, in which every state accepts and most tokens are allowed.
@@ -35,6 +40,10 @@ Two more sweeps write their own rows (`study`) into the same workdir:
 `sampling:smollm2-135m` the pretrained model) at batch 1, 8 and 32: the greedy step and the step
 under each setting of `decodelab/measure/sampling_cost.py` (`SETTINGS`), on the same rows, and
 transformers sampling with the same processors.
+`weights`: what storing the weights in 16 bits costs beside float32 (`dl.quantize(model,
+weights="bfloat16")` and "float16"), `medium` (and with `weights:smollm2-135m` the pretrained
+model) at batch 1 and 8: greedy, the float32 model and its 16-bit copies on the same rows
+(`decodelab/measure/weight_cost.py`).
 `max_len`: `small` at batch 8 with caches of 288 (the default, prompt + new tokens), 1024 and 4096
 slots, the same live tokens: a step should cost what the live rows hold, not the cache's size.
 `breakdown`: `small` at batch 1, 8 and 32, each step split into attention, MLP and projections,
@@ -61,7 +70,9 @@ PRETRAINED_BATCH_SIZES = (1, 8)
 # Cache slots of the max_len sweep (288 = prompt_len + new_tokens, the default) on small, batch 8.
 MAX_LENS = (288, 1024, 4096)
 # What the config argument names besides a preset: a sweep with its own rows.
-STUDIES = ("max_len", "breakdown", "sampling", "constrained")
+STUDIES = ("max_len", "breakdown", "sampling", "constrained", "weights")
+# The weights study's preset (a random model) and batch sizes.
+WEIGHTS_PRESET, WEIGHTS_BATCH_SIZES = "medium", (1, 8)
 # The constrained study's pattern and model: text of letters, spaces and punctuation.
 CONSTRAINED_PATTERN, CONSTRAINED_MODEL = r"[A-Za-z ,.]*", "smollm2-135m"
 # The sampling study's output tokens per row and timed runs (a pretrained model's: fewer).
@@ -76,10 +87,11 @@ def _study(arg: str | None) -> tuple[str, str]:
         return "speed", arg or "tiny"
     if head == "constrained" and not tail:
         return head, CONSTRAINED_MODEL
-    if tail and (head not in ("sampling", "constrained") or tail not in PRETRAINED_MODELS):
-        raise ValueError(f"config argument {arg!r}: only sampling and constrained take a "
+    taking = ("sampling", "constrained", "weights")
+    if tail and (head not in taking or tail not in PRETRAINED_MODELS):
+        raise ValueError(f"config argument {arg!r}: only {', '.join(taking)} take a "
                          f"pretrained preset ({sorted(PRETRAINED_MODELS)})")
-    return head, tail or ("tiny" if head == "sampling" else "small")
+    return head, tail or {"sampling": "tiny", "weights": WEIGHTS_PRESET}.get(head, "small")
 
 
 def get_config(arg: str | None = None) -> config_dict.ConfigDict:
@@ -87,8 +99,8 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
     config = config_dict.ConfigDict()
     # Experiment name: rows of other experiments are refused in the same workdir.
     config.experiment = "bench_decode"
-    # Which table of the page the rows belong to: "speed" (the main sweep), "max_len" or
-    # "breakdown" (the sweeps named by the config argument).
+    # Which table of the page the rows belong to: "speed" (the main sweep) or one of STUDIES
+    # (the sweeps named by the config argument).
     config.study = study
     # Seed of the random weights and of the random prompt ids.
     config.seed = 0
@@ -107,8 +119,8 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
     # Prompt tokens per row (random ids).
     config.prompt_len = 32
     # Output tokens per row (>= 2: the first comes from the prefill, the rest from the loop).
-    config.new_tokens = {"sampling": SAMPLING_NEW_TOKENS[weights], "constrained": 64}.get(study,
-                                                                                      256)
+    config.new_tokens = {"sampling": SAMPLING_NEW_TOKENS[weights], "constrained": 64,
+                         "weights": 128}.get(study, 256)
     # Cache slots per row; 0: prompt_len + new_tokens, the least that holds every row.
     config.max_len = 0
     config.sampled = config_dict.ConfigDict(dict(
@@ -169,6 +181,8 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
 
 def get_sweep(arg: str | None = None) -> list[dict]:
     study, preset = _study(arg)
+    if study == "weights":
+        return product({"batch_size": list(WEIGHTS_BATCH_SIZES)})
     if preset in PRETRAINED_MODELS:
         sizes = BATCH_SIZES if study == "sampling" else PRETRAINED_BATCH_SIZES
         return product({"batch_size": list(sizes)})

@@ -1,10 +1,11 @@
 """Decode speed: dl.generate against the roofline, the no-cache baseline, transformers, llama.cpp;
-and what sampling costs beside greedy. The commands of each sweep: ``configs/bench_decode.py``.
+what sampling and 16-bit weights cost. The commands of each sweep: ``configs/bench_decode.py``.
 
 One point = one preset (random weights, or a pretrained preset's own) and batch size: exactly
 ``new_tokens`` per row after ``prompt_len`` random ids. Its metrics: ``decodelab.measure.timing``
 (decodelab, no cache, roofline), ``.ablation`` (breakdown), ``.peers`` (``hf_*``, ``llama*``),
-``.sampling_cost`` (the sampling study).
+``.sampling_cost`` (the sampling study), ``.weight_cost`` (the weights study). Its targets:
+``decodelab.report.speed_targets``.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from flax import nnx
 from decodelab import experiment, report
 from decodelab.checks import check_size
 from decodelab.experiment import artefacts, presets
-from decodelab.measure import ablation, constrained, peers, roofline, sampling_cost, timing
+from decodelab.measure import (ablation, constrained, peers, roofline, sampling_cost, timing,
+                               weight_cost)
 from decodelab.model import Transformer
-from decodelab.report import speed, speed_tables
+from decodelab.report import speed, speed_tables, speed_targets
 from decodelab.sampling.params import SamplingParams
 
 _FLAGS = experiment.define_flags("configs/bench_decode.py")
@@ -44,6 +46,8 @@ def benchmark(config, ctx) -> dict:
     if config.study == "sampling":  # greedy and each sampling setting, nothing else
         return {**common, **sampling_cost.time_settings(model, prompts, N, config.repeats, S,
                                                         peer=config.peer.enabled)}
+    if config.study == "weights":  # float32 weights and each 16-bit storage, nothing else
+        return {**common, **weight_cost.time_storages(model, prompts, N, config.repeats, S)}
     if config.study == "constrained":  # a free step and a constrained one, nothing else
         return {**common, **constrained.speed_row(model, tokenizer, "regex", config.pattern,
                                                   prompts, N, config.repeats)}
@@ -99,36 +103,8 @@ def benchmark(config, ctx) -> dict:
     }
 
 
-# The targets, as data: what is measured, on which rows, the threshold and the comparison.
-TARGETS = (
-    speed.Target("at the roofline target", "decodelab / roofline", speed.roofline_interval, 0.5,
-                 covers=lambda m: m["preset"] != "tiny", unit="",
-                 row_threshold=lambda m: 0.75 if m["preset"] != "small" and m["batch_size"] == 1
-                 else 0.5),
-    speed.Target("faster than transformers", "decodelab / transformers",
-                 lambda m: speed.speed_ratio(m, "hf_generate_reps_s"), 1.0),
-    speed.Target(">= 2x transformers (1.5x at batch 32) for tiny and small",
-                 "decodelab / transformers, the 2x target (1.5x at batch 32)",
-                 lambda m: speed.speed_ratio(m, "hf_generate_reps_s"), 2.0,
-                 covers=lambda m: m["preset"] in ("tiny", "small"),
-                 row_threshold=lambda m: 1.5 if m["batch_size"] >= 32 else 2.0),
-    speed.Target(">= 0.9x llama.cpp on the same float32 weights",
-                 "decodelab / llama.cpp on float32 weights (pretrained, batch 1)",
-                 lambda m: speed.speed_ratio(m, "llama_f32_generate_reps_s", m["batch_size"]), 0.9,
-                 covers=lambda m: m.get("llama_version", "not run") != "not run"),
-    speed.Target("step at the largest max_len within 15% of the smallest",
-                 "step at the largest max_len / at the smallest (the same live tokens)",
-                 speed.max_len_step_ratio, 1.15, at_least=False, study="max_len", per_row=False),
-    speed.Target("KV cache >= 10x recompute", "KV cache speed-up over recompute, the lowest row",
-                 speed.lowest_cache_speedup, 10.0, per_row=False),
-    speed.Target("constrained step within 15% of a free one",
-                 "constrained step / free step (regex, greedy)", constrained.step_ratio, 1.15,
-                 at_least=False, study="constrained"),
-) + speed.sampling_targets()
-
-
 def forms(rows) -> list[report.Form]:
-    groups, backend = speed.target_claims(TARGETS, rows), report.backend(rows)
+    groups, backend = speed.target_claims(speed_targets.TARGETS, rows), report.backend(rows)
     on = "" if backend == "cpu" else f" on a {backend.upper()}"
     return [report.Form(
         name="decode_speed" + ("" if backend == "cpu" else f"_{backend}"),

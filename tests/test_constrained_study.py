@@ -12,8 +12,7 @@ from study_config import config_module
 from decodelab import experiment
 from decodelab.measure import constrained as measure
 from decodelab.report import constrained as page
-from decodelab.report import speed
-from experiments import bench_decode
+from decodelab.report import speed, speed_targets
 from experiments import constrained as study
 
 # q, the masked distribution over complete outputs a and b; p, the unconstrained model's
@@ -135,7 +134,7 @@ def speed_row(batch, ratio):
 
 def test_the_bench_page_judges_the_constrained_step_per_batch_size():
     rows = [speed_row(1, 1.05), speed_row(8, 1.5)]
-    (target,) = [t for t in bench_decode.TARGETS if t.study == "constrained"]
+    (target,) = [t for t in speed_targets.TARGETS if t.study == "constrained"]
     claims = target.claims(rows)
     assert [c.text for c in claims] == [
         f"smollm2-135m batch {b}: constrained step / free step (regex, greedy)" for b in (1, 8)]

@@ -8,9 +8,8 @@ from study_config import config_module
 
 from decodelab import experiment
 from decodelab.measure import peers, sampling_cost
-from decodelab.report import speed, speed_tables
+from decodelab.report import speed, speed_tables, speed_targets
 from decodelab.sampling.params import SamplingParams
-from experiments import bench_decode
 
 
 def test_the_sampling_sweep_times_every_setting_at_three_presets_and_batch_sizes():
@@ -32,8 +31,8 @@ def test_a_pretrained_sampling_sweep_runs_batch_1_8_and_32_without_the_peer(smol
 
 
 @pytest.mark.parametrize("arg", ["max_len:smollm2-135m", "sampling:tiny"])
-def test_only_the_sampling_and_constrained_studies_take_a_pretrained_preset(arg):
-    with pytest.raises(ValueError, match="only sampling and constrained take a pretrained"):
+def test_only_the_sampling_constrained_and_weights_studies_take_a_pretrained_preset(arg):
+    with pytest.raises(ValueError, match="only sampling, constrained, weights take a pretrained"):
         config_module("bench_decode").get_config(arg)
 
 
@@ -96,5 +95,5 @@ def test_the_sampling_claims_judge_each_row_against_its_own_greedy_step():
 
 
 def test_the_page_holds_the_sampling_targets():
-    texts = [t.text for t in bench_decode.TARGETS if t.study == "sampling"]
+    texts = [t.text for t in speed_targets.TARGETS if t.study == "sampling"]
     assert len(texts) == len(sampling_cost.SETTINGS) + 1  # five settings, history, the peer

@@ -33,7 +33,7 @@ def no_attention(q, *args, **kwargs):
     return q
 
 
-def no_model(self, tokens, *, cache=None, num_valid=None):
+def no_model(self, tokens, *, cache=None, num_valid=None, reach=None):
     """The model call without the model: logits one-hot at ``(token + 1) % V`` (they depend on the
     tokens, so XLA cannot fold the sampling that reads them), the cache only advanced."""
     logits = jax.nn.one_hot((tokens + 1) % self.config.vocab_size, self.config.vocab_size)

@@ -14,7 +14,6 @@ extra it also times transformers on ``PEER_SETTING`` with the same processors.
 from __future__ import annotations
 
 import functools
-import time
 
 import numpy as np
 
@@ -62,34 +61,9 @@ def time_programs(model: Transformer, prompts: np.ndarray, programs: dict[str, S
                   new_tokens: int, repeats: int, options: DecodeOptions) -> dict:
     """``timing.time_generate``'s keys for each named ``SamplingParams`` of ``programs`` under
     ``<name>_`` (the name ``""``: unprefixed), the same rows (``prompts [B, P]``) and ``options``;
-    every call must generate ``new_tokens`` per row.
-
-    The repetitions are interleaved: each round times every program once (a whole call, then a
-    prefill-only call), starting one program later than the round before, so a drift of the
-    machine's speed over the point falls on every program alike, never on one alone."""
-    B = prompts.shape[0]
+    every call must generate ``new_tokens`` per row. The repetitions are interleaved
+    (``timing.time_interleaved``); parameters are data, so the first call compiles for all."""
     runs = {name: functools.partial(generate, model, prompts.tolist(), params, seed=0,
                                     options=options)
             for name, params in programs.items()}
-    firsts = {}
-    for name, run in runs.items():  # parameters are data: the first call compiles for all
-        start = time.perf_counter()
-        out = run(new_tokens)
-        firsts[name] = time.perf_counter() - start
-        if out.lengths.tolist() != [new_tokens] * B:
-            raise RuntimeError(f"every row must generate {new_tokens} tokens, got lengths "
-                               f"{out.lengths.tolist()} under {name or 'greedy'!r}")
-        run(1)
-    wholes = {name: [] for name in runs}
-    prefills = {name: [] for name in runs}
-    names = list(runs)
-    for r in range(repeats):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            wholes[name].append(timing.timed(runs[name], new_tokens))
-            prefills[name].append(timing.timed(runs[name], 1))
-    found = {}
-    for name in runs:
-        prefix = f"{name}_" if name else ""
-        found.update({f"{prefix}{key}": value for key, value in timing.summary(
-            wholes[name], prefills[name], B, new_tokens, firsts[name]).items()})
-    return found
+    return timing.time_interleaved(runs, prompts.shape[0], new_tokens, repeats)

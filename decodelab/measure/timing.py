@@ -89,6 +89,39 @@ def time_generate(model: Transformer, prompts: np.ndarray, new_tokens: int, repe
     return summary(wholes, prefills, B, new_tokens, first)
 
 
+def time_interleaved(runs: Mapping[str, Callable[[int], Any]], batch_size: int, new_tokens: int,
+                     repeats: int) -> dict:
+    """``summary``'s keys for each named run (``runs[name](max_new_tokens)``: one ``generate``
+    call) under ``<name>_`` (the name ``""``: unprefixed); every call must generate
+    ``new_tokens`` per row.
+
+    The repetitions are interleaved: each round times every run once (a whole call, then a
+    prefill-only call), starting one run later than the round before, so a drift of the
+    machine's speed over the point falls on every run alike, never on one alone."""
+    firsts = {}
+    for name, run in runs.items():  # the first calls compile
+        start = time.perf_counter()
+        out = run(new_tokens)
+        firsts[name] = time.perf_counter() - start
+        if out.lengths.tolist() != [new_tokens] * batch_size:
+            raise RuntimeError(f"every row must generate {new_tokens} tokens, got lengths "
+                               f"{out.lengths.tolist()} under {name or 'the unnamed run'!r}")
+        run(1)
+    wholes = {name: [] for name in runs}
+    prefills = {name: [] for name in runs}
+    names = list(runs)
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            wholes[name].append(timed(runs[name], new_tokens))
+            prefills[name].append(timed(runs[name], 1))
+    found = {}
+    for name in runs:
+        prefix = f"{name}_" if name else ""
+        found.update({f"{prefix}{key}": value for key, value in summary(
+            wholes[name], prefills[name], batch_size, new_tokens, firsts[name]).items()})
+    return found
+
+
 def summary(wholes: Sequence[float], prefills: Sequence[float], batch_size: int,
             new_tokens: int, first: float) -> dict:
     """``time_generate``'s metrics from the timed whole calls and prefill-only calls (seconds)

@@ -13,11 +13,11 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from decodelab.measure import ablation, constrained, sampling_cost, timing
+from decodelab.measure import ablation, constrained, sampling_cost, timing, weight_cost
 from decodelab.measure.peers import HF_WARMUP_TOKENS
 from decodelab.measure.stats import Interval
 from decodelab.report import speed
-from decodelab.report.pages import other_cores
+from decodelab.report.pages import backend, other_cores
 from decodelab.report.plots import Axes, line_plot
 from decodelab.report.tables import Table, format_number, format_value
 
@@ -77,14 +77,29 @@ def max_len_table(rows: Rows) -> Table:
     """Step time against cache slots at the same live tokens, relative to the smallest cache."""
     metrics = speed.metric_rows(rows, "max_len")
     columns = ["preset", "batch", "max_len", "live tokens at the end", "decodelab step ms",
-               "step / step at the smallest max_len", "sampled step ms"]
+               "step / step at the smallest max_len", "first call ms (prefill, cache set-up)",
+               "whole call / whole call at the smallest max_len", "sampled step ms"]
     body = []
     for m in metrics:
         base = min((o for o in metrics if (o["preset"], o["batch_size"]) ==
                     (m["preset"], m["batch_size"])), key=lambda o: o["max_len"])
         body.append([m["preset"], m["batch_size"], m["max_len"], m["prompt_len"] + m["new_tokens"],
                      m["step_ms"], timing.ratio(m["step_ms"], base["step_ms"] or None),
+                     m["prefill_ms"], timing.ratio(m["generate_s"], base["generate_s"]),
                      m.get("sampled_step_ms")])
+    return Table(columns, body)
+
+
+def weights_table(rows: Rows) -> Table:
+    """The weights study: the float32 step and each 16-bit storage's step over it, with the
+    parameter bytes each holds."""
+    storages = weight_cost.STORAGES
+    columns = ["preset", "batch", "float32 step ms", "float32 MB",
+               *[f"{name} {what}" for name in storages for what in ("step / float32", "MB")]]
+    body = [[m["preset"], m["batch_size"], m["step_ms"], m["param_bytes"] / 1e6,
+             *[value for name in storages
+               for value in (speed.step_ratio(m, m, f"{name}_"), m[f"{name}_param_bytes"] / 1e6)]]
+            for m in speed.metric_rows(rows, "weights")]
     return Table(columns, body)
 
 
@@ -149,6 +164,8 @@ def csv_tables(rows: Rows) -> dict:
         tables["sampling"] = sampling_table
     if speed.metric_rows(rows, "constrained"):
         tables["constrained"] = constrained_table
+    if speed.metric_rows(rows, "weights"):
+        tables["weights"] = weights_table
     return tables
 
 
@@ -272,6 +289,10 @@ def method(rows: Rows) -> list[str]:
         sweeps.append(f"constrained: {constrained_rows[0]['preset']} greedy with EOS banned, "
                       f"free and under the regex `{study_config(rows, 'constrained')['pattern']}` "
                       "(every state accepting), the same rows and prompts")
+    if speed.metric_rows(rows, "weights"):
+        sweeps.append("weights: the float32 model and its copies stored as "
+                      f"{' and '.join(weight_cost.STORAGES)} (`dl.quantize`), greedy, the same "
+                      "rows, their repetitions interleaved")
     if speed.metric_rows(rows, "breakdown"):
         sweeps.append("breakdown: the step with one more part removed each time (attention over "
                       "the cache; the rest of the model; the sampling processors and the draw: "
@@ -316,17 +337,16 @@ def breakdown_caveats(rows: Rows) -> list[str]:
 def caveats(rows: Rows) -> list[str]:
     """What qualifies the numbers: the machine's load, the point estimates, the breakdown."""
     metrics = speed_metrics(rows)
-    every = [m for study in ("speed", "max_len", "breakdown", "sampling", "constrained")
-             for m in speed.metric_rows(rows, study)]
+    every = [m for study in ("speed", "max_len", "breakdown", "sampling", "constrained",
+                             "weights") for m in speed.metric_rows(rows, study)]
     lines = [timing.load_reading(every, other_cores(rows))]
     commits = {}
     for r in rows:
         commits.setdefault(r["config"].get("study", "speed"), set()).add(
             r.get("provenance", {}).get("git_commit", "")[:8])
     if len(set().union(*commits.values())) > 1:
-        lines.append("The studies' rows come from more than one commit (the sampling study is "
-                     "newer than the others, whose sampled columns predate one-program "
-                     "sampling): " + "; ".join(f"{study} at {', '.join(sorted(found))}"
+        lines.append("The studies' rows come from more than one commit (a study rerun after a "
+                     "change that concerns it keeps the others' rows): " + "; ".join(f"{study} at {', '.join(sorted(found))}"
                                               for study, found in commits.items()) + ".")
     with_nocache = [m for m in metrics if m["cache_speedup"] is not None]
     if with_nocache:
@@ -341,6 +361,10 @@ def caveats(rows: Rows) -> list[str]:
                      f"against decodelab's {format_number(ours)}) llama.cpp runs "
                      f"{format_number(m['llama_tokens_per_s'])} tok/s: decodelab "
                      f"({speed.label(m)}) is {format_value(m['speed_vs_llama'])}x its speed.")
+    if speed.metric_rows(rows, "weights") and backend(rows) == "cpu":
+        lines.append("16-bit weights on XLA CPU: each 16-bit kernel is converted to a float32 "
+                     "copy before its dot (`decodelab/model/layers.py`), so they save memory at "
+                     "rest, not time; on a GPU or TPU XLA fuses the convert into the dot.")
     lines += breakdown_caveats(rows)
     lines.append("A 20-point sampling sweep compiling the decode loop once is a test, not a "
                  "benchmark row: `tests/test_decode.py` counts the compiles.")
