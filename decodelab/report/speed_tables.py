@@ -365,6 +365,21 @@ def caveats(rows: Rows) -> list[str]:
         lines.append("16-bit weights on XLA CPU: each 16-bit kernel is converted to a float32 "
                      "copy before its dot (`decodelab/model/layers.py`), so they save memory at "
                      "rest, not time; on a GPU or TPU XLA fuses the convert into the dot.")
+    lengths = speed.metric_rows(rows, "max_len")
+    if len({m["max_len"] for m in lengths}) > 1:
+        small, large = (f(lengths, key=lambda m: m["max_len"]) for f in (min, max))
+        lines.append(f"What capacity still costs: the first call (prefill and cache set-up) takes "
+                     f"{format_number(large['prefill_ms'])} ms at max_len {large['max_len']} "
+                     f"against {format_number(small['prefill_ms'])} ms at {small['max_len']}. A "
+                     "prefill attends to its prompt only (the model call's `reach`); what grows "
+                     "is allocating and zero-filling the cache's max_len slots, which every "
+                     "call makes anew.")
+    if speed.metric_rows(rows, "sampling"):
+        lines.append("Why top-k and top-p cost most on the smallest presets: each finds its exact "
+                     "cut by a bounded search of masked sums over the `[B, V]` logits "
+                     "(`decodelab/sampling/select.py`), one `O(V)` pass per step of the search, "
+                     "the batch's slowest row setting the number of passes; at vocabulary 4096 a "
+                     "tiny or small model's whole step is a few such passes long.")
     lines += breakdown_caveats(rows)
     lines.append("A 20-point sampling sweep compiling the decode loop once is a test, not a "
                  "benchmark row: `tests/test_decode.py` counts the compiles.")
