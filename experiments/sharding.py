@@ -123,7 +123,7 @@ def forms(rows) -> list[report.Form]:
             "The 8 devices are threads of one CPU: the timings show that the partitioned "
             "programs give the same tokens and what partitioning costs on one host, not a "
             f"speed-up; no GPU or TPU was used, so the plan is not checked against a chip. "
-            f"Other work shared the cores ({sh.load_text(rows)}).",
+            f"{sh.sharing_text(rows)}",
             "The 5 µs all-reduce latency is an assumption (no vendor publishes one number); it "
             "decides the small-model rows.",
             "The plan counts memory and link bytes only (decode is bandwidth-bound); compute, "

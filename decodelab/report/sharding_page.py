@@ -12,6 +12,8 @@ from typing import Any
 from decodelab.measure import stats
 from decodelab.measure.mesh_timing import ONE_DEVICE
 from decodelab.measure.stats import Interval
+from decodelab.measure.timing import SHARED_CORES
+from decodelab.report.pages import other_cores
 from decodelab.report.plots import Axes, line_plot
 from decodelab.report.tables import Table
 
@@ -61,12 +63,20 @@ def fastest_mesh_ratio(rows: Rows) -> Interval | float | None:
     return vs_one_device(fastest, base)
 
 
-def load_text(rows: Rows) -> str:
-    """The 1-minute load average the measured rows recorded at their ends."""
+def sharing_text(rows: Rows) -> str:
+    """Whether other processes shared the cores while the meshes were timed: the cores they kept
+    busy during a point (``pages.other_cores``) against ``timing.SHARED_CORES``, and the 1-minute
+    load average the measured rows recorded at their ends."""
     loads = [r["metrics"]["load_average"] for r in part(rows, "measure")]
     if not loads:
-        return "no measured rows"
-    return f"load average {min(loads):.1f} to {max(loads):.1f} at the ends of the measured points"
+        return "No point was measured."
+    busy = other_cores(rows)
+    worst = max(busy, default=0.0)
+    who = ("Other processes shared the cores" if worst >= SHARED_CORES
+           else "No other process shared the cores")
+    measured = f"up to {worst:.2f} cores busy during a point; " if busy else ""
+    return (f"{who} ({measured}load average {min(loads):.1f} to {max(loads):.1f} at the ends of "
+            "the measured points, the program's own threads included).")
 
 
 def mesh_label(mesh: str) -> str:
