@@ -41,6 +41,7 @@ from flax import nnx  # noqa: E402
 import decodelab as dl  # noqa: E402
 from decodelab import sampling, sharding  # noqa: E402
 from decodelab.cache.dense import KVCache  # noqa: E402
+from decodelab.decode import caches
 from decodelab.decode import generation as decode
 from decodelab.decode import request, shapes
 from decodelab.serving import Request, SlotEngine  # noqa: E402
@@ -196,7 +197,8 @@ def programs() -> dict:
     inputs = request.RowInputs(prompt_lengths=lengths, keys=sampling.batch_keys(0, B),
                                params=greedy.per_row(B, 512), eos_mask=np.zeros((512,), bool),
                                stop_ids=np.full((0, 1), -1, np.int32))
-    state = decode.prefill(weights, block, inputs, graphdef=graphdef, max_len=32,
+    cache = caches.new_cache(weights, graphdef=graphdef, batch_size=B, max_len=32, kind=None)
+    state = decode.prefill(weights, block, inputs, cache, graphdef=graphdef,
                            outputs=request.OutputSpec(STEPS))
     out["cache_sharding"] = str(state.cache.k.sharding.spec)
     text = decode.DECODE_LOOP.loop.lower(weights, state, graphdef=graphdef).compile().as_text()

@@ -113,8 +113,8 @@ def initial_state(model, params: dl.SamplingParams, *, top_n=0, with_entropy=Fal
     rows = RowInputs(prompt_lengths=np.asarray([4, 1, 4], np.int32),
                      keys=sampling.batch_keys(0, B), params=params.per_row(B, V),
                      eos_mask=np.zeros((V,), bool), stop_ids=np.zeros((0, 1), np.int32))
-    state = decode.prefill(weights, block, rows, graphdef=graphdef, max_len=MAX_LEN,
-                           outputs=OutputSpec(8, top_n, with_entropy))
+    state = decode.prefill(weights, block, rows, dl.KVCache.init(model.config, B, MAX_LEN),
+                           graphdef=graphdef, outputs=OutputSpec(8, top_n, with_entropy))
     return graphdef, weights, state
 
 

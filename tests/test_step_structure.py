@@ -84,8 +84,9 @@ def test_greedy_decode_step_updates_the_cache_in_place_without_copy_or_transpose
                          keys=sampling.batch_keys(0, B),
                          params=dl.SamplingParams.greedy().per_row(B, V),
                          eos_mask=np.zeros(V, bool), stop_ids=np.full((0, 1), -1, np.int32))
-        state = decode.prefill(weights, np.zeros((B, 16), np.int32), rows, graphdef=graphdef,
-                               max_len=max_len, outputs=OutputSpec(8))
+        state = decode.prefill(weights, np.zeros((B, 16), np.int32), rows,
+                               dl.KVCache.init(cfg, B, max_len), graphdef=graphdef,
+                               outputs=OutputSpec(8))
         return (decode.DECODE_LOOP.step, (weights, state), dict(graphdef=graphdef), state,
                 state.cache)
 
@@ -93,9 +94,9 @@ def test_greedy_decode_step_updates_the_cache_in_place_without_copy_or_transpose
 
 
 def test_a_prefill_attends_to_the_prompt_not_to_the_cache_capacity(tiny):
-    """A 32-token prompt block (the full-matrix path) into a fresh cache of ``S`` slots and of
-    ``8 S``: the compiled prefill's floating-point work is the same (within 2%), because the block
-    reads only its own ``reach`` of slots; only the cache's allocation grows with ``max_len``."""
+    """A 32-token prompt block (the full-matrix path) into a cache of ``S`` slots and of ``8 S``:
+    the compiled prefill's floating-point work is the same (within 2%), because the block reads
+    only its own ``reach`` of slots."""
     cfg, graphdef, weights = tiny
     V, T = cfg.vocab_size, 32
     rows = RowInputs(prompt_lengths=np.full((B,), T, np.int32), keys=sampling.batch_keys(0, B),
@@ -104,13 +105,31 @@ def test_a_prefill_attends_to_the_prompt_not_to_the_cache_capacity(tiny):
 
     def flops(max_len):
         compiled = decode.prefill.lower(weights, np.zeros((B, T), np.int32), rows,
-                                        graphdef=graphdef, max_len=max_len,
+                                        dl.KVCache.init(cfg, B, max_len), graphdef=graphdef,
                                         outputs=OutputSpec(8)).compile()
         analysis = compiled.cost_analysis()
         return (analysis[0] if isinstance(analysis, list) else analysis)["flops"]
 
     small, large = flops(S), flops(8 * S)
     assert small > 0 and large == pytest.approx(small, rel=0.02)
+
+
+def test_a_prefill_writes_over_a_given_cache_in_place(tiny):
+    """``generate`` hands its prefill a cache to write over (a spare: ``cache.spares``): the
+    compiled prefill aliases the cache's keys and values and fills no cache-sized buffer, so
+    its temporary bytes grow less than one layer's keys when ``max_len`` doubles."""
+    cfg, graphdef, weights = tiny
+    V = cfg.vocab_size
+    rows = RowInputs(prompt_lengths=np.full((B,), 10, np.int32), keys=sampling.batch_keys(0, B),
+                     params=dl.SamplingParams.greedy().per_row(B, V),
+                     eos_mask=np.zeros(V, bool), stop_ids=np.full((0, 1), -1, np.int32))
+
+    def program(max_len):
+        cache = dl.KVCache.init(cfg, B, max_len)
+        return (decode.prefill, (weights, np.zeros((B, 16), np.int32), rows, cache),
+                dict(graphdef=graphdef, outputs=OutputSpec(8)), cache, cache)
+
+    assert_cache_in_place(program)
 
 
 def test_beam_step_reorders_beams_without_copying_keys_and_values(tiny):

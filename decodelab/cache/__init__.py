@@ -1,7 +1,7 @@
 """KV caches behind one ``Cache`` protocol (``base``): the dense cache (``dense``, one length per
 row), the quantized ones (``quantized``: int8; ``kivi``: int4 in KIVI's layout), the beam view
-(``beam``) and the paged view (``paged``); the kinds a caller names with ``kv_cache=`` (``kinds``)
-and bucket lengths (``buckets``)."""
+(``beam``) and the paged view (``paged``); the kinds a caller names with ``kv_cache=`` (``kinds``),
+bucket lengths (``buckets``) and the spare cache a finished call leaves for the next (``spares``)."""
 
 # The protocol
 from decodelab.cache.base import Cache, CacheWrapper, FloatTail

@@ -1,6 +1,7 @@
 """Decoding: request checks and options (``request``), the buckets of a call (``shapes``), the
 output (``output``; beam search's in ``beam_output``), the state every loop carries (``state``),
-the compiled loop (``loop``), ``generate`` (``generation``) and beam search (``beam``)."""
+the compiled loop (``loop``), the cache a call starts from (``caches``), ``generate``
+(``generation``) and beam search (``beam``)."""
 
 from decodelab.decode.beam import BeamSearchOutput, beam_search
 from decodelab.decode.generation import DecodeState, generate, greedy

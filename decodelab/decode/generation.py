@@ -51,9 +51,10 @@ import jax.numpy as jnp
 from flax import nnx, struct
 
 from decodelab import sampling
-from decodelab.cache import check_kind, init_cache
+from decodelab.cache import Cache, check_kind
 from decodelab.cache.dense import KVCache
 from decodelab.checks import check_memory, check_model, position_limit
+from decodelab.decode.caches import keep_cache, start_cache
 from decodelab.decode.loop import CompiledLoop
 from decodelab.decode.output import GenerateOutput, finish_output, host_output
 from decodelab.decode.request import (BAD_LOGITS, EOS, INCOMPLETE, LENGTH, NO_ALLOWED_TOKEN,
@@ -175,16 +176,16 @@ def step(model: nnx.Module, state: DecodeState) -> DecodeState:
     return state.replace(cache=cache, logits=logits[:, 0])
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "max_len", "outputs", "kv_cache"))
-def prefill(weights, block, rows: RowInputs, *, graphdef, max_len: int, outputs: OutputSpec,
-            kv_cache=None, samples=None) -> DecodeState:
-    """Run the padded prompt block ``[B, T]`` through the model: the state before the first step
-    (also the serving engine's prefill of one request). With ``samples`` (``[R]`` int32, the
-    block row each state row continues: n samples per prompt) the block is read once and state
-    row r starts from copies of block row ``samples[r]``'s cache rows and logits; ``rows`` are
-    then the R state rows' values."""
+def prefill(weights, block, rows: RowInputs, cache: Cache, *, graphdef, outputs: OutputSpec,
+            samples=None) -> DecodeState:
+    """Run the padded prompt block ``[B, T]`` through the model: the state before the first step.
+    ``cache``: B rows to write over from length 0, whatever they hold (a new cache or a spare:
+    ``decode.caches``); its slots are the state's ``max_len``. With ``samples`` (``[R]`` int32,
+    the block row each state row continues: n samples per prompt) the block is read once and
+    state row r starts from copies of block row ``samples[r]``'s cache rows and logits; ``rows``
+    are then the R state rows' values."""
     model = nnx.merge(graphdef, weights)
-    cache = init_cache(model.config, block.shape[0], max_len, kv_cache)
+    cache, max_len = cache.rewind(0), cache.max_len
     lengths = rows.prompt_lengths
     if samples is not None:  # each block row's length; a padding row no state row takes: 1
         lengths = jnp.ones((block.shape[0],), jnp.int32).at[samples].max(lengths)
@@ -195,6 +196,12 @@ def prefill(weights, block, rows: RowInputs, *, graphdef, max_len: int, outputs:
         block, cache, last = block[samples], cache.take_rows(samples), last[samples]
     state = DecodeState.start(block, rows, max_len, outputs, cache=cache, logits=last)
     return state.replace(**carried_counts(state.history, model.config.vocab_size))
+
+
+# The cache is donated and written over in place; with n samples per prompt the state's cache
+# rows are copies of the given cache's (``take_rows``), so that program reads it without donation.
+prefill_copies = jax.jit(prefill, static_argnames=("graphdef", "outputs"))
+prefill = jax.jit(prefill, static_argnames=("graphdef", "outputs"), donate_argnames=("cache",))
 
 
 def _body(weights, state: DecodeState, *, graphdef) -> DecodeState:
@@ -272,11 +279,14 @@ def generate(
                                        "max_new_tokens": shapes.columns, "max_len": S})
     block, _, lengths, samples = sample_block(request, shapes, data)
     graphdef, weights = nnx.split(model)
-    state = prefill(weights, block, request.row_inputs(lengths, V, shapes), graphdef=graphdef,
-                    max_len=S, outputs=request.outputs(shapes), kv_cache=kv_cache,
-                    samples=samples)
+    cache = start_cache(model, weights, graphdef, block.shape[0], S, kv_cache)
+    state = (prefill if samples is None else prefill_copies)(
+        weights, block, request.row_inputs(lengths, V, shapes), cache, graphdef=graphdef,
+        outputs=request.outputs(shapes), samples=samples)
     state = DECODE_LOOP.run(weights, state, python_loop=request.python_loop, graphdef=graphdef)
-    return grouped(finish_output(host_output(state, shapes), state.finish, request), n)
+    out = host_output(state, shapes)
+    keep_cache(model, state.cache, S, kv_cache, state.finish)
+    return grouped(finish_output(out, state.finish, request), n)
 
 
 def greedy(model: nnx.Module, prompts: Sequence[Sequence[int]],
