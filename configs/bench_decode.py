@@ -46,6 +46,7 @@ model) at batch 1 and 8: greedy, the float32 model and its 16-bit copies on the 
 (`decodelab/measure/weight_cost.py`).
 `max_len`: `small` at batch 8 with caches of 288 (the default, prompt + new tokens), 1024 and 4096
 slots, the same live tokens: a step should cost what the live rows hold, not the cache's size.
+Each larger cache is timed beside 288 slots, the repetitions interleaved (`timing.time_capacity`).
 `breakdown`: `small` at batch 1, 8 and 32, each step split into attention, MLP and projections,
 sampling and loop bookkeeping by ablation (`decodelab/measure/ablation.py`, `ABLATIONS`).
 
@@ -69,6 +70,8 @@ BATCH_SIZES = (1, 8, 32)
 PRETRAINED_BATCH_SIZES = (1, 8)
 # Cache slots of the max_len sweep (288 = prompt_len + new_tokens, the default) on small, batch 8.
 MAX_LENS = (288, 1024, 4096)
+# Timed runs of each cache size and of the smallest beside it (interleaved).
+MAX_LEN_REPEATS = 64
 # What the config argument names besides a preset: a sweep with its own rows.
 STUDIES = ("max_len", "breakdown", "sampling", "constrained", "weights")
 # The weights study's preset (a random model) and batch sizes.
@@ -137,8 +140,10 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
         # Timed runs of each ablation level after a warm-up run.
         repeats=3,
     ))
-    # Timed runs of each measurement after one warm-up run; medians are reported.
-    config.repeats = {"sampling": SAMPLING_REPEATS[weights], "constrained": 20}.get(study, 5)
+    # Timed runs of each measurement after one warm-up run; medians are reported. The max_len
+    # study's claims are ratios within 10%: it takes enough runs to decide them.
+    config.repeats = {"sampling": SAMPLING_REPEATS[weights], "constrained": 20,
+                      "max_len": MAX_LEN_REPEATS}.get(study, 5)
     # The constrained study's pattern (a regex).
     config.pattern = CONSTRAINED_PATTERN
     config.roofline = config_dict.ConfigDict(dict(

@@ -57,7 +57,8 @@ def benchmark(config, ctx) -> dict:
     roof_step = machine.roofline_step_s(cfg, B, P, N)
     middle = roofline.step_cost(cfg, B, P + N // 2)  # the middle step's bytes and FLOPs
     ctx.status("decodelab")
-    ours = timing.time_generate(model, prompts, N, config.repeats, max_len=S)
+    ours = (timing.time_capacity(model, prompts, N, config.repeats, S) if config.study == "max_len"
+            else timing.time_generate(model, prompts, N, config.repeats, max_len=S))
     sampled_params = SamplingParams(temperature=config.sampled.temperature,
                                     top_p=config.sampled.top_p)
     modes, sampled, breakdown = {"greedy": SamplingParams(temperature=0.0)}, {}, {}

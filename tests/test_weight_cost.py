@@ -9,7 +9,7 @@ from flax import nnx
 from study_config import config_module
 
 from decodelab import experiment
-from decodelab.measure import weight_cost
+from decodelab.measure import timing, weight_cost
 from decodelab.model import Transformer
 from decodelab.report import speed_tables, speed_targets
 
@@ -86,3 +86,33 @@ def test_the_whole_call_at_the_largest_cache_is_judged_beside_its_step():
     assert speed_targets.max_len_whole_ratio([rows[0]["metrics"]]) is None  # one cache size
     table = speed_tables.max_len_table(rows)
     assert table.rows[1][7] == pytest.approx(1.3)  # whole call / whole call at the smallest
+
+
+def test_the_largest_cache_is_judged_against_the_smallest_timed_beside_it():
+    # The 4096 row also timed the smallest cache (smallest_): its own pair is judged, not the
+    # 288 row timed as another point (here twice as slow: a drift of the machine between points).
+    small, large = max_len_row(288, 2.0, 2.0), max_len_row(4096, 1.05, 1.0)
+    jitter = 1 + 0.01 * np.linspace(-1, 1, 5)
+    large["metrics"].update({"smallest_generate_reps_s": list(1.0 * jitter),
+                             "smallest_prefill_reps_s": list(0.01 * jitter),
+                             "smallest_step_ms": 0.95, "smallest_generate_s": 1.0})
+    rows = [small, large]
+    whole = [t for t in speed_targets.TARGETS if t.label.startswith("whole call")][0]
+    step = [t for t in speed_targets.TARGETS if t.label.startswith("step at the largest")][0]
+    assert whole.claims(rows)[0].judge(rows).measured.value == pytest.approx(1.05)
+    # (1.05 - 0.01) / (1.0 - 0.01): the two steps, up to the constant 1 / (new tokens - 1)
+    assert step.claims(rows)[0].judge(rows).measured.value == pytest.approx(1.04 / 0.99)
+    table = speed_tables.max_len_table(rows)
+    assert table.rows[1][5] == pytest.approx(1.0 / 0.95) and table.rows[1][7] == \
+        pytest.approx(1.05)
+
+
+def test_a_capacity_point_times_the_smallest_cache_beside_its_own(tiny_config):
+    model = Transformer(tiny_config, rngs=nnx.Rngs(0))
+    prompts = np.random.default_rng(0).integers(0, tiny_config.vocab_size, (2, 5), np.int32)
+    found = timing.time_capacity(model, prompts, 4, 2, 64)
+    for prefix in ("", "smallest_"):
+        assert len(found[f"{prefix}generate_reps_s"]) == len(found[f"{prefix}prefill_reps_s"]) == 2
+    assert "smallest_step_ms" not in timing.time_capacity(model, prompts, 4, 2, 9)  # 5 + 4
+    with pytest.raises(ValueError, match="max_len must be 0 or at least prompt"):
+        timing.time_capacity(model, prompts, 4, 2, 8)

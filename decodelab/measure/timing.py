@@ -13,6 +13,9 @@ What each figure is (``time_generate``):
 - ``compile_s``: the first ``generate`` call minus ``generate_s`` (both programs' compilation).
 - ``generate_reps_s``, ``prefill_reps_s``: the timed runs' seconds behind the two medians.
 
+``time_interleaved`` times several runs of one point, their repetitions interleaved (the sampling,
+weights and max_len studies: ``time_capacity`` sets a cache size beside the smallest).
+
 The no-cache baseline (``time_recompute``) decodes greedily by recomputing the whole sequence for
 every new token (one jitted forward pass over all ``t`` tokens, logits at the last position only,
 argmax). One step is timed at a few sequence lengths from the prompt to ``prompt + new - 1``; the
@@ -97,7 +100,10 @@ def time_interleaved(runs: Mapping[str, Callable[[int], Any]], batch_size: int, 
 
     The repetitions are interleaved: each round times every run once (a whole call, then a
     prefill-only call), starting one run later than the round before, so a drift of the
-    machine's speed over the point falls on every run alike, never on one alone."""
+    machine's speed over the point falls on every run alike, never on one alone. An untimed
+    prefill-only call precedes each run's timed pair, so that both timed calls find the spare
+    cache of their own layout (``decodelab.cache.spares``) as repeated calls of one run would,
+    whatever layout the run before it left."""
     firsts = {}
     for name, run in runs.items():  # the first calls compile
         start = time.perf_counter()
@@ -112,6 +118,7 @@ def time_interleaved(runs: Mapping[str, Callable[[int], Any]], batch_size: int, 
     names = list(runs)
     for r in range(repeats):
         for name in names[r % len(names):] + names[:r % len(names)]:
+            runs[name](1)
             wholes[name].append(timed(runs[name], new_tokens))
             prefills[name].append(timed(runs[name], 1))
     found = {}
@@ -120,6 +127,25 @@ def time_interleaved(runs: Mapping[str, Callable[[int], Any]], batch_size: int, 
         found.update({f"{prefix}{key}": value for key, value in summary(
             wholes[name], prefills[name], batch_size, new_tokens, firsts[name]).items()})
     return found
+
+
+def time_capacity(model: Transformer, prompts: np.ndarray, new_tokens: int, repeats: int,
+                  max_len: int) -> dict:
+    """Greedy timings at ``max_len`` cache slots (unprefixed, ``time_generate``'s keys) and, where
+    ``max_len`` is larger, at the smallest cache that holds the call (prompt + new tokens; under
+    ``smallest_``), their repetitions interleaved (``time_interleaved``): what the capacity
+    costs, free of the machine's drift between points. ``prompts: [B, P]`` int32."""
+    B, P = prompts.shape
+    smallest = P + new_tokens
+    if max_len and max_len < smallest:
+        raise ValueError(f"max_len must be 0 or at least prompt + new tokens = {smallest}, "
+                         f"got {max_len}")
+    greedy = SamplingParams(temperature=0.0)
+    sizes = {"": max_len or smallest, **({"smallest_": smallest} if max_len > smallest else {})}
+    runs = {name.rstrip("_"): functools.partial(generate, model, prompts.tolist(), greedy, seed=0,
+                                                options=DecodeOptions(max_len=size))
+            for name, size in sizes.items()}
+    return time_interleaved(runs, B, new_tokens, repeats)
 
 
 def summary(wholes: Sequence[float], prefills: Sequence[float], batch_size: int,

@@ -118,13 +118,23 @@ def sampled_over_greedy(m: Mapping[str, Any]) -> Interval | None:
     return step_ratio(m, m, "sampled_")
 
 
-def max_len_step_ratio(metrics: Sequence[Mapping[str, Any]]) -> Interval | None:
-    """The step at the largest cache over the step at the smallest (rows of the same live
-    tokens); None with fewer than 2 cache sizes."""
+def at_largest_cache(metrics: Sequence[Mapping[str, Any]]) -> tuple[Mapping, Mapping, str] | None:
+    """The max_len study's pair behind its claims: (the largest cache's row, the row holding the
+    smallest cache's timings, that row's key prefix): the largest row itself with ``smallest_``
+    where it timed the smallest cache beside its own (``timing.time_capacity``), else the
+    smallest row (rows timed one point after another); None with fewer than 2 cache sizes."""
     if len({m["max_len"] for m in metrics}) < 2:
         return None
-    return step_ratio(max(metrics, key=lambda m: m["max_len"]),
-                      min(metrics, key=lambda m: m["max_len"]))
+    largest = max(metrics, key=lambda m: m["max_len"])
+    if largest.get("smallest_generate_reps_s"):
+        return largest, largest, "smallest_"
+    return largest, min(metrics, key=lambda m: m["max_len"]), ""
+
+
+def max_len_step_ratio(metrics: Sequence[Mapping[str, Any]]) -> Interval | None:
+    """The step at the largest cache over the step at the smallest (the same live tokens)."""
+    pair = at_largest_cache(metrics)
+    return None if pair is None else step_ratio(pair[0], pair[1], "", pair[2])
 
 
 def lowest_cache_speedup(metrics: Sequence[Mapping[str, Any]]) -> float | None:

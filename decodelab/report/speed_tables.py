@@ -81,11 +81,14 @@ def max_len_table(rows: Rows) -> Table:
                "whole call / whole call at the smallest max_len", "sampled step ms"]
     body = []
     for m in metrics:
-        base = min((o for o in metrics if (o["preset"], o["batch_size"]) ==
-                    (m["preset"], m["batch_size"])), key=lambda o: o["max_len"])
+        # The smallest cache's timings: the row's own, timed beside its cache (smallest_), or
+        # the smallest row's (rows timed one point after another).
+        base, prefix = (m, "smallest_") if m.get("smallest_step_ms") is not None else (min(
+            (o for o in metrics if (o["preset"], o["batch_size"]) ==
+             (m["preset"], m["batch_size"])), key=lambda o: o["max_len"]), "")
         body.append([m["preset"], m["batch_size"], m["max_len"], m["prompt_len"] + m["new_tokens"],
-                     m["step_ms"], timing.ratio(m["step_ms"], base["step_ms"] or None),
-                     m["prefill_ms"], timing.ratio(m["generate_s"], base["generate_s"]),
+                     m["step_ms"], timing.ratio(m["step_ms"], base[f"{prefix}step_ms"] or None),
+                     m["prefill_ms"], timing.ratio(m["generate_s"], base[f"{prefix}generate_s"]),
                      m.get("sampled_step_ms")])
     return Table(columns, body)
 
@@ -374,7 +377,8 @@ def caveats(rows: Rows) -> list[str]:
         if large["prefill_ms"] > 1.1 * small["prefill_ms"]:
             lines.append(f"What capacity still costs: {first}. A prefill attends to its prompt "
                          "only (the model call's `reach`); what grows is allocating and "
-                         "zero-filling the cache's max_len slots, which every call makes anew.")
+                         "zero-filling the cache's max_len slots where no spare cache of the "
+                         "layout is kept (`decodelab/cache/spares.py`).")
         else:
             lines.append(f"Capacity costs the first call nothing measurable here: {first}.")
     if speed.metric_rows(rows, "sampling"):

@@ -24,13 +24,13 @@ def roofline_threshold(m: Mapping[str, Any]) -> float:
 
 def max_len_whole_ratio(metrics: Sequence[Mapping[str, Any]]) -> Interval | None:
     """The whole ``generate`` call (prefill and cache set-up included) at the largest cache over
-    the call at the smallest (the same live tokens): the ratio of their median calls, each
-    row's repetitions resampled on their own; None with fewer than 2 cache sizes."""
-    if len({m["max_len"] for m in metrics}) < 2:
+    the call at the smallest (the same live tokens; ``speed.at_largest_cache``): the ratio of
+    their median calls, each program's repetitions resampled on their own."""
+    pair = speed.at_largest_cache(metrics)
+    if pair is None:
         return None
-    largest = max(metrics, key=lambda m: m["max_len"])
-    smallest = min(metrics, key=lambda m: m["max_len"])
-    reps = [speed.repetitions(m, "generate_reps_s") for m in (largest, smallest)]
+    reps = [speed.repetitions(pair[0], "generate_reps_s"),
+            speed.repetitions(pair[1], f"{pair[2]}generate_reps_s")]
     if any(r is None for r in reps):
         return None
     return stats.bootstrap_ratio(stats.median, (reps[0],), (reps[1],))
