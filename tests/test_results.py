@@ -207,6 +207,16 @@ def test_provenance_lines_name_the_commands_commit_and_machine(rows):
     assert f"{prov['backend']} backend, device {prov['device_kind']!r}, {prov['cpu_count']} CPUs" \
         in lines[1]
     assert lines[2].startswith("9 points run ")
+    # The rows were written under the tests' XLA flags (conftest) and say so.
+    assert f", XLA_FLAGS={prov['xla_flags']}." in lines[1] and prov["xla_flags"]
+
+
+def test_provenance_lines_say_no_xla_flags_and_nothing_for_rows_before_the_field(rows):
+    unset = [dict(r, provenance=dict(r["provenance"], xla_flags="")) for r in rows]
+    assert report.provenance_lines(unset, command="c")[1].endswith(", no XLA_FLAGS.")
+    before = [dict(r, provenance={k: v for k, v in r["provenance"].items() if k != "xla_flags"})
+              for r in rows]
+    assert "XLA_FLAGS" not in report.provenance_lines(before, command="c")[1]
 
 
 def test_provenance_lines_tally_rows_from_different_commits(rows):

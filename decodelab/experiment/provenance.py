@@ -1,5 +1,5 @@
 """Provenance of a result row: the git state of the decodelab checkout, library versions, the
-machine and the command that ran."""
+machine, the XLA flags and the command that ran."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from decodelab.report.pages import current_command
 
 PROVENANCE_FIELDS = ("git_commit", "git_dirty", "python_version", "jax_version", "jaxlib_version",
                      "flax_version", "backend", "device_kind", "device_count", "cpu_count",
-                     "command")
+                     "xla_flags", "command")
 
 
 def git_state(directory: str | os.PathLike) -> tuple[str, bool | None]:
@@ -51,6 +51,8 @@ def _static_provenance() -> tuple[tuple[str, Any], ...]:
         "device_kind": devices[0].device_kind,
         "device_count": len(devices),
         "cpu_count": os.cpu_count(),
+        # The XLA settings the process ran with ("" if none): they change the compiled programs.
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
     }
     return tuple(fields.items())
 

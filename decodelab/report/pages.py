@@ -45,9 +45,18 @@ def backend(rows: Sequence[Mapping[str, Any]]) -> str:
     return found.pop()
 
 
+def xla_flags_text(prov: Mapping[str, Any]) -> str:
+    """``", XLA_FLAGS=..."`` or ``", no XLA_FLAGS"`` for a row that recorded its flags; nothing
+    for rows written before the field."""
+    if "xla_flags" not in prov:
+        return ""
+    return f", XLA_FLAGS={prov['xla_flags']}" if prov["xla_flags"] else ", no XLA_FLAGS"
+
+
 def provenance_lines(rows: Sequence[Mapping[str, Any]], command: str | None = None) -> list[str]:
     """Markdown lines saying where the rows come from: the commands that produced them and the
-    one rendering them (this process's unless given), the commit and the machine."""
+    one rendering them (this process's unless given), the commit, the machine and the software
+    (with the XLA flags where the rows recorded them)."""
     if not rows:
         raise ValueError("rows must not be empty, got none")
     prov = [row.get("provenance", {}) for row in rows]
@@ -57,7 +66,8 @@ def provenance_lines(rows: Sequence[Mapping[str, Any]], command: str | None = No
     machines = [f"{p.get('backend')} backend, device {p.get('device_kind')!r}, "
                 f"{p.get('cpu_count')} CPUs" for p in prov]
     software = [f"jax {p.get('jax_version')}, jaxlib {p.get('jaxlib_version')}, "
-                f"flax {p.get('flax_version')}, Python {p.get('python_version')}" for p in prov]
+                f"flax {p.get('flax_version')}, Python {p.get('python_version')}"
+                + xla_flags_text(p) for p in prov]
     starts = sorted(row["start_time"] for row in rows)
     wall = sum(row.get("wall_time_s", 0.0) for row in rows)
     return [
