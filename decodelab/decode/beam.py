@@ -61,6 +61,7 @@ from decodelab.decode.request import (EOS, INCOMPLETE, LENGTH, NO_HYPOTHESIS, PA
                                       BeamOptions, check_eos, check_prompts)
 from decodelab.decode.shapes import batch_shapes, prompt_block, take_rows
 from decodelab.decode.state import LoopState
+from decodelab.model.parts import split
 from decodelab.sampling.constraint import ConstraintTable
 from decodelab.sampling.patterns import pattern_table
 from decodelab.sharding import data_size
@@ -378,7 +379,7 @@ def beam_search(
     block, lengths = prompt_block(rows, shapes)
     real = np.arange(shapes.padded_rows) < shapes.rows
     budgets = np.where(real, np.minimum(N, S - lengths), 0).astype(np.int32)
-    graphdef, weights = nnx.split(model)
+    graphdef, weights = split(model)
     table, starts = constraint or (None, None)
     inputs = BeamInputs(prompt_lengths=lengths, budgets=budgets, eos_mask=eos_mask,
                         alpha=np.float32(alpha), min_new_tokens=np.int32(min_new),

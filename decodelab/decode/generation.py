@@ -63,6 +63,7 @@ from decodelab.decode.request import (BAD_LOGITS, EOS, INCOMPLETE, LENGTH, NO_AL
 from decodelab.decode.samples import grouped, sample_block, with_samples
 from decodelab.decode.shapes import batch_shapes, prompt_width, sample_shapes
 from decodelab.decode.state import RowState
+from decodelab.model.parts import split
 from decodelab.sampling.params import SamplingParams
 from decodelab.sharding import data_size
 
@@ -278,7 +279,7 @@ def generate(
     check_memory("generate", buffers, {"len(prompts)": len(rows), **({"n": n} if n > 1 else {}),
                                        "max_new_tokens": shapes.columns, "max_len": S})
     block, _, lengths, samples = sample_block(request, shapes, data)
-    graphdef, weights = nnx.split(model)
+    graphdef, weights = split(model)
     cache = start_cache(model, weights, graphdef, block.shape[0], S, kv_cache)
     state = (prefill if samples is None else prefill_copies)(
         weights, block, request.row_inputs(lengths, V, shapes), cache, graphdef=graphdef,

@@ -74,6 +74,7 @@ from decodelab.checks import (check_bool, check_memory, check_model, check_size,
                               kv_cache_bytes, nbytes, position_limit, tokenizer_size)
 from decodelab.decode.generation import DecodeState
 from decodelab.decode.request import LENGTH, bucket_length, check_eos, decode_buffers, token_ids
+from decodelab.model.parts import split
 from decodelab.serving import samples, slot_prefill
 from decodelab.serving.constraints import SlotConstraints
 from decodelab.serving.engine_programs import (ADVANCE, advance_rows, collect, copy_pages,
@@ -167,9 +168,8 @@ class SlotEngine:
             buffers["KV cache"] = kv_cache_bytes(model.config, 1, self._memory.tokens)
         buffers["prefill logits"] = nbytes(
             (self._rows, options.prefill_chunk or self.max_len, self.vocab_size), np.float32)
-        check_memory("SlotEngine", buffers, {"num_slots": self.num_slots,
-                                             "max_len": self.max_len})
-        self._graphdef, self._weights = nnx.split(model)
+        check_memory("SlotEngine", buffers, {"num_slots": self.num_slots, "max_len": self.max_len})
+        self._graphdef, self._weights = split(model)
         self._state = empty_state(model.config, self._rows, self.max_len, options, eos_mask,
                                   kv_cache, None if self._memory is None else
                                   (self._memory.num_pages, self._memory.page_size))

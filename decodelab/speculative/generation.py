@@ -73,6 +73,7 @@ from decodelab.decode.request import (DecodeOptions, OutputSpec, RowInputs, chec
                                       speculative_sizes)
 from decodelab.decode.samples import grouped, sample_block, with_samples
 from decodelab.decode.shapes import Shapes
+from decodelab.model.parts import split
 from decodelab.sampling.params import SamplingParams
 from decodelab.speculative.drafters import Drafter, ModelDrafter, NgramDrafter, Proposal
 from decodelab.speculative.rounds import SpecState, speculative_round, verify
@@ -306,7 +307,7 @@ def speculative_generate(
                                       None if isinstance(draft, Drafter) else draft)
     _check_rewind_depth(gamma, o.kv_cache)
 
-    graphdef, target_weights = nnx.split(target)
+    graphdef, target_weights = split(target)
     drafter, draft_weights = _drafter(draft, o.kv_cache)
     # Both caches hold each prompt but its last token, which heads the first verify block.
     block, block_lengths, lengths, samples = sample_block(request, shapes, data_size(target))
@@ -353,7 +354,7 @@ def _drafter(draft, kv_cache: str | None) -> tuple[Drafter, Any]:
     ``ModelDrafter`` over its graph and weights."""
     if isinstance(draft, Drafter):
         return draft, None
-    draft_graphdef, draft_weights = nnx.split(draft)
+    draft_graphdef, draft_weights = split(draft)
     return ModelDrafter(draft_graphdef, kv_cache), draft_weights
 
 
