@@ -4,7 +4,8 @@ programs once each; every processor is in the step, under a ``cond`` that skips 
 enables it; greedy runs by the argmax branch; nothing sorts the vocabulary and a draw takes one
 uniform per row; greedy rows beside sampled ones give the greedy-only batch's outputs; the
 penalty counts carried in the state are those recounted from the tokens, updated by one token
-per row and step; top-k and top-p keep exactly the sort-based sets and draw exactly from them.
+per row and step, and no-repeat-n-gram reads carried suffixes without gathering the buffer;
+top-k and top-p keep exactly the sort-based sets and draw exactly from them.
 The step is read as its jaxpr (``programs.equations``) and the loop as its lowered text.
 """
 
@@ -230,6 +231,19 @@ def test_a_penalised_step_updates_the_carried_counts_by_one_token_per_row(tiny):
     assert inside and all(any((n, 1) in e.branches for n in ngram) for e in inside)
 
 
+def test_no_repeat_ngram_reads_carried_suffixes_and_gathers_nothing_of_the_buffer(tiny):
+    """With no-repeat-n-gram on, no gather in the step reads the ``[B, S]`` token buffer slot by
+    slot, and the processor runs no loop: it compares the common suffixes the state carries
+    (extended by one shifted compare per step) and scatters the banned tokens once."""
+    found = step_equations(tiny, dl.SamplingParams(temperature=0.7, no_repeat_ngram_size=3))
+    assert not [e for e in named(found, "gather")
+                if e.output_types[0].shape == e.input_types[0].shape == (B, MAX_LEN)]
+    ngram = processor_conds(found, 0)["no_repeat_ngram_size"]
+    inside = [e for e in found if (ngram, 1) in e.branches]
+    assert named(inside, "scatter-max") or named(inside, "scatter_max")
+    assert named(inside, "while") == [] and named(inside, "gather") == []
+
+
 # --- What the loop records ------------------------------------------------------------------------
 
 
@@ -260,13 +274,13 @@ def test_greedy_rows_beside_sampled_rows_record_what_a_greedy_batch_records(tiny
 ], ids=["greedy", "greedy-penalised", "mixed"])
 def test_the_carried_counts_are_the_counts_of_the_tokens(tiny, params):
     """After the loop, the output counts and seen tokens carried step by step equal those
-    recounted from the final token buffer (``carried_counts``)."""
+    recounted from the final token buffer (``RowState.counted``)."""
     final = run_loop(tiny, params)
-    recounted = decode.carried_counts(final.history_at(final.tokens, final.lengths),
-                                      tiny.config.vocab_size)
+    recounted = final.counted()
     assert int(final.output_counts.sum()) == int((final.lengths - final.prompt_lengths).sum())
-    for name, counts in recounted.items():
-        np.testing.assert_array_equal(getattr(final, name), counts, err_msg=name)
+    for name in ("output_counts", "seen"):
+        np.testing.assert_array_equal(getattr(final, name), getattr(recounted, name),
+                                      err_msg=name)
 
 
 # --- Top-k and top-p: the sort-based sets, and draws from them ------------------------------------

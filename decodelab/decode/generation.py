@@ -14,9 +14,10 @@ Conventions (every caller relies on them):
   are padded to buckets, the padding rows born done and cut from the output (``request``).
 - Sampling is one program for every setting: every processor is traced and skipped at run time
   when no row enables it, and a step whose running rows are all greedy takes the argmax path (no
-  softmax, no random numbers) by a ``lax.cond``, in the same program. The counts the penalties
-  read are carried in the state and updated by each kept token (one scatter per step), never
-  recounted from the token buffer.
+  softmax, no random numbers) by a ``lax.cond``, in the same program. What the history
+  processors read is carried in the state and updated by each kept token, never recounted from
+  the token buffer: the penalties' counts by one scatter per step, no-repeat-n-gram's common
+  suffixes (``sampling.History.suffixes``) by one shifted compare.
 - The token at position p of row b is drawn with ``fold_in(request key b, p)``
   (``sampling.row_keys``; the request keys come from the seeds, see ``request``).
 - A row stops at the first of: an EOS id ("eos"), the end of a stop sequence ("stop"),
@@ -36,8 +37,8 @@ Conventions (every caller relies on them):
   without advancing their cache. ``DECODE_LOOP`` runs it compiled or, with ``python_loop``, as
   its Python twin (same step, same tokens).
 
-The loop's state is ``state.RowState`` (shared with speculative decoding) plus the cache, the
-next logits and the carried counts. Validation of the arguments lives in ``request``, the output
+The loop's state is ``state.RowState`` (shared with speculative decoding, the carried history
+included) plus the cache and the next logits. Validation of the arguments lives in ``request``, the output
 in ``output``, shared with beam search, speculative decoding and the serving engine.
 """
 
@@ -77,22 +78,6 @@ class DecodeState(RowState):
 
     cache: KVCache  # lengths = self.lengths for running rows
     logits: jax.Array  # [B, V] float32, the model's logits for each row's next token
-    # What the penalties read, updated by each kept token (``carried_counts`` at the prefill).
-    output_counts: jax.Array | None = None  # [B, V] int32, occurrences in the output
-    seen: jax.Array | None = None  # [B, V] bool, occurs in the prompt or the output
-
-    @property
-    def history(self) -> sampling.History:
-        return self.history_at(self.tokens, self.lengths).replace(
-            output_counts=self.output_counts, seen=self.seen)
-
-
-def carried_counts(history: sampling.History, vocab_size: int) -> dict[str, jax.Array]:
-    """The counts a decode loop carries for the penalties, from ``history``'s tokens: each
-    token's occurrences in the output (frequency and presence penalties) and whether it occurs
-    in the prompt or the output (repetition penalty)."""
-    return dict(output_counts=history.output_occurrences(vocab_size),
-                seen=history.seen_tokens(vocab_size))
 
 
 def _choose(state: DecodeState, with_distribution: bool):
@@ -133,7 +118,6 @@ def _sample_and_record(state: DecodeState) -> DecodeState:
     B, S = state.tokens.shape
     N = state.max_new_tokens
     running = ~state.done
-    V = state.logits.shape[-1]
     with_distribution = bool(state.top_logprobs.shape[-1] or state.entropy.shape[-1])
     token, chosen, bad_logits, no_token, logprobs = _choose(state, with_distribution)
     write = running & ~bad_logits & ~no_token
@@ -144,11 +128,8 @@ def _sample_and_record(state: DecodeState) -> DecodeState:
     tokens = state.tokens.at[rows, slot].set(token, mode="drop")
     record = state.recorded((rows, out), chosen, lambda: logprobs)
 
-    counted = jnp.where(write, token, V)  # out of range: dropped
-    if state.output_counts is not None:
-        record.update(output_counts=state.output_counts.at[rows, counted].add(1, mode="drop"))
-    if state.seen is not None:
-        record.update(seen=state.seen.at[rows, counted].set(True, mode="drop"))
+    record.update(state.history_after(tokens, token[:, None], write.astype(jnp.int32))
+                  .carried_fields)
 
     lengths = state.lengths + write.astype(jnp.int32)
     record.update(state.advanced(token, write))
@@ -196,7 +177,7 @@ def prefill(weights, block, rows: RowInputs, cache: Cache, *, graphdef, outputs:
     if samples is not None:
         block, cache, last = block[samples], cache.take_rows(samples), last[samples]
     state = DecodeState.start(block, rows, max_len, outputs, cache=cache, logits=last)
-    return state.replace(**carried_counts(state.history, model.config.vocab_size))
+    return state.counted()
 
 
 # The cache is donated and written over in place; with n samples per prompt the state's cache

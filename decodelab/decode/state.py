@@ -62,6 +62,11 @@ class RowState(LoopState):
     # None when no row is constrained, and then no step reads or advances a table.
     constraint: ConstraintTable | None = None
     constraint_states: jax.Array | None = None  # [B] int32, FREE for a free row
+    # What the history processors read (``sampling.CARRIED``), counted once (``counted``) and
+    # updated by each kept token, never recounted from ``tokens``.
+    output_counts: jax.Array | None = None  # [B, V] int32, occurrences in the output
+    seen: jax.Array | None = None  # [B, V] bool, occurs in the prompt or the output
+    ngram_suffixes: jax.Array | None = None  # [B, S] int32 (``sampling.History.suffixes``)
 
     @classmethod
     def start(cls, block: jax.Array, rows: RowInputs, max_len: int, outputs: OutputSpec,
@@ -147,10 +152,26 @@ class RowState(LoopState):
         states = self.constraint_states if states is None else states
         return ~self.constraint.accepting[states]
 
-    def history_at(self, tokens: jax.Array, lengths: jax.Array) -> sampling.History:
-        """The rows' history with ``tokens: [B, S]`` up to ``lengths: [B]`` (no carried counts)."""
-        return sampling.History(tokens=tokens, prompt_lengths=self.prompt_lengths, lengths=lengths,
-                                eos_mask=self.eos_mask)
+    @property
+    def history(self) -> sampling.History:
+        """The rows' history, with the fields the state carries."""
+        return sampling.History(tokens=self.tokens, prompt_lengths=self.prompt_lengths,
+                                lengths=self.lengths, eos_mask=self.eos_mask,
+                                output_counts=self.output_counts, seen=self.seen,
+                                ngram_suffixes=self.ngram_suffixes)
+
+    def counted(self) -> RowState:
+        """The state with the history fields it carries counted from its tokens: the start of
+        a loop (or of a row, in the serving engine)."""
+        ngram_sizes = self.params.no_repeat_ngram_size
+        return self.replace(**self.history.carried(ngram_sizes).carried_fields)
+
+    def history_after(self, tokens: jax.Array, block: jax.Array, count: jax.Array
+                      ) -> sampling.History:
+        """The rows' history, carried fields updated, once each keeps the first ``count[b]``
+        tokens of ``block [B, T]``, which ``tokens [B, S]`` holds from the row's length."""
+        history = self.history.replace(tokens=tokens)
+        return history.extended(block, count, self.params.no_repeat_ngram_size)
 
     def ends_with_stop(self, tokens: jax.Array, ends: jax.Array) -> jax.Array:
         """``[B, T]`` bool: row b's output in ``tokens: [B, S]``, up to ``ends[b, i]`` tokens of

@@ -113,34 +113,162 @@ class Parameter:
 # --- What a processor may look at -----------------------------------------------------------------
 
 
+# The fields a decode loop carries so that the history processors read them instead of going over
+# the ``[B, S]`` token buffer every step (``History.carried``, updated by ``History.extended``).
+CARRIED = ("output_counts", "seen", "ngram_suffixes")
+
+
+def _suffix_limits(ngram_sizes: jax.Array) -> jax.Array:
+    """``[B]``: how far a row's common suffixes are followed, its no-repeat n-gram size - 1 (>= 0):
+    no row needs more, and a bound makes the carried and the recounted suffixes the same."""
+    return jnp.maximum(ngram_sizes - 1, 0)
+
+
+def _common_suffixes(tokens: jax.Array, lengths: jax.Array, limits: jax.Array) -> jax.Array:
+    """``[B, S]`` int32: at slot j, the length of the longest common suffix of ``tokens[b, :j]``
+    and ``tokens[b, :lengths[b]]``, at most ``limits[b]``; undefined at or past ``lengths``.
+    One gather of the buffer per suffix position: for the start of a loop, not for its steps."""
+    B, S = tokens.shape
+    slot = jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32)[None, :], (B, S))
+
+    def grow(k, carry):  # the k-th token before slot j against the k-th last
+        alive, total = carry
+        before = jnp.take_along_axis(tokens, jnp.maximum(slot - k, 0), axis=1)
+        last = jnp.take_along_axis(tokens, jnp.maximum(lengths - k, 0)[:, None], axis=1)
+        alive = alive & (slot >= k) & (k <= limits[:, None]) & (before == last)
+        return alive, total + alive.astype(jnp.int32)
+
+    # No common suffix of a slot below S is longer than S - 1 (and a loop to 2**31 - 1 never ends).
+    end = jnp.minimum(jnp.max(limits, initial=0), S - 1) + 1
+    start = (jnp.ones((B, S), bool), jnp.zeros((B, S), jnp.int32))
+    return jax.lax.fori_loop(1, end, grow, start)[1]
+
+
+def _extend_suffixes(suffixes: jax.Array, tokens: jax.Array, token: jax.Array,
+                     limits: jax.Array) -> jax.Array:
+    """``_common_suffixes`` after ``token [B]`` is appended to each row (``tokens [B, S]`` holds
+    it already at the old length): slot j's suffix is slot j - 1's plus one where the token
+    before j is the new one, else empty. One shifted compare, no gather."""
+    before = jnp.pad(tokens[:, :-1], ((0, 0), (1, 0)), constant_values=-1)  # [B, S]: token j - 1
+    grown = jnp.minimum(jnp.pad(suffixes[:, :-1], ((0, 0), (1, 0))) + 1, limits[:, None])
+    return jnp.where(before == token[:, None], grown, 0)
+
+
 @struct.dataclass(kw_only=True)
 class History:
-    """The tokens of each row so far: prompt, then output. What penalties and bans look at."""
+    """The tokens of each row so far: prompt, then output. What penalties and bans look at.
+
+    A decode loop carries ``CARRIED`` (``carried`` at the start, ``extended`` by each kept
+    token); without them (None) they are recounted from ``tokens`` when read. Speculative
+    verification reads the history at several positions of each row at once: rows ``b * T + t``
+    of ``tokens``, ``prompt_lengths`` and ``lengths`` are row b at its t-th position, and with
+    ``ahead`` (``[B, T]``) the carried fields are row b's before ``ahead[b, :t]``, which the
+    readers append (in their own branch: a round with no history processor on pays nothing).
+    """
 
     tokens: jax.Array  # [B, S] int32; slot j holds position j; slots at or past `lengths` ignored
     prompt_lengths: jax.Array  # [B] int32
     lengths: jax.Array  # [B] int32, prompt + output tokens
     eos_mask: jax.Array  # [V] bool, the ids min_new_tokens suppresses
-    # What the decode loop carries instead of counting `tokens` every step (None: count them,
-    # as speculative decoding does, whose rounds rewind).
     output_counts: jax.Array | None = None  # [B, V] int32, occurrences in the output
     seen: jax.Array | None = None  # [B, V] bool, occurs in prompt or output
+    # [B, S] int32: ``_common_suffixes`` of the row under its no-repeat n-gram size
+    ngram_suffixes: jax.Array | None = None
+    ahead: jax.Array | None = None  # [B, T] int32, see above
 
     @property
     def num_generated(self) -> jax.Array:  # [B]
         return self.lengths - self.prompt_lengths
 
+    @property
+    def carried_fields(self) -> dict[str, jax.Array | None]:
+        return {name: getattr(self, name) for name in CARRIED}
+
+    def carried(self, ngram_sizes: jax.Array) -> History:
+        """This history with ``CARRIED`` counted from ``tokens`` (``ngram_sizes``: ``[B]``, the
+        rows' no-repeat n-gram sizes): what a decode loop starts from."""
+        V = self.eos_mask.shape[0]
+        return self.replace(
+            output_counts=self.counts(V, output_only=True),
+            seen=self.counts(V, output_only=False) > 0,
+            ngram_suffixes=_common_suffixes(self.tokens, self.lengths,
+                                            _suffix_limits(ngram_sizes)))
+
+    def extended(self, block: jax.Array, count: jax.Array, ngram_sizes: jax.Array) -> History:
+        """This history (with ``CARRIED``) after the first ``count[b]`` tokens of ``block [B,
+        T]`` are appended to each row; ``tokens`` must hold them already, from ``lengths[b]``.
+        One scatter per count over the ``B * T`` tokens, ``T`` shifted compares."""
+        B, T = block.shape
+        kept = jnp.arange(T, dtype=jnp.int32)[None, :] < count[:, None]  # [B, T]
+        rows = jnp.broadcast_to(jnp.arange(B)[:, None], (B, T))
+        counted = jnp.where(kept, block, self.eos_mask.shape[0])  # out of range: dropped
+        limits = _suffix_limits(ngram_sizes)
+
+        def grow(t, suffixes):
+            longer = _extend_suffixes(suffixes, self.tokens, block[:, t], limits)
+            return jnp.where(kept[:, t, None], longer, suffixes)
+
+        return self.replace(
+            lengths=self.lengths + count,
+            output_counts=self.output_counts.at[rows, counted].add(1, mode="drop"),
+            seen=self.seen.at[rows, counted].set(True, mode="drop"),
+            ngram_suffixes=jax.lax.fori_loop(0, T, grow, self.ngram_suffixes))
+
+    def along(self, block: jax.Array) -> History:
+        """The history at the positions ``lengths[b] + t``, ``t < T``, of each row, with
+        ``block [B, T]`` (held by ``tokens`` from ``lengths``) appended before them: ``B * T``
+        rows, ``b * T + t`` with the first t tokens of ``block[b]`` (layout in the class
+        docstring)."""
+        B, T = block.shape
+        repeat = lambda a: jnp.repeat(a, T, axis=0)  # noqa: E731  [B, ...] -> [B*T, ...]
+        lengths = self.lengths[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]  # [B, T]
+        return self.replace(tokens=repeat(self.tokens), prompt_lengths=repeat(self.prompt_lengths),
+                            lengths=lengths.reshape(B * T), ahead=block)
+
+    def _ahead_counts(self) -> jax.Array:
+        """``[B, T, V]`` int32: occurrences of each token in ``ahead[b, :t]``."""
+        B, T = self.ahead.shape
+        V = self.eos_mask.shape[0]
+        after = jnp.broadcast_to(jnp.arange(1, T + 1)[None, :], (B, T))  # each counts from t + 1
+        once = jnp.zeros((B, T, V), jnp.int32).at[jnp.arange(B)[:, None], after, self.ahead].add(
+            1, mode="drop")
+        return jnp.cumsum(once, axis=1)
+
     def output_occurrences(self, vocab_size: int) -> jax.Array:
         """``[B, V]`` int32: occurrences of each token in the output."""
-        if self.output_counts is not None:
+        if self.output_counts is None:
+            return self.counts(vocab_size, output_only=True)
+        if self.ahead is None:
             return self.output_counts
-        return self.counts(vocab_size, output_only=True)
+        counts = self.output_counts[:, None] + self._ahead_counts()  # [B, T, V]
+        return counts.reshape(-1, vocab_size)
 
     def seen_tokens(self, vocab_size: int) -> jax.Array:
         """``[B, V]`` bool: the tokens that occur in the prompt or the output."""
-        if self.seen is not None:
+        if self.seen is None:
+            return self.counts(vocab_size, output_only=False) > 0
+        if self.ahead is None:
             return self.seen
-        return self.counts(vocab_size, output_only=False) > 0
+        return (self.seen[:, None] | (self._ahead_counts() > 0)).reshape(-1, vocab_size)
+
+    def suffixes(self, ngram_sizes: jax.Array) -> jax.Array:
+        """``[B, S]`` int32: at slot j, the length of the longest common suffix of the row's
+        tokens before j and its whole sequence, at most ``ngram_sizes[b] - 1``; undefined at or
+        past ``lengths``."""
+        limits = _suffix_limits(ngram_sizes)
+        if self.ngram_suffixes is None:
+            return _common_suffixes(self.tokens, self.lengths, limits)
+        if self.ahead is None:
+            return self.ngram_suffixes
+        B, T = self.ahead.shape
+        tokens = self.tokens[::T]  # [B, S]: each row's, the block in place
+        limits = limits[::T]
+
+        def grow(suffixes, token):  # the suffixes before a position, then after its token
+            return _extend_suffixes(suffixes, tokens, token, limits), suffixes
+
+        _, before = jax.lax.scan(grow, self.ngram_suffixes, self.ahead.T)  # [T, B, S]
+        return jnp.swapaxes(before, 0, 1).reshape(B * T, -1)
 
     def counts(self, vocab_size: int, *, output_only: bool) -> jax.Array:
         """``[B, V]`` int32: occurrences of each token in the output (or in prompt + output),

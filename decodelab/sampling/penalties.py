@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
 import jax.numpy as jnp
-import numpy as np
 
 from decodelab.sampling.base import LogitsProcessor, remove
 from decodelab.sampling.inputs import MAX_SCALE, MAX_SHIFT, Parameter
@@ -69,7 +67,8 @@ class PresencePenalty(LogitsProcessor):
 
 @dataclasses.dataclass(frozen=True)
 class NoRepeatNgram(LogitsProcessor):
-    """Ban every token that would complete an n-gram already in the row (prompt + output)."""
+    """Ban every token that would complete an n-gram already in the row (prompt + output): the
+    token after each earlier copy of the row's last n - 1 tokens (``History.suffixes``)."""
 
     reads_history = True
     parameter = Parameter(
@@ -79,24 +78,14 @@ class NoRepeatNgram(LogitsProcessor):
 
     def apply(self, logits, params, history):
         B, S = history.tokens.shape
-        n = params.no_repeat_ngram_size[:, None]  # [B, 1]
-        length = history.lengths[:, None]  # [B, 1]
-        slot = jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32)[None, :], (B, S))
-        # candidate[b, j]: the token at slot j ends an earlier n-gram whose first n - 1 tokens equal
-        # the row's last n - 1 tokens, so sampling tokens[b, j] now would repeat that n-gram.
-        candidate = (slot >= n - 1) & (slot < length)
-
-        def match_offset(k, candidate):  # compare the token k before slot j with the k-th last
-            before = jnp.take_along_axis(history.tokens, jnp.maximum(slot - k, 0), axis=1)
-            last = jnp.take_along_axis(history.tokens, jnp.maximum(length - k, 0), axis=1)
-            return candidate & ((k >= n) | (before == last))
-
-        # An n-gram longer than the row holds no earlier copy: past S, a larger n changes nothing
-        # (and a loop to n = 2**31 - 1 would never end).
-        candidate = jax.lax.fori_loop(1, jnp.minimum(jnp.max(n), S), match_offset, candidate)
+        n = params.no_repeat_ngram_size  # [B]
+        # Sampling tokens[b, j] now would repeat an n-gram iff the n - 1 tokens before slot j are
+        # the row's last n - 1: their common suffix (carried by the loop) reaches n - 1.
+        slot = jnp.arange(S, dtype=jnp.int32)[None, :]
+        repeats = (history.suffixes(n) >= n[:, None] - 1) & (slot < history.lengths[:, None])
         rows = jnp.broadcast_to(jnp.arange(B)[:, None], (B, S))
         banned = jnp.zeros(logits.shape, jnp.int32).at[rows, history.tokens].max(
-            candidate.astype(jnp.int32), mode="drop")
+            repeats.astype(jnp.int32), mode="drop")
         return remove(logits, banned == 0)
 
 

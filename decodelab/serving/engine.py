@@ -24,7 +24,7 @@ Conventions (every caller relies on them):
 - The step is one program for every mix of requests (``sampling``'s one-program rule): every
   processor is in it, skipped at run time when no running slot enables it, and the argmax path
   is taken when every running slot is greedy; admitting a request with other processors
-  compiles nothing. Penalty counts are carried in the state, as in ``generate``.
+  compiles nothing. What the history processors read is carried, as in ``generate``.
 - Constraints (``SamplingParams.regex`` / ``json_schema``) are per request: each slot carries
   its automaton state, the held patterns' table rides in the state (``constraints``).
 - Request ids are unique among the requests an engine holds: ``insert`` refuses an id that is

@@ -49,7 +49,7 @@ def empty_state(config, num_slots: int, max_len: int, options: EngineOptions,
         budgets=jnp.zeros((B,), jnp.int32),
         **OutputSpec(S).buffers(B),
     )
-    return state.replace(**decode.carried_counts(state.history, V))
+    return state.counted()
 
 
 @functools.partial(jax.jit, static_argnames=("n",))

@@ -17,7 +17,6 @@ from flax import nnx, struct
 from decodelab import sampling
 from decodelab.cache import bucket_rows
 from decodelab.cache.dense import KVCache, RowView
-from decodelab.decode import generation as decode
 from decodelab.decode.generation import DecodeState
 from decodelab.decode.request import LENGTH, RUNNING, bucket_length
 from decodelab.serving.paged import PagedKVCache
@@ -26,7 +25,7 @@ from decodelab.serving.slots import Slot
 # Fields of DecodeState with a leading slot axis (the cache's k and v have it second).
 ROW_FIELDS = ("tokens", "prompt_lengths", "lengths", "finish", "logits", "keys", "params",
               "stop_ids", "budgets", "logprobs", "top_logprobs", "top_ids", "entropy",
-              "output_counts", "seen", "constraint_states")
+              "output_counts", "seen", "ngram_suffixes", "constraint_states")
 
 
 @struct.dataclass(kw_only=True)
@@ -147,7 +146,7 @@ def prefill_rows(weights, state: DecodeState, chunk: PrefillChunk, *, graphdef,
     every chunk starts at slot 0 (a prompt sees only itself), else the whole row (``max_len``)."""
     model = nnx.merge(graphdef, weights)
     R, T = chunk.block.shape
-    S, V = state.tokens.shape[1], state.logits.shape[-1]
+    S = state.tokens.shape[1]
     rows = chunk.rows
     part = rows_of(state.cache, rows, chunk.offsets, reach)
     logits, part = model(chunk.block, cache=part, num_valid=chunk.counts)  # [R, T, V]
@@ -177,7 +176,7 @@ def prefill_rows(weights, state: DecodeState, chunk: PrefillChunk, *, graphdef,
         constraint_states=None if state.constraint is None else chunk.constraint_states)
     history = sampling.History(tokens=tokens, prompt_lengths=chunk.prompt_lengths,
                                lengths=lengths, eos_mask=state.eos_mask)
-    fields.update(decode.carried_counts(history, V))
+    fields.update(history.carried(params.no_repeat_ngram_size).carried_fields)
     put = lambda big, one: big.at[rows].set(one.astype(big.dtype), mode="drop")  # noqa: E731
     updated = {name: jax.tree.map(put, getattr(state, name), fields[name])
                for name in ROW_FIELDS if fields.get(name) is not None}

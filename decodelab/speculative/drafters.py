@@ -91,7 +91,7 @@ class ModelDrafter(Drafter):
         gamma = state.gamma
 
         def sample(j, carry):  # d_j and log q_j(d_j) from the logits for position L + j
-            history = state.history_at(carry["buffer"], L + j)
+            history = carry["history"]  # the carried one, with d_0 .. d_{j-1}
             # Under a constraint, masked by the state advanced along the draft so far.
             logits = state.constrained(carry["logits"], carry.get("constraint_states"))
 
@@ -112,8 +112,10 @@ class ModelDrafter(Drafter):
             if state.constraint is not None:
                 carry = dict(carry, constraint_states=state.constraint.advance(
                     carry["constraint_states"], token))
-            return token, dict(carry, buffer=carry["buffer"].at[rows, L + j].set(token,
-                                                                                mode="drop"),
+            buffer = carry["buffer"].at[rows, L + j].set(token, mode="drop")
+            history = history.replace(tokens=buffer).extended(
+                token[:, None], jnp.ones((B,), jnp.int32), state.params.no_repeat_ngram_size)
+            return token, dict(carry, buffer=buffer, history=history,
                                tokens=carry["tokens"].at[:, j].set(token),
                                logq=carry["logq"].at[:, j].set(logq),
                                usable=carry["usable"].at[:, j].set(ok))
@@ -126,7 +128,7 @@ class ModelDrafter(Drafter):
 
         # A loop rather than unrolled steps: the program (and its compile time) does not grow
         # with gamma. The last proposal is not fed (the next round's first block does that).
-        carry = dict(logits=logits, cache=cache, buffer=state.tokens,
+        carry = dict(logits=logits, cache=cache, buffer=state.tokens, history=state.history,
                      tokens=jnp.zeros((B, gamma), jnp.int32),
                      logq=jnp.zeros((B, gamma), jnp.float32), usable=jnp.zeros((B, gamma), bool))
         if state.constraint is not None:
@@ -170,8 +172,8 @@ class ModelDrafter(Drafter):
             if state.constraint is not None:  # masked as when d_n was drawn
                 at_n = jnp.take_along_axis(proposal.constraint_states, n[:, None], axis=1)[:, 0]
                 logits = state.constrained(logits, at_n)
-            return sampling.processed_logprobs(logits[:, 0], state.params,
-                                               state.history_at(proposal.buffer, L + n)), cache
+            history = state.history_after(proposal.buffer, proposal.tokens, n)  # up to d_n
+            return sampling.processed_logprobs(logits[:, 0], state.params, history), cache
 
         def nothing(cache):
             return jnp.full((L.shape[0], state.eos_mask.shape[0]), -jnp.inf), cache

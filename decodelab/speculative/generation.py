@@ -118,7 +118,7 @@ def initial_state(target_cache: KVCache, draft_cache: KVCache | None, block: np.
         tested=jnp.zeros((B, gamma), jnp.int32),
         accepted=jnp.zeros((B, gamma), jnp.int32),
         per_round=jnp.full((B, N), -1, jnp.int32),
-    )
+    ).counted()
 
 
 def _body(weights, state: SpecState, *, graphdef, drafter) -> SpecState:

@@ -74,16 +74,14 @@ def verify(target: nnx.Module, state: SpecState, proposal: Proposal
                   num_valid=jnp.where(state.done, 0, state.gamma + 1))
 
 
-def _per_position(state: SpecState, buffer: jax.Array, T: int
+def _per_position(state: SpecState, proposal: Proposal, T: int
                   ) -> tuple[RowParams, sampling.History]:
     """Sampling parameters and histories for the ``B * T`` positions ``L .. L+T-1`` (row-major),
-    each with the history up to its position (proposals from ``buffer``)."""
-    B = buffer.shape[0]
-    repeat = lambda a: jnp.repeat(a, T, axis=0)  # noqa: E731  [B, ...] -> [B*T, ...]
-    lengths = state.lengths[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]  # [B, T]
-    history = sampling.History(tokens=repeat(buffer), prompt_lengths=repeat(state.prompt_lengths),
-                               lengths=lengths.reshape(B * T), eos_mask=state.eos_mask)
-    return jax.tree.map(repeat, state.params), history
+    each with the history up to its position: the carried one and the proposals before it
+    (``History.along``)."""
+    block = jnp.pad(proposal.tokens, ((0, 0), (0, T - proposal.tokens.shape[1])))  # [B, T]
+    history = state.history.replace(tokens=proposal.buffer).along(block)
+    return jax.tree.map(lambda a: jnp.repeat(a, T, axis=0), state.params), history
 
 
 def _count_accepted(ok: jax.Array) -> jax.Array:
@@ -107,7 +105,7 @@ def _judge_greedy(state: SpecState, proposal: Proposal, logits: jax.Array) -> Ve
     processors before temperature), and the next token is the argmax after the last accepted
     one. No softmax: every distribution is one token with log-probability 0."""
     B, T, V = logits.shape
-    params, history = _per_position(state, proposal.buffer, T)
+    params, history = _per_position(state, proposal, T)
     choice, bad_logits, no_token = (x.reshape(B, T) for x in sampling.greedy_choice(
         logits.reshape(B * T, V), params, history))
     usable = ~bad_logits & ~no_token
@@ -130,7 +128,7 @@ def _judge_sampled(drafter: Drafter, draft_weights: Any, draft_cache: KVCache | 
     proposal was rejected), asking the drafter for the ``q`` row of the rejected proposal."""
     B, T, V = logits.shape
     gamma, L = T - 1, state.lengths
-    params, history = _per_position(state, proposal.buffer, T)
+    params, history = _per_position(state, proposal, T)
     scores = sampling.process_logits(logits.reshape(B * T, V), params, history).reshape(B, T, V)
     normaliser = jax.nn.logsumexp(scores, axis=-1)  # [B, T]
     bad_logits = sampling.bad_logits(logits)  # [B, T]
@@ -228,6 +226,7 @@ def _commit(state: SpecState, drafter: Drafter, proposal: Proposal, verdict: Ver
             running, jnp.minimum(lengths - 1, L + gamma - 1), state.draft_cache.lengths))
     if kept.constraint_states is not None:
         record.update(constraint_states=kept.constraint_states)
+    record.update(state.history_after(kept.tokens, kept.new, kept.count).carried_fields)
     return state.replace(
         step=state.step + 1, tokens=kept.tokens, lengths=lengths, finish=kept.finish,
         target_cache=target_cache, draft_cache=draft_cache,
