@@ -8,8 +8,9 @@ speculative decoding that drafts with the int4 g32 copy of the model itself. The
 trained on the corpus.
 Render the page with `python -m experiments.report --workdir=runs/quantization --out=results`.
 
-On SmolLM2-135M-Instruct (reference: its GGUF file dequantized to float32), plus two rows of
-llama.cpp's logits from the same file (where the `llamacpp` extra is installed):
+On SmolLM2-135M-Instruct (reference: its GGUF file dequantized to float32), plus rows of
+llama.cpp's logits and decode speed from the same file as stored and from llama.cpp's own float32,
+Q8_0, Q4_0 and Q4_K_M conversions of it (where the `llamacpp` extra is installed):
 
     python -m experiments.quantization --config=configs/quantization.py:smollm2-135m \
         --workdir=runs/quantization_smollm2
@@ -47,7 +48,7 @@ WEIGHT_ROWS = (
 )
 KV_CACHES = ("f32", "int8", "int4")
 SIXTEEN_BITS = ("bfloat16", "float16")
-PEERS = ("llama.cpp", "llama.cpp-f32")
+PEERS = ("llama.cpp", "llama.cpp-f32", "llama.cpp-q8_0", "llama.cpp-q4_0", "llama.cpp-q4_k_m")
 
 
 def get_config(arg: str | None = None) -> config_dict.ConfigDict:
@@ -78,8 +79,9 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
     # True: the speculative row (the reference drafting with its own int4 g32 copy).
     config.self_draft = False
     # "" (a decodelab candidate) or llama.cpp reading the pretrained model's GGUF file (the
-    # `llamacpp` extra): "llama.cpp" (the file as stored) or "llama.cpp-f32" (llama.cpp's own
-    # float32 copy of it, the reference's weights exactly): a cross-implementation row.
+    # `llamacpp` extra): "llama.cpp" (the file as stored), "llama.cpp-f32" (llama.cpp's own
+    # float32 copy of it, the reference's weights exactly), or "llama.cpp-q8_0", "-q4_0",
+    # "-q4_k_m" (llama.cpp's quantizer run on that float32 copy): cross-implementation rows.
     config.peer = ""
     # Proposals per round of the speculative row.
     config.gamma = 4

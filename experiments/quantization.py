@@ -16,8 +16,9 @@ row. Its metrics:
 - the self-draft row: ``alpha`` and ``speedup_b1`` of ``speculative_generate`` drafting with the
   reference's own int4 g32 copy (``measure.compression.time_self_draft``);
 - the llama.cpp rows (a pretrained model, ``peer``): the scoreboard of llama.cpp's logits from the
-  model's GGUF file, as stored or as llama.cpp's own float32 copy (``parameter_bytes``: the file's
-  tensor bytes; ``note`` where ``llama-cpp-python`` is not installed);
+  model's GGUF file, as stored or as llama.cpp's own float32, Q8_0, Q4_0 or Q4_K_M conversion,
+  and its decode speed at batch 1 (``parameter_bytes``: the file's tensor bytes; ``note`` where
+  ``llama-cpp-python`` is not installed);
 - ``load_1min``: the machine's 1-minute load average when the point started.
 """
 
@@ -33,7 +34,8 @@ from decodelab.experiment import presets
 from decodelab.measure.compression import llama_cpp_scoreboard, time_decoding, time_self_draft
 from decodelab.report import compression
 from decodelab.report import quantization_tables as tables
-from decodelab.report.compression import Target, kl_minus, scoreboard, speed
+from decodelab.report.compression import (Target, against, kl_minus, scoreboard, speed,
+                                          speed_over, windows_compared)
 from decodelab.text.data import token_windows
 
 _FLAGS = experiment.define_flags("configs/quantization.py")
@@ -46,12 +48,13 @@ def evaluate(config, ctx) -> dict:
     model, tokenizer = candidates.reference_model(config, ctx)
     row = {"label": candidates.quantization_label(config), "load_1min": load}
     windows = token_windows(tokenizer, "test", config.num_windows, config.window_tokens + 1)
-    if config.peer:
-        ctx.status(config.peer)
-        return {**row, **llama_cpp_scoreboard(model, presets.pretrained_path(
-            config.model.pretrained), windows, float32=config.peer == "llama.cpp-f32")}
     prompts = token_windows(tokenizer, "test", max(config.batch_sizes),
                             config.prompt_tokens).tolist()
+    if config.peer:
+        ctx.status(config.peer)
+        return {**row, **llama_cpp_scoreboard(
+            model, presets.pretrained_path(config.model.pretrained), windows, prompts[0],
+            config.new_tokens, config.repeats, ftype=candidates.peer_ftype(config.peer))}
     if config.self_draft:
         ctx.status("self-draft")
         return {**row, **time_self_draft(model, prompts, config.gamma, config.new_tokens,
@@ -79,6 +82,30 @@ def targets_of(subject: str, label: str) -> list[Target]:
                    unit="x")]
 
 
+def peer_targets() -> list[Target]:
+    """Beside llama.cpp's own quantizations of the same file (pretrained pages): int8 and int4
+    g32 decode at >= 0.8x the tok/s of Q8_0 and Q4_0 at batch 1; int4 g32 keeps the top token at
+    least as often as Q4_0 and its mean KLD is within 1.2x of Q4_0's."""
+    q8, q4 = ({"label": candidates.PEERS[f"llama.cpp-{name}"]} for name in ("q8_0", "q4_0"))
+    int8, int4 = tables.candidate("int8"), tables.candidate("int4 g32")
+
+    def over(B):
+        return lambda a, b: speed_over(a, b, B)
+
+    return [Target("int8 weights", "tok/s at batch 1 / llama.cpp Q8_0's",
+                   against(int8, q8, over(1)), 0.8, units="timed runs", unit="x",
+                   pages="pretrained"),
+            Target("int4 g32 weights", "tok/s at batch 1 / llama.cpp Q4_0's",
+                   against(int4, q4, over(1)), 0.8, units="timed runs", unit="x",
+                   pages="pretrained"),
+            Target("int4 g32 weights", "same top minus llama.cpp Q4_0's",
+                   against(int4, q4, lambda a, b: windows_compared(a, b, "same_top")), 0.0,
+                   unit="%", pages="pretrained"),
+            Target("int4 g32 weights", "mean KLD / llama.cpp Q4_0's",
+                   against(int4, q4, lambda a, b: windows_compared(a, b, ratio=True)), 1.2,
+                   at_least=False, unit="x", pages="pretrained")]
+
+
 # The targets, as data: what is measured on which row, the threshold and the comparison.
 TARGETS = (
     *targets_of("int8 weights", "int8"),
@@ -90,6 +117,7 @@ TARGETS = (
     *[Target("int4 at the larger group size, mean KLD minus round to nearest's", name,
              kl_minus(tables.larger_group(method), tables.larger_group("rtn")), 0.0,
              at_least=False) for name, method in (("GPTQ", "gptq"), ("AWQ", "awq"))],
+    *peer_targets(),
 )
 
 

@@ -65,9 +65,10 @@ def render(study, rows, out_dir) -> dict[str, str]:
 def test_the_pretrained_sweep_adds_the_llama_cpp_rows_after_the_self_draft_row():
     module = config_module("quantization")
     trained, pretrained = module.get_sweep(), module.get_sweep("smollm2-135m")
-    assert len(trained) == 27 and len(pretrained) == 29
-    assert pretrained[-3:] == [{"self_draft": True}, {"peer": "llama.cpp"},
-                               {"peer": "llama.cpp-f32"}]
+    assert len(trained) == 27 and len(pretrained) == 32
+    assert pretrained[-6:] == [{"self_draft": True}, {"peer": "llama.cpp"},
+                               {"peer": "llama.cpp-f32"}, {"peer": "llama.cpp-q8_0"},
+                               {"peer": "llama.cpp-q4_0"}, {"peer": "llama.cpp-q4_k_m"}]
     assert not any("peer" in point for point in trained)
 
 
@@ -91,7 +92,11 @@ def test_the_page_shows_the_llama_cpp_rows_beside_the_targets(study, tmp_path):
     assert "| int4 g32 weights: same top | 98.0% [98.0, 98.0] | >= 90.0% | met |" in page
     assert ("- llama.cpp (its float32 copy) on the same windows: mean KLD 0.00000100 from "
             "decodelab's float32 reference, same top 100%") in page
-    assert ("int8 0.00100 against 0.00136 for q8_0 (blocks of 32) (0.735x)") in page
+    # llama.cpp's own Q8_0 / Q4_0 / Q4_K_M rows replace the published LLaMA-3-8B anchors.
+    assert "| llama.cpp Q4_K_M | f16 (llama.cpp) |" in page
+    assert "published LLaMA-3-8B" not in page
+    trained = render(study, synthetic_rows(None), tmp_path)["quantization"]
+    assert "int8 0.00100 against 0.00136 for q8_0 (blocks of 32) (0.735x)" in trained
     assert "- llama.cpp (GGUF as stored): not run: llama-cpp-python is not installed." in page
     assert "| llama.cpp (its float32 copy) | f16 (llama.cpp) |" in page
     assert "| bfloat16 | f32 |" in page and "| float16 | f32 |" in page
@@ -137,7 +142,8 @@ def test_a_llama_cpp_row_needs_a_pretrained_model_before_any_model_is_made(study
         study.evaluate(config, None)
     config.peer = "llama"
     with pytest.raises(ValueError, match=r"config.peer must be '' or one of \['llama.cpp', "
-                                         r"'llama.cpp-f32'\], got 'llama'"):
+                                         r"'llama.cpp-f32', 'llama.cpp-q4_0', 'llama.cpp-q4_k_m', "
+                                         r"'llama.cpp-q8_0'\], got 'llama'"):
         study.evaluate(config, None)
 
 
@@ -153,6 +159,35 @@ def test_the_speed_target_is_judged_by_the_interval_over_timed_runs(study, tmp_p
     page = render(study, rows, tmp_path)["quantization"]
     assert "| int8 weights: speed-up at batch 1 | 2.00x [2.00, 2.00] | >= 1.50x | met |" in page
     assert "| 2.00 [2.00, 2.00] | 1.00 [1.00, 1.00] |" in page  # the main table's speed-ups
+
+
+def test_int8_and_int4_are_judged_against_llama_cpps_own_quantizations(study, tmp_path):
+    rows = synthetic_rows("smollm2-135m")
+    runs = [1.00, 1.10, 0.95, 1.05, 1.02]
+    for row in rows:
+        m, c = row["metrics"], row["config"]
+        if c["kv_cache"] != "f32" or c["self_draft"]:
+            continue
+        if m["label"] == "int8":  # twice llama.cpp Q8_0's seconds: 0.5x its tok/s
+            m["reps_s_b1"] = [2 * s for s in runs]
+        elif m["label"] == "llama.cpp Q8_0":
+            m["reps_s_b1"] = runs
+        elif m["label"] == "int4 g32":  # Q4_0's seconds, 90% same top, 1.1x its KL
+            m.update(reps_s_b1=runs, same_top_per_window=[90.0] * 16,
+                     kl_per_window=[0.011 * (1 + i % 2) for i in range(16)])
+        elif m["label"] == "llama.cpp Q4_0":
+            m.update(reps_s_b1=runs, same_top_per_window=[92.0 - 2 * (i % 2) for i in range(16)],
+                     kl_per_window=[0.01 * (1 + i % 2) for i in range(16)])
+    page = render(study, rows, tmp_path)["quantization_smollm2-135m"]
+    # Each program's runs resampled on their own: the intervals are not points.
+    assert ("| int8 weights: tok/s at batch 1 / llama.cpp Q8_0's | 0.500x [0.455, 0.550] | "
+            ">= 0.800x | not met |") in page
+    assert ("| int4 g32 weights: tok/s at batch 1 / llama.cpp Q4_0's | 1.00x [0.909, 1.10] | "
+            ">= 0.800x | met |") in page
+    assert ("| int4 g32 weights: same top minus llama.cpp Q4_0's | -1.00% [-1.50, -0.500] | "
+            ">= 0% | not met |") in page
+    assert ("| int4 g32 weights: mean KLD / llama.cpp Q4_0's | 1.10x [1.10, 1.10] | <= 1.20x | "
+            "met |") in page
 
 
 def test_gptq_and_awq_are_judged_against_round_to_nearest_window_by_window(study, tmp_path):

@@ -31,8 +31,17 @@ from decodelab.train.trainer import TrainConfig, train
 PRUNING_KINDS = ("dense", "unstructured", "2:4", "4:8", "heads", "neurons")
 # config.weights of a pruning point -> what the row's label says of it.
 PRUNED_WEIGHTS = {"": "", "int8-w8a8": "int8 W8A8", "int4-g32": "int4 g32"}
-# config.peer of a quantization point -> the row's label.
-PEERS = {"llama.cpp": "llama.cpp (GGUF as stored)", "llama.cpp-f32": "llama.cpp (its float32 copy)"}
+# config.peer of a quantization point -> the row's label; the peer's llama.cpp conversion of the
+# file (None: the file as stored) is its name after "llama.cpp-".
+PEERS = {"llama.cpp": "llama.cpp (GGUF as stored)", "llama.cpp-f32": "llama.cpp (its float32 copy)",
+         "llama.cpp-q8_0": "llama.cpp Q8_0", "llama.cpp-q4_0": "llama.cpp Q4_0",
+         "llama.cpp-q4_k_m": "llama.cpp Q4_K_M"}
+
+
+def peer_ftype(peer: str) -> str | None:
+    """The llama.cpp conversion a peer point scores (``measure.llama_cpp.FTYPES``), None for the
+    file as stored."""
+    return peer.partition("-")[2] or None
 
 
 def reference_model(config, ctx) -> tuple:

@@ -1,6 +1,7 @@
 """What the compression studies (quantization, pruning) measure besides the scoreboard itself: the
 token windows they score and time, interleaved timing of a candidate against its reference, the
-self-draft row, llama.cpp's logits scored as a peer, and per-layer values kept in a row.
+self-draft row, llama.cpp's logits scored as a peer (with its decode speed), and per-layer
+values kept in a row.
 
 The rows these fill hold, per batch size B:
 
@@ -26,6 +27,7 @@ from decodelab import optional
 from decodelab.compress.quantization import parameter_bytes, quantize
 from decodelab.decode.generation import generate
 from decodelab.measure import llama_cpp
+from decodelab.measure.peers import time_llama_cpp
 from decodelab.measure.scoreboard import compare
 from decodelab.measure.timing import timed
 from decodelab.sampling.params import SamplingParams
@@ -89,22 +91,27 @@ def time_self_draft(model, prompts: Sequence[Sequence[int]], gamma: int, new_tok
             "draft_parameter_bytes": parameter_bytes(draft)}
 
 
-def llama_cpp_scoreboard(model, source: pathlib.Path, windows: np.ndarray, *,
-                         float32: bool) -> dict:
+def llama_cpp_scoreboard(model, source: pathlib.Path, windows: np.ndarray,
+                         prompt: Sequence[int], new_tokens: int, repeats: int, *,
+                         ftype: str | None) -> dict:
     """The scoreboard of llama.cpp's logits on ``windows`` against ``model`` (decodelab's
-    reference), read from the GGUF file ``source`` as stored or (``float32``) from llama.cpp's own
-    float32 copy of it; ``parameter_bytes``: the file's tensor bytes. Without the ``llamacpp``
-    extra, a row that says so (``note``)."""
+    reference), read from the GGUF file ``source`` as stored (``ftype`` None) or from llama.cpp's
+    own conversion of it (``llama_cpp.convert``: "f32", "q8_0", "q4_0", "q4_k_m"), with its
+    greedy decode speed at batch 1 (``peers.time_llama_cpp``: ``new_tokens`` after ``prompt``,
+    ``repeats`` runs: ``tokens_per_s_b1``, ``reps_s_b1``); ``parameter_bytes``: the file's tensor
+    bytes. Without the ``llamacpp`` extra, a row that says so (``note``)."""
     try:
         module = optional.require("llama_cpp")
     except optional.MissingExtra:
         return {"note": MISSING_LLAMA_CPP}
     with tempfile.TemporaryDirectory() as scratch:
-        path = (llama_cpp.float32_copy(source, pathlib.Path(scratch) / "f32.gguf") if float32
-                else source)
+        path = (source if ftype is None else
+                llama_cpp.convert(source, pathlib.Path(scratch) / f"{ftype}.gguf", ftype))
         board = compare(model, lambda batch: llama_cpp.logits(path, np.asarray(batch)), windows)
+        timed = time_llama_cpp(path, np.asarray(prompt), new_tokens, repeats)
         file_bytes = llama_cpp.gguf_tensor_bytes(path)
-    return {**board.as_dict(), "parameter_bytes": file_bytes, "llama_version": module.__version__}
+    return {**board.as_dict(), "parameter_bytes": file_bytes, "llama_version": module.__version__,
+            "tokens_per_s_b1": timed["tokens_per_s"], "reps_s_b1": timed["generate_reps_s"]}
 
 
 def by_layer(array) -> dict[str, list]:

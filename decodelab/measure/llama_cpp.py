@@ -1,7 +1,8 @@
 """llama.cpp as a peer (through ``llama-cpp-python``, the ``llamacpp`` extra): loading a GGUF file
 with the same threads as decodelab, its own float32 conversion of a file, and its logits on token
 windows. Shared by the decode benchmark (speed, ``decodelab.measure.peers``) and the quantization
-study (a cross-implementation row of the scoreboard).
+study (cross-implementation rows of the scoreboard: the file, and llama.cpp's own float32, Q8_0,
+Q4_0 and Q4_K_M conversions of it, ``convert``).
 
 llama.cpp's AMX kernels stop with an illegal instruction where the kernel does not grant a
 process AMX state (some virtual machines), so ``load`` takes ``extra_buffers=False`` by default:
@@ -27,19 +28,33 @@ def gguf_tensor_bytes(path: pathlib.Path) -> int:
     return int(sum(int(t.n_bytes) for t in reader.tensors))
 
 
-def float32_copy(source: pathlib.Path, destination: pathlib.Path) -> pathlib.Path:
-    """llama.cpp's own conversion of the GGUF file ``source`` to float32 weights
-    (``llama_model_quantize`` with ``LLAMA_FTYPE_ALL_F32``, requantizing allowed): the same
-    values decodelab computes when it dequantizes the file, stored as llama.cpp reads them."""
+# What ``convert`` makes with llama.cpp's own quantizer: float32, and the quantizations the
+# quantization scoreboard sets beside decodelab's (Q8_0 and Q4_0: one scale per block of 32
+# weights; Q4_K_M: k-quants, super-blocks of 256 with 6-bit sub-block scales, some tensors at 6
+# bits). The quantized ones are made from llama.cpp's float32 copy of the file.
+FTYPES = {"f32": "LLAMA_FTYPE_ALL_F32", "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0",
+          "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0", "q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M"}
+
+
+def convert(source: pathlib.Path, destination: pathlib.Path, ftype: str) -> pathlib.Path:
+    """The GGUF file ``source`` written by llama.cpp's own quantizer (``llama_model_quantize``,
+    requantizing allowed) as ``ftype`` (``FTYPES``) at ``destination``: "f32" is the same values
+    decodelab computes when it dequantizes the file, stored as llama.cpp reads them; a quantized
+    ``ftype`` is made from that float32 copy (written beside ``destination``), as llama.cpp's
+    quantizer would make it from a float32 file."""
+    if ftype not in FTYPES:
+        raise ValueError(f"ftype must be one of {sorted(FTYPES)}, got {ftype!r}")
     llama_cpp = optional.require("llama_cpp")
+    if ftype != "f32":
+        source = convert(source, destination.with_name(destination.stem + "-f32.gguf"), "f32")
     params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = llama_cpp.LLAMA_FTYPE_ALL_F32
+    params.ftype = getattr(llama_cpp, FTYPES[ftype])
     params.allow_requantize = True
     params.nthread = threads()
     status = llama_cpp.llama_model_quantize(str(source).encode(), str(destination).encode(),
                                             ctypes.byref(params))
     if status != 0 or not destination.is_file():
-        raise RuntimeError(f"llama.cpp could not convert {source} to float32 (status {status})")
+        raise RuntimeError(f"llama.cpp could not convert {source} to {ftype} (status {status})")
     return destination
 
 

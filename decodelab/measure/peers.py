@@ -234,7 +234,7 @@ def llama_cpp_peer(source: pathlib.Path, cfg: ModelConfig, prompt: np.ndarray, n
     out = {}
     with tempfile.TemporaryDirectory() as scratch:
         files = {"llama": source,
-                 "llama_f32": llama_cpp.float32_copy(source, pathlib.Path(scratch) / "f32.gguf")}
+                 "llama_f32": llama_cpp.convert(source, pathlib.Path(scratch) / "f32.gguf", "f32")}
         for name, path in files.items():
             status(f"llama.cpp ({name})")
             timed = time_llama_cpp(path, prompt, N, repeats, extra_buffers)

@@ -122,14 +122,31 @@ def speed_cell(row: Mapping[str, Any], B: int) -> Interval | float | None:
     return speedup(row, B) or metric(row, f"speedup_b{B}")
 
 
-def kl_difference(a: Mapping[str, Any], b: Mapping[str, Any]) -> Interval | None:
-    """Mean KLD of row ``a`` minus row ``b``, paired over the windows (both scored on the same
-    windows); None where either row keeps no per-window values."""
-    wa, wb = metric(a, "kl_per_window"), metric(b, "kl_per_window")
+def windows_compared(a: Mapping[str, Any], b: Mapping[str, Any], name: str = "kl_mean", *,
+                     ratio: bool = False) -> Interval | None:
+    """Row ``a``'s ``name`` (``kl_mean`` or ``same_top``, mean over windows) minus row ``b``'s,
+    or over it (``ratio``), paired over the windows (both scored on the same windows); None
+    where either row keeps no per-window values."""
+    wa, wb = metric(a, PER_WINDOW[name]), metric(b, PER_WINDOW[name])
     if not wa or not wb or len(wa) != len(wb) or len(wa) < 2:
         return None
-    return stats.bootstrap_difference(stats.mean, np.asarray(wa, np.float64),
-                                      np.asarray(wb, np.float64))
+    two = stats.bootstrap_ratio if ratio else stats.bootstrap_difference
+    try:
+        return two(stats.mean, np.asarray(wa, np.float64), np.asarray(wb, np.float64),
+                   paired=True)
+    except ValueError:  # a ratio over a mean of 0
+        return None
+
+
+def speed_over(a: Mapping[str, Any], b: Mapping[str, Any], B: int) -> Interval | None:
+    """Row ``a``'s tokens/s at batch ``B`` over row ``b``'s (the same tokens per run): ``b``'s
+    median run seconds (``reps_s_b<B>``) over ``a``'s, each row's runs resampled on their own;
+    None where either keeps fewer than 2 runs."""
+    ra, rb = metric(a, f"reps_s_b{B}"), metric(b, f"reps_s_b{B}")
+    if not ra or not rb or len(ra) < 2 or len(rb) < 2:
+        return None
+    return stats.bootstrap_ratio(stats.median, np.asarray(rb, np.float64),
+                                 np.asarray(ra, np.float64))
 
 
 def point(value: Interval | float | None) -> float | None:
@@ -163,12 +180,18 @@ def speed(B: int, where: Where) -> Value:
     return lambda rows: None if (row := one(rows, where)) is None else speed_cell(row, B)
 
 
-def kl_minus(where: Where, against: Where) -> Value:
-    """Mean KLD of the row ``where`` picks minus that of the row ``against`` picks, paired over
+def kl_minus(where: Where, other: Where) -> Value:
+    """Mean KLD of the row ``where`` picks minus that of the row ``other`` picks, paired over
     the windows."""
+    return against(where, other, windows_compared)
+
+
+def against(where: Where, other: Where, compared: Callable) -> Value:
+    """``compared(a, b)`` of the rows ``where`` and ``other`` pick (None if either is missing):
+    ``windows_compared`` or ``speed_over`` with their options bound."""
     def value(rows: Rows) -> Interval | None:
-        a, b = one(rows, where), one(rows, against)
-        return None if a is None or b is None else kl_difference(a, b)
+        a, b = one(rows, where), one(rows, other)
+        return None if a is None or b is None else compared(a, b)
 
     return value
 

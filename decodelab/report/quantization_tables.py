@@ -137,10 +137,11 @@ def method(rows: Rows) -> list[str]:
     ]
     if any(r["config"].get("peer") for r in rows):
         lines.append("llama.cpp rows (`llama-cpp-python`): llama.cpp's logits on the same windows "
-                     "from the GGUF file as stored and from llama.cpp's own float32 copy of it, "
-                     "scored against decodelab's float32 reference (a cross-implementation "
-                     "check); llama.cpp keeps its KV cache in float16; param MB: the file's "
-                     "tensor bytes.")
+                     "from the GGUF file as stored and from its own float32, Q8_0, Q4_0 and "
+                     "Q4_K_M conversions (its quantizer run on the float32 copy), scored against "
+                     "decodelab's float32 reference, and its greedy decode of the same tokens at "
+                     "batch 1 (medians of as many runs); its KV cache is float16; param MB: the "
+                     "file's tensor bytes.")
     return lines
 
 
@@ -159,7 +160,8 @@ def anchor_lines(rows: Rows) -> list[str]:
     if minmax is not None:
         parts.append(f"int4 g32 min-max {format_number(metric(minmax, 'kl_mean'))}")
     lines = []
-    if parts:
+    measured = any(r["config"].get("peer", "").startswith("llama.cpp-q") for r in rows)
+    if parts and not measured:  # llama.cpp's own quantizations of this model, where measured
         lines.append("Mean KLD against llama.cpp's published LLaMA-3-8B figures (against FP16, "
                      "not rerun here): " + "; ".join(parts) + ". Its other anchors: q8_0 same "
                      "top 97.67%; q4_K_M mean KLD 0.0313, same top 91.90%.")
@@ -187,11 +189,14 @@ def peer_lines(rows: Rows) -> list[str]:
         if metric(r, "note"):
             lines.append(f"{metric(r, 'label')}: {metric(r, 'note')}.")
             continue
+        speed = metric(r, "tokens_per_s_b1")
         lines.append(f"{metric(r, 'label')} on the same windows: mean KLD "
                      f"{format_number(point(cell(r, 'kl_mean')))} from decodelab's float32 "
                      f"reference, same top {format_number(point(cell(r, 'same_top')))}%, "
                      f"perplexity {metric(r, 'perplexity_candidate'):.3f} against "
-                     f"{metric(r, 'perplexity_reference'):.3f}.")
+                     f"{metric(r, 'perplexity_reference'):.3f}"
+                     + ("" if speed is None else f"; {format_number(speed)} tok/s at batch 1")
+                     + ".")
     return lines
 
 
