@@ -43,6 +43,20 @@ scoreboard of its own. On CPU, XLA runs a one-row integer dot on a slow path (~1
 one), so a single row is padded to ``INT8_MIN_ROWS``; only int8 weights with one scale per output
 channel (``group_size=None``) gain speed: int4 is converted to an int8 copy first and the
 grouped dot is batched, both slower than the float32 dot.
+
+Two int8 terms (``activations="int8x2"``): the fast int8 path. A row is rounded as above, then
+its remainder (at most half a step) is rounded the same way, and both terms go through one
+integer dot of ``2 R`` rows: ``x @ W ~ s1 (q1 @ Q) + s2 (q2 @ Q)``. The activations' rounding
+is then ~127 times finer than W8A8's (about 15 bits), so the output is the weights' rounding
+alone: on SmolLM2 (4 windows of 128 tokens) the mean KL equals float activations' (0.0048 with
+int8 per output channel, against 0.059 for W8A8), and at batch 1 the second term fills the row
+W8A8 pads anyway. What else was measured there, and why it lost: Q8_0-style blocks of 32 (weights
+and activations) need one int32 partial sum per block, and XLA on CPU runs the block-batched
+``dot_general`` at 0.2x float32, an int16 multiply-and-reduce fusion at 1.5x at batch 1 but
+0.4x at batch 8 (it is compute-bound), and the float dot batched over blocks at 0.2x; its KL
+(0.006) was no better, since blocked activations round coarser than two terms. Weight-only
+blocks of 32 reach KL 0.0019 but only through those slow block sums. SmoothQuant's per-channel
+migration (``input_scale``, alpha 0.5) takes W8A8 from 0.059 to 0.020, not to 0.01.
 """
 
 from __future__ import annotations
@@ -57,7 +71,9 @@ from flax import nnx
 
 from decodelab.checks import check_int, check_one_of
 
-ACTIVATIONS = (None, "int8")  # float inputs, or inputs quantized per row (module docstring)
+# Float inputs, or inputs quantized per row to int8 terms (module docstring): how many terms each.
+ACTIVATION_TERMS = {"int8": 1, "int8x2": 2}
+ACTIVATIONS = (None, *ACTIVATION_TERMS)
 # Rows an int8 x int8 dot is padded to (module docstring: one row takes a slow path on CPU).
 INT8_MIN_ROWS = 2
 # Weights dequantized at a time by a quantized matmul, unless a layer is given another
@@ -174,7 +190,7 @@ class QuantizedEinsum(nnx.Module):
         x = x.astype(self.dtype).reshape(-1, self.qvalue.shape[0])  # [R, In]
         if self.input_scale is not None:
             x = x * self.input_scale[...].astype(self.dtype)[None, :]
-        y = self._integer_matmul(x) if self.activations == "int8" else self._blocked_matmul(x)
+        y = self._blocked_matmul(x) if self.activations is None else self._integer_matmul(x)
         y = y.reshape(*lead, *self.out_dims)
         if self.bias is not None:
             y = y + self.bias[...].astype(self.dtype).reshape(*(1 for _ in lead), *self.out_dims)
@@ -196,31 +212,55 @@ class QuantizedEinsum(nnx.Module):
         return jnp.moveaxis(y, 0, 1).reshape(-1, Out)
 
     def _integer_matmul(self, x: jax.Array) -> jax.Array:
-        """``x [R, In] @ kernel -> [R, Out]`` with ``x`` quantized to int8 per row (module
-        docstring): an int8 x int8 dot accumulated in int32, then the scales."""
-        R, In = x.shape
+        """``x [R, In] @ kernel -> [R, Out]`` with ``x`` quantized per row (module docstring):
+        int8 rows (``"int8"``, padded to ``INT8_MIN_ROWS``) or two int8 terms (``"int8x2"``),
+        an int8 x int8 dot accumulated in int32, then the scales."""
+        terms = activation_terms(x, ACTIVATION_TERMS[self.activations])  # [rows, In], [rows, 1]
+        xq = jnp.concatenate([q for q, _ in terms])  # [terms * rows, In]
+        rows = terms[0][0].shape[0]
+        y = self._integer_dot(xq)  # [terms * rows, Out]
+        y = sum(y[t * rows:(t + 1) * rows] * s for t, (_, s) in enumerate(terms))
+        if self.offset is not None:
+            G = self.scale.shape[0]
+            xd = sum(q.astype(self.dtype) * s for q, s in terms)  # [rows, In]
+            y = y + xd.reshape(rows, G, -1).sum(-1) @ self.offset[...].astype(self.dtype)
+        return y[:x.shape[0]]
+
+    def _integer_dot(self, xq: jax.Array) -> jax.Array:
+        """``xq [rows, In] int8`` times the integer kernel in int32, times the weight scales:
+        ``[rows, Out]`` float (per group: a dot batched over the groups)."""
+        rows = xq.shape[0]
         G, Out = self.scale.shape
-        rows = max(R, INT8_MIN_ROWS)
-        x = jnp.pad(x, ((0, rows - R), (0, 0)))  # [rows, In]
-        absmax = jnp.max(jnp.abs(x), axis=1, keepdims=True)
-        x_scale = jnp.where(absmax > 0, absmax / 127, 1).astype(self.dtype)  # [rows, 1]
-        xq = jnp.clip(jnp.round(x / x_scale), -127, 127).astype(jnp.int8)
         q = self.qvalue[...].astype(jnp.int8)
         scale = self.scale[...].astype(self.dtype)
         if G == 1:
             acc = jax.lax.dot_general(xq, q, (((1,), (0,)), ((), ())),
                                       preferred_element_type=jnp.int32)  # [rows, Out]
-            y = acc.astype(self.dtype) * scale
-        else:
-            acc = jax.lax.dot_general(xq.reshape(rows, G, -1), q.reshape(G, -1, Out),
-                                      (((2,), (1,)), ((1,), (0,))),
-                                      preferred_element_type=jnp.int32)  # [G, rows, Out]
-            y = jnp.einsum("GRO,GO->RO", acc.astype(self.dtype), scale)
-        y = y * x_scale
-        if self.offset is not None:
-            sums = (xq.astype(self.dtype) * x_scale).reshape(rows, G, -1).sum(-1)  # [rows, G]
-            y = y + sums @ self.offset[...].astype(self.dtype)
-        return y[:R]
+            return acc.astype(self.dtype) * scale
+        acc = jax.lax.dot_general(xq.reshape(rows, G, -1), q.reshape(G, -1, Out),
+                                  (((2,), (1,)), ((1,), (0,))),
+                                  preferred_element_type=jnp.int32)  # [G, rows, Out]
+        return jnp.einsum("GRO,GO->RO", acc.astype(self.dtype), scale)
+
+
+def round_rows(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``x [R, In]`` -> ``(int8 [R, In], scale [R, 1])``: each row rounded with its absmax / 127
+    (an all-zero row gets scale 1)."""
+    absmax = jnp.max(jnp.abs(x), axis=1, keepdims=True)
+    scale = jnp.where(absmax > 0, absmax / 127, 1).astype(x.dtype)
+    return jnp.clip(jnp.round(x / scale), -127, 127).astype(jnp.int8), scale
+
+
+def activation_terms(x: jax.Array, n: int) -> list[tuple[jax.Array, jax.Array]]:
+    """``x [R, In]`` as ``n`` int8 terms ``[(q, scale)]`` with ``x ~ sum q * scale``: term 1 rounds
+    the rows, term 2 the remainder (module docstring). One term is padded to ``INT8_MIN_ROWS``."""
+    rows = max(x.shape[0], INT8_MIN_ROWS) if n == 1 else x.shape[0]
+    rest = jnp.pad(x, ((0, rows - x.shape[0]), (0, 0)))  # [rows, In]
+    terms = [round_rows(rest)]
+    for _ in range(n - 1):
+        q, scale = terms[-1]
+        terms.append(round_rows(rest := rest - q.astype(x.dtype) * scale))
+    return terms
 
 
 class QuantizedEmbed(QuantizedEinsum):

@@ -185,8 +185,10 @@ def quantize(model: Transformer, weights: str = "int8", group_size: int | None =
     ``group_size`` input channels of each output channel (None: per output channel). ``method``:
     "rtn" (round to nearest), "gptq" or "awq", the last two calibrated on ``calibration`` tokens
     ``[B, T]``. ``scheme``: "absmax" (symmetric) or "minmax" (asymmetric, with zero points).
-    ``activations``: None (float inputs) or "int8" (each input row quantized to int8 and an
-    integer dot, W8A8: module docstring). Each quantized layer dequantizes
+    ``activations``: None (float inputs), "int8" (each input row quantized to int8 and an
+    integer dot, W8A8) or "int8x2" (each row as two int8 terms, the row's and its remainder's
+    rounding, in one integer dot: the fast path, as close as float inputs; ``qlinear``'s
+    docstring). Each quantized layer dequantizes
     ``qlinear.BLOCK_ELEMENTS`` weights at a time; ``qlinear.with_block_elements`` changes that.
 
     ``weights="bfloat16"`` or ``"float16"``: the model under ``param_dtype=weights``, every
@@ -202,6 +204,10 @@ def quantize(model: Transformer, weights: str = "int8", group_size: int | None =
             raise ValueError(f"group_size must divide the input dimension of every quantized "
                              f"projection; {'.'.join(map(str, path))} has {In} inputs, "
                              f"got group_size={group_size}")
+        if weights == "int4" and In % 2:
+            raise ValueError(f"weights='int4' packs two values per byte along the input "
+                             f"dimension, which must be even; {'.'.join(map(str, path))} has "
+                             f"{In} inputs: use weights='int8'")
     stored = stored_as(model)
     if stored:
         warnings.warn(f"model is already quantized ({stored}); quantizing its dequantized "
