@@ -1,8 +1,8 @@
 """python -m experiments.quantization --config=configs/quantization.py --workdir=runs/quantization
 
 Weights stored quantized (int8; int4 in groups of 128 and of 32, absmax and min-max; GPTQ and AWQ
-int4 g128; int8 with int8 activations, W8A8), each crossed with a float32, int8 or int4 KV cache,
-judged by `dl.compare` against the float32 model on held-out windows (KL divergence, same top
+int4 g128; int8 with int8 activations, W8A8, and with activations as two int8 terms, W8A8x2),
+each crossed with a float32, int8 or int4 KV cache, judged by `dl.compare` against the float32 model on held-out windows (KL divergence, same top
 token, perplexity, bytes) and timed against it (decode tokens/s at batch 1 and 8); plus one row of
 speculative decoding that drafts with the int4 g32 copy of the model itself. The model is `medium`
 trained on the corpus.
@@ -45,6 +45,7 @@ WEIGHT_ROWS = (
     ("int4", 128, "absmax", "gptq", ""),
     ("int4", 128, "absmax", "awq", ""),
     ("int8", 0, "absmax", "rtn", "int8"),
+    ("int8", 0, "absmax", "rtn", "int8x2"),
 )
 KV_CACHES = ("f32", "int8", "int4")
 SIXTEEN_BITS = ("bfloat16", "float16")
@@ -72,7 +73,8 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
     # "rtn" (round to nearest), "gptq" or "awq" (calibrated on training windows).
     config.method = "rtn"
     # "" (float inputs) or "int8": each token's input to a projection rounded to int8 and an
-    # integer dot (W8A8, `dl.quantize(activations="int8")`).
+    # integer dot (W8A8, `dl.quantize(activations="int8")`); "int8x2": the input and its
+    # rounding's remainder as two int8 terms of one integer dot (W8A8x2).
     config.activations = ""
     # KV cache of the candidate: "f32", "int8" or "int4".
     config.kv_cache = "f32"

@@ -110,6 +110,7 @@ def peer_targets() -> list[Target]:
 TARGETS = (
     *targets_of("int8 weights", "int8"),
     *targets_of("int8 W8A8 (integer dot)", "int8 W8A8"),
+    *targets_of("int8 W8A8x2 (two-term activations)", "int8 W8A8x2"),
     Target("int8 KV cache", "mean KLD", scoreboard("kl_mean", tables.candidate("f32", "int8")),
            0.002, at_least=False),
     Target("int4 g32 weights", "same top", scoreboard("same_top", tables.candidate("int4 g32")),

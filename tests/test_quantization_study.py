@@ -65,7 +65,7 @@ def render(study, rows, out_dir) -> dict[str, str]:
 def test_the_pretrained_sweep_adds_the_llama_cpp_rows_after_the_self_draft_row():
     module = config_module("quantization")
     trained, pretrained = module.get_sweep(), module.get_sweep("smollm2-135m")
-    assert len(trained) == 27 and len(pretrained) == 32
+    assert len(trained) == 30 and len(pretrained) == 35
     assert pretrained[-6:] == [{"self_draft": True}, {"peer": "llama.cpp"},
                                {"peer": "llama.cpp-f32"}, {"peer": "llama.cpp-q8_0"},
                                {"peer": "llama.cpp-q4_0"}, {"peer": "llama.cpp-q4_k_m"}]
@@ -77,7 +77,8 @@ def test_each_point_is_labelled_by_its_weights_method_and_activations():
     points = experiment.expand(module.get_config(), module.get_sweep())
     labels = list(dict.fromkeys(candidates.quantization_label(p.config) for p in points))
     assert labels == ["f32", "bfloat16", "float16", "int8", "int4 g128", "int4 g32", "int4 g32 min-max",
-                      "int4 g128 GPTQ", "int4 g128 AWQ", "int8 W8A8", "self-draft (int4 g32)"]
+                      "int4 g128 GPTQ", "int4 g128 AWQ", "int8 W8A8", "int8 W8A8x2",
+                      "self-draft (int4 g32)"]
 
 
 def test_the_page_shows_the_llama_cpp_rows_beside_the_targets(study, tmp_path):
@@ -106,7 +107,7 @@ def test_the_page_shows_the_llama_cpp_rows_beside_the_targets(study, tmp_path):
 def test_the_answer_names_each_targets_verdict(study, tmp_path):
     page = render(study, synthetic_rows(None), tmp_path)["quantization"]
     answer = page.splitlines()[2]
-    assert answer.startswith("4 of 9 claims met, 3 not met, 2 undecided or not measured; int8 "
+    assert answer.startswith("6 of 12 claims met, 4 not met, 2 undecided or not measured; int8 "
                              "weights: mean KLD met, same top met, speed-up at batch 1 not met;")
     assert "int8 KV cache: mean KLD not met" in answer  # 0.05 against 0.002
     assert "int4 g32 weights" not in page.split("## Method")[0]  # judged on SmolLM2 only

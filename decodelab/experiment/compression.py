@@ -65,7 +65,8 @@ def check_quantization(config) -> None:
 
 
 def quantization_label(config) -> str:
-    """``"int4 g32 min-max"``, ``"int8 W8A8"``, ``"self-draft (int4 g32)"``, the llama.cpp rows'."""
+    """``"int4 g32 min-max"``, ``"int8 W8A8"`` (``"int8 W8A8x2"``: activations as two int8
+    terms), ``"self-draft (int4 g32)"``, the llama.cpp rows'."""
     if config.peer:
         return PEERS[config.peer]
     if config.self_draft:
@@ -75,7 +76,7 @@ def quantization_label(config) -> str:
     group = f" g{config.group_size}" if config.group_size else ""
     extra = {"rtn": "" if config.scheme == "absmax" else " min-max", "gptq": " GPTQ",
              "awq": " AWQ"}[config.method]
-    activations = " W8A8" if config.activations == "int8" else ""
+    activations = {"": "", "int8": " W8A8", "int8x2": " W8A8x2"}[config.activations]
     return f"{config.weights}{group}{extra}{activations}"
 
 
