@@ -83,7 +83,8 @@ class Run:
 def step_runs(model, prompts, params, step_tokens: int, max_len: int) -> tuple:
     """``generate`` of ``step_tokens`` tokens and of 1, whose time difference over
     ``step_tokens - 1`` is one decode step of ``model`` at this batch and these parameters."""
-    return tuple(functools.partial(generate, model, prompts, params, n, seed=0, max_len=max_len)
+    return tuple(functools.partial(generate, model, prompts, params, n, seed=0,
+                                   options=DecodeOptions(max_len=max_len))
                  for n in (step_tokens, 1))
 
 
