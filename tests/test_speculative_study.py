@@ -220,6 +220,11 @@ def test_each_targets_rows_render_on_a_page_of_its_own_in_the_page_form(tmp_path
     # Rows without per-unit values: plain numbers, judged as point estimates, and the
     # distillation claim (a difference of means) not judged.
     assert "- No intervals: the rows keep no per-prompt values" in main
+    # Rows that do not record other processes' CPU time: the load average alone, as shared.
+    assert "the timed runs shared the machine with whatever else ran" in main
+    quiet = [dict(r, other_cpu_s=0.01) for r in rows]
+    assert ("- No other process shared the cores (up to 0.01 cores busy during a point, under "
+            "the 0.25 that counts as sharing;") in render_all(quiet, tmp_path / "q")["speculative"]
     assert "_low" not in (tmp_path / "speculative_best.csv").read_text()
     # The fake rows: speed-up 1.2 + 0.01 gamma, so 1.22 at the best gamma (2) of every group.
     assert verdict_row(main, "speed-up >= 2x with draft (distilled), batch 1, temperature 0") \

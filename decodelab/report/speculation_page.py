@@ -12,10 +12,12 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from decodelab.measure.speculation import COST_REPEATS
+from decodelab.measure.timing import SHARED_CORES
 from decodelab.measure.stats import RESAMPLES, Interval
 from decodelab.report import speculation as spec
 from decodelab.report.claims import Judged
 from decodelab.report.form import tally
+from decodelab.report.pages import other_cores
 from decodelab.report.tables import Table, format_value
 
 Rows = spec.Rows
@@ -165,12 +167,19 @@ def caveats(rows: Rows, least: float, reseeded: Rows = (),
                      f"kept out of the table and plot (seed 0); their points are in the seeds "
                      f"CSV.")
     loads = [spec.metric(r, "load_1min") for r in rows]
-    lines.append(f"The machine's 1-minute load average at the start of the points was "
-                 f"{format_value(min(loads))} to {format_value(max(loads))} (median "
-                 f"{format_value(statistics.median(loads))}) on "
-                 f"{rows[0]['provenance'].get('cpu_count')} CPUs: the timed runs shared it with "
-                 f"whatever else ran, which the interleaved repetitions spread over both sides of "
-                 f"each ratio.")
+    load = (f"1-minute load average {format_value(min(loads))} to {format_value(max(loads))} "
+            f"(median {format_value(statistics.median(loads))}) at the starts of the points on "
+            f"{rows[0]['provenance'].get('cpu_count')} CPUs, the program's own threads included")
+    busy = other_cores(rows)
+    if busy and max(busy) < SHARED_CORES:
+        lines.append(f"No other process shared the cores (up to {max(busy):.2f} cores busy during "
+                     f"a point, under the {SHARED_CORES} that counts as sharing; {load}).")
+    else:
+        lines.append(f"The {load}"
+                     + (f"; other processes kept up to {max(busy):.2f} cores busy during a point"
+                        if busy else "")
+                     + ": the timed runs shared the machine with whatever else ran, which the "
+                     "interleaved repetitions spread over both sides of each ratio.")
     return lines
 
 
