@@ -24,6 +24,7 @@ row. Its metrics:
 
 from __future__ import annotations
 
+import functools
 import os
 
 
@@ -88,15 +89,12 @@ def peer_targets() -> list[Target]:
     least as often as Q4_0 and its mean KLD is within 1.2x of Q4_0's."""
     q8, q4 = ({"label": candidates.PEERS[f"llama.cpp-{name}"]} for name in ("q8_0", "q4_0"))
     int8, int4 = tables.candidate("int8"), tables.candidate("int4 g32")
-
-    def over(B):
-        return lambda a, b: speed_over(a, b, B)
-
+    batch_1 = functools.partial(speed_over, B=1)
     return [Target("int8 weights", "tok/s at batch 1 / llama.cpp Q8_0's",
-                   against(int8, q8, over(1)), 0.8, units="timed runs", unit="x",
+                   against(int8, q8, batch_1), 0.8, units="timed runs", unit="x",
                    pages="pretrained"),
             Target("int4 g32 weights", "tok/s at batch 1 / llama.cpp Q4_0's",
-                   against(int4, q4, over(1)), 0.8, units="timed runs", unit="x",
+                   against(int4, q4, batch_1), 0.8, units="timed runs", unit="x",
                    pages="pretrained"),
             Target("int4 g32 weights", "same top minus llama.cpp Q4_0's",
                    against(int4, q4, lambda a, b: windows_compared(a, b, "same_top")), 0.0,

@@ -180,12 +180,6 @@ def speed(B: int, where: Where) -> Value:
     return lambda rows: None if (row := one(rows, where)) is None else speed_cell(row, B)
 
 
-def kl_minus(where: Where, other: Where) -> Value:
-    """Mean KLD of the row ``where`` picks minus that of the row ``other`` picks, paired over
-    the windows."""
-    return against(where, other, windows_compared)
-
-
 def against(where: Where, other: Where, compared: Callable) -> Value:
     """``compared(a, b)`` of the rows ``where`` and ``other`` pick (None if either is missing):
     ``windows_compared`` or ``speed_over`` with their options bound."""
@@ -194,6 +188,12 @@ def against(where: Where, other: Where, compared: Callable) -> Value:
         return None if a is None or b is None else compared(a, b)
 
     return value
+
+
+def kl_minus(where: Where, other: Where) -> Value:
+    """Mean KLD of the row ``where`` picks minus that of the row ``other`` picks, paired over
+    the windows."""
+    return against(where, other, windows_compared)
 
 
 @dataclasses.dataclass(frozen=True)

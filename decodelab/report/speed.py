@@ -118,17 +118,24 @@ def sampled_over_greedy(m: Mapping[str, Any]) -> Interval | None:
     return step_ratio(m, m, "sampled_")
 
 
+def at_smallest_cache(m: Mapping[str, Any], metrics: Sequence[Mapping[str, Any]]
+                      ) -> tuple[Mapping[str, Any], str]:
+    """Where the max_len study's row ``m`` finds the smallest cache's timings: ``(m,
+    "smallest_")`` where it timed that cache beside its own (``timing.time_capacity``), else
+    ``(the smallest row of its preset and batch, "")`` (rows timed one point after another)."""
+    if m.get("smallest_generate_reps_s"):
+        return m, "smallest_"
+    same = [o for o in metrics if (o["preset"], o["batch_size"]) == (m["preset"], m["batch_size"])]
+    return min(same, key=lambda o: o["max_len"]), ""
+
+
 def at_largest_cache(metrics: Sequence[Mapping[str, Any]]) -> tuple[Mapping, Mapping, str] | None:
-    """The max_len study's pair behind its claims: (the largest cache's row, the row holding the
-    smallest cache's timings, that row's key prefix): the largest row itself with ``smallest_``
-    where it timed the smallest cache beside its own (``timing.time_capacity``), else the
-    smallest row (rows timed one point after another); None with fewer than 2 cache sizes."""
+    """The max_len study's pair behind its claims: the largest cache's row and where it finds the
+    smallest cache's timings (``at_smallest_cache``); None with fewer than 2 cache sizes."""
     if len({m["max_len"] for m in metrics}) < 2:
         return None
     largest = max(metrics, key=lambda m: m["max_len"])
-    if largest.get("smallest_generate_reps_s"):
-        return largest, largest, "smallest_"
-    return largest, min(metrics, key=lambda m: m["max_len"]), ""
+    return largest, *at_smallest_cache(largest, metrics)
 
 
 def max_len_step_ratio(metrics: Sequence[Mapping[str, Any]]) -> Interval | None:

@@ -81,11 +81,7 @@ def max_len_table(rows: Rows) -> Table:
                "whole call / whole call at the smallest max_len", "sampled step ms"]
     body = []
     for m in metrics:
-        # The smallest cache's timings: the row's own, timed beside its cache (smallest_), or
-        # the smallest row's (rows timed one point after another).
-        base, prefix = (m, "smallest_") if m.get("smallest_step_ms") is not None else (min(
-            (o for o in metrics if (o["preset"], o["batch_size"]) ==
-             (m["preset"], m["batch_size"])), key=lambda o: o["max_len"]), "")
+        base, prefix = speed.at_smallest_cache(m, metrics)
         body.append([m["preset"], m["batch_size"], m["max_len"], m["prompt_len"] + m["new_tokens"],
                      m["step_ms"], timing.ratio(m["step_ms"], base[f"{prefix}step_ms"] or None),
                      m["prefill_ms"], timing.ratio(m["generate_s"], base[f"{prefix}generate_s"]),
