@@ -655,3 +655,31 @@ def test_bfloat16_logits_are_finite_and_close_to_float32(build):
     np.testing.assert_allclose(full16, full32, rtol=0, atol=0.1)
     logits, cache = m16.prefill()
     assert cache.k.dtype == jnp.bfloat16 and np.isfinite(logits).all()
+
+
+def test_taps_return_the_residual_stream_and_head_is_the_models_exit(build):
+    """``taps`` returns the stream entering each named block (0: the embeddings, n_layers: the
+    last block's output), and ``head`` of the last tap is the model's own logits, with and
+    without a cache."""
+    m = build("layernorm-gelu-untied")
+    L = m.cfg.n_layers
+    tokens = jnp.asarray(SEQ[:, :BLOCK])
+    logits, hidden = m.model(tokens, taps=(0, L))
+    assert hidden.shape == (2, B, BLOCK, m.cfg.d_model)
+    np.testing.assert_allclose(logits, m.model(tokens), rtol=0, atol=0)
+    np.testing.assert_allclose(m.model.head(hidden[1]), logits, rtol=0, atol=ATOL)
+    embedded = m.model.positions.embed(m.model.embed(tokens),
+                                       jnp.broadcast_to(jnp.arange(BLOCK), (B, BLOCK)))
+    np.testing.assert_allclose(hidden[0], embedded, rtol=0, atol=ATOL)
+    cache = dl.KVCache.init(m.cfg, batch_size=B, max_len=MAX_LEN)
+    cached, _, tapped = m.model(tokens, cache=cache, taps=(L,))
+    np.testing.assert_allclose(cached, logits, rtol=0, atol=ATOL)
+    np.testing.assert_allclose(tapped[0], hidden[1], rtol=0, atol=ATOL)
+
+
+@pytest.mark.parametrize("taps", [(3,), (-1,), [1], (1, 1), (0.0,)])
+def test_bad_taps_are_rejected(build, taps):
+    m = build("rope")
+    with pytest.raises(ValueError, match=r"^taps must be a tuple of distinct layer indices in "
+                                         rf"\[0, {m.cfg.n_layers}\], got"):
+        m.model(jnp.zeros((B, 4), jnp.int32), taps=taps)

@@ -202,9 +202,7 @@ def last_logits(model: Transformer, tokens: jax.Array) -> jax.Array:
     bias = model.positions.bias(positions, positions)  # [B, N, T, T] or None
     for layer, block in enumerate(model.blocks):
         x, _ = block(x, model.positions, positions, positions, bias, None, layer)
-    x = model.final_norm(x[:, -1:])  # [B, 1, D]
-    logits = model.embed.attend(x) if model.config.tie_embeddings else model.lm_head(x)
-    return logits[:, 0].astype(jnp.float32)  # [B, V]
+    return model.head(x[:, -1])  # [B, V]
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef",))

@@ -77,6 +77,14 @@ def _norm_is_finite(x: jax.Array) -> jax.Array:  # [B, T, D] -> [B, T]
     return jnp.isfinite(jnp.mean(jnp.square(x.astype(jnp.float32)), axis=-1))
 
 
+def _check_taps(taps, n_layers: int) -> tuple[int, ...]:
+    if (not isinstance(taps, tuple) or not all(is_int(i) and 0 <= i <= n_layers for i in taps)
+            or len(set(taps)) != len(taps)):
+        raise ValueError(f"taps must be a tuple of distinct layer indices in [0, {n_layers}], "
+                         f"got {taps!r}")
+    return tuple(int(i) for i in taps)
+
+
 def _check_num_valid(num_valid, B: int, T: int) -> jax.Array:
     """``num_valid`` as ``[B]`` int32 (default ``T`` per row); ValueError naming it for non-integer
     values (never truncated), a wrong shape or counts outside ``[0, T]``."""
@@ -121,13 +129,21 @@ class Transformer(nnx.Module):
         num_valid: jax.Array | None = None,  # [B] int, only with a cache
         blocking: Blocking = BLOCKING,  # how attention over the cache is split (static)
         reach: int | None = None,  # static: no query of this call sees a slot at or past it
+        taps: tuple[int, ...] = (),  # static: also return the residual stream at these layers
     ):
         """Logits ``[B, T, V]`` (and with a cache, the cache after the block). ``reach``, with a
         cache: the caller's promise that every row holds at most ``reach - T`` tokens before the
         call (e.g. ``T`` on a fresh cache, as a prefill has), so a block longer than
         ``blocking.short`` reads only slots ``[0, reach)`` instead of all ``max_len``: a prefill
-        then attends to the prompt, not to the cache's capacity. None: ``max_len``."""
+        then attends to the prompt, not to the cache's capacity. None: ``max_len``.
+
+        ``taps``: layer indices in ``[0, n_layers]``; the call then also returns, last, the
+        residual stream ``[len(taps), B, T, D]`` entering block i (tap 0: the embeddings, tap
+        ``n_layers``: the last block's output, before the final norm). ``head`` turns a tap into
+        logits as the model's own exit does (contrastive search reads ``head``'s normed input,
+        DoLa early-exit logits)."""
         cfg = self.config
+        taps = _check_taps(taps, cfg.n_layers)
         if not isinstance(blocking, Blocking):
             raise ValueError(f"blocking must be an attention.Blocking, got {blocking!r}")
         tokens = _as_tokens(tokens, cfg.vocab_size)
@@ -174,21 +190,27 @@ class Transformer(nnx.Module):
         # [B, N, T, S] or None, shared by all layers; the blocked path makes its own per block.
         bias = None if blocked is not None else self.positions.bias(q_pos, k_pos)
         finite = jnp.ones((B, T), bool)
+        tapped = {}
         for layer, block in enumerate(self.blocks):
+            tapped[layer] = x
             finite &= _norm_is_finite(x)
             x, cache = block(x, self.positions, q_pos, k_pos, bias, cache, layer, blocked)
+        tapped[cfg.n_layers] = x
         finite &= _norm_is_finite(x)
+        # A norm turns an overflowing input into zeros (x * rsqrt(inf) = 0): without the finite
+        # mask, an overflow anywhere would look like uniform logits instead of the failure it is.
+        logits = jnp.where(finite[:, :, None], self.head(x), jnp.nan)  # [B, T, V]
+        out = (logits,) if cache is None else (logits, cache.advance(num_valid))
+        if taps:
+            out += (jnp.stack([tapped[i] for i in taps]),)
+        return out[0] if len(out) == 1 else out
+
+    def head(self, x: jax.Array) -> jax.Array:
+        """The model's exit: ``[..., D]`` residual stream -> float32 logits ``[..., V]`` (final
+        norm, then the tied embedding or ``lm_head``)."""
         x = self.final_norm(x)
-        if cfg.tie_embeddings:
-            logits = self.embed.attend(x)
-        else:
-            logits = self.lm_head(x)
-        # A norm turns an overflowing input into zeros (x * rsqrt(inf) = 0): without this, an
-        # overflow anywhere would look like uniform logits instead of the failure it is.
-        logits = jnp.where(finite[:, :, None], logits.astype(jnp.float32), jnp.nan)  # [B, T, V]
-        if cache is None:
-            return logits
-        return logits, cache.advance(num_valid)
+        logits = self.embed.attend(x) if self.config.tie_embeddings else self.lm_head(x)
+        return logits.astype(jnp.float32)
 
 
 def param_count(model: nnx.Module) -> int:
