@@ -67,4 +67,5 @@ def test_smollm2_q4_1_file_runs_as_4_bit_weights_with_the_dequantized_logits(smo
     assert all(m.qvalue.dtype == jnp.int4 and m.offset is not None for m in projections)
     assert kept.embed.qvalue.dtype == jnp.int8  # the file's token_embd is Q8_0
     ids = [1, 520, 3000, 44, 9, 17, 812, 90, 4, 77, 1500, 26]
-    np.testing.assert_allclose(logits(kept, ids), logits(dequantized, ids), atol=1e-4, rtol=0)
+    # Float32 rounding over 30 blocks grows with the logit (~25 here): a relative term as well.
+    np.testing.assert_allclose(logits(kept, ids), logits(dequantized, ids), atol=1e-4, rtol=2e-5)
