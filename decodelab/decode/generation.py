@@ -260,11 +260,12 @@ def generate(
     check_memory("generate", buffers, {"len(prompts)": len(rows), **({"n": n} if n > 1 else {}),
                                        "max_new_tokens": shapes.columns, "max_len": S})
     block, _, lengths, samples = sample_block(request, shapes, data)
+    inputs = request.row_inputs(lengths, V, shapes)  # its checks come before the first trace
     graphdef, weights = split(model)
     cache = start_cache(model, weights, graphdef, block.shape[0], S, kv_cache)
     state = (prefill if samples is None else prefill_copies)(
-        weights, block, request.row_inputs(lengths, V, shapes), cache, graphdef=graphdef,
-        outputs=request.outputs(shapes), samples=samples)
+        weights, block, inputs, cache, graphdef=graphdef, outputs=request.outputs(shapes),
+        samples=samples)
     state = DECODE_LOOP.run(weights, state, python_loop=request.python_loop, graphdef=graphdef)
     out = host_output(state, shapes)
     keep_cache(model, state.cache, S, kv_cache, state.finish)

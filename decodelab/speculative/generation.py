@@ -311,10 +311,11 @@ def speculative_generate(
     drafter, draft_weights = _drafter(draft, o.kv_cache)
     # Both caches hold each prompt but its last token, which heads the first verify block.
     block, block_lengths, lengths, samples = sample_block(request, shapes, data_size(target))
+    inputs = request.row_inputs(lengths, V, shapes)  # its checks come before the first trace
     caches = prefill(target_weights, draft_weights, block, block_lengths - 1,
                      graphdef=graphdef, drafter=drafter, max_len=shapes.max_len,
                      kv_cache=o.kv_cache)
-    state = initial_state(*caches, block, request.row_inputs(lengths, V, shapes), gamma=gamma,
+    state = initial_state(*caches, block, inputs, gamma=gamma,
                           outputs=request.outputs(shapes), samples=samples)
     state = SPECULATIVE_LOOP.run((target_weights, draft_weights), state,
                                  python_loop=request.python_loop, graphdef=graphdef,
