@@ -6,7 +6,7 @@ penalties compile once; bad input is refused before anything is traced."""
 import numpy as np
 import pytest
 from flax import nnx
-from standins import DISAGREE, Chain, chain_logp
+from standins import DISAGREE, Chain, Spelled, chain_logp
 
 import decodelab as dl
 from decodelab import experiment
@@ -119,6 +119,22 @@ def test_a_large_penalty_gives_each_group_its_own_first_token(tiny_config):
     for p in range(len(prompts)):
         assert len({h[0] for h in out.token_lists()[p]}) == 4
         assert len({h[0] for h in plain.token_lists()[p]}) < 4
+
+
+def test_groups_keep_their_own_constraint_states_and_complete_hypotheses_rank_first():
+    """Each group of one beam under the regex "1|2222" (ids 2 and 3 spell "1" and "2"; "2" is
+    far likelier). Group 1 takes "2", "2" and is cut off incomplete; group 2, steered off "2",
+    spells "1" and ends. Merged, the complete hypothesis ranks first despite its lower score."""
+    pytest.importorskip("outlines_core")
+    spelling = [None, *(str(d).encode() for d in range(10))]
+    table = np.full((11, 11), 0.05 / 9)
+    table[:, 2], table[:, 3] = 0.05, 0.9
+    out = dl.beam_search(Chain(table / table.sum(-1, keepdims=True)), [[0]], 2, 2,
+                         options=groups(2, 10.0, eos_ids=[0], tokenizer=Spelled(spelling),
+                                        regex="1|2222"))
+    assert out.token_lists()[0] == [[2, 0], [3, 3]]
+    assert out.finish_reason[0] == ["eos", "incomplete"]
+    assert out.scores[0, 0] < out.scores[0, 1]
 
 
 def test_penalties_compile_once_per_group_count():

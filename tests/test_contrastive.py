@@ -4,9 +4,11 @@ batch-mates; the program compiles once across alphas; bad input is refused befor
 traced."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from standins import Pieces
 
 import decodelab as dl
 from decodelab import experiment
@@ -106,6 +108,35 @@ def test_alphas_and_prompt_lengths_compile_once_and_k_is_static(tiny):
         assert counts["_contrastive_loop"] == 1 and counts["contrastive_prefill"] == 1
         dl.contrastive_search(tiny, [[1], [2, 3]], 0.5, 3, 4)
         assert counts["_contrastive_loop"] == 2
+
+
+def test_an_int8_cache_at_alpha_zero_is_int8_greedy_decoding(tiny):
+    """The candidates read the int8 prefix through the slot table as ``generate`` reads it."""
+    out = dl.contrastive_search(tiny, PROMPTS, 0.0, 3, N, kv_cache="int8")
+    greedy = dl.generate(tiny, PROMPTS, dl.SamplingParams.greedy(), N, kv_cache="int8")
+    assert out.token_lists() == greedy.token_lists()
+
+
+def test_a_padded_vocabulary_is_never_a_candidate_with_its_tokenizer(tiny):
+    """The tiny model's vocabulary read as 30 ids and padding: without the tokenizer its choices
+    are mostly padding; with it none is, and a top_k past its size is refused."""
+    bare = dl.contrastive_search(tiny, PROMPTS, 0.6, 4, N)
+    assert (bare.tokens >= 30).any()
+    options = dl.DecodeOptions(tokenizer=Pieces(30))
+    out = dl.contrastive_search(tiny, PROMPTS, 0.6, 4, N, options=options)
+    assert ((out.tokens >= 0) & (out.tokens < 30)).all() and np.isfinite(out.logprobs).all()
+    with pytest.raises(ValueError, match="top_k must be <= the tokenizer's size 30, got 31"):
+        dl.contrastive_search(tiny, PROMPTS, 0.6, 31, N, options=options)
+
+
+def test_nan_logits_raise_or_end_the_row_with_an_error(tiny_config):
+    broken = dl.Transformer(tiny_config, rngs=nnx.Rngs(0))
+    broken.final_norm.scale[...] = jnp.nan
+    with pytest.raises(ValueError, match=r"row 0 after 0 tokens: the model's logits hold NaN"):
+        dl.contrastive_search(broken, PROMPTS, 0.6, 4, N)
+    out = dl.contrastive_search(broken, PROMPTS, 0.6, 4, N,
+                                options=dl.DecodeOptions(raise_on_error=False))
+    assert out.finish_reason == ["error"] * 3 and (out.lengths == 0).all()
 
 
 @pytest.mark.parametrize("kwargs, message", [
