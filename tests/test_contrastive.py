@@ -60,6 +60,27 @@ def reference(forward, prompt, alpha, k, steps):
     return seq[len(prompt):], logprobs
 
 
+@pytest.mark.parametrize("kind", [None, "int8"])
+def test_keeping_a_candidate_copies_its_newest_slot_only(kind):
+    """Rows 0, 1 take row 1's newest slot and rows 2, 3 row 2's, in every layer, exactly (an int8
+    slot is dequantized and quantized again to the same values and scale); nothing else moves."""
+    cfg = dl.ModelConfig(vocab_size=16, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                         position="nope")
+    cache = dl.init_cache(cfg, 4, 8, kind)
+    rng = np.random.default_rng(0)
+    for layer in range(2):
+        k, v = (jnp.asarray(rng.normal(size=(4, 3, 2, 16)), jnp.float32) for _ in range(2))
+        cache = cache.write(layer, 3 * k, v)
+    cache = cache.advance(jnp.full((4,), 3))
+    kept = contrastive.keep_newest_slot(cache, jnp.asarray([1, 1, 2, 2]), 2)
+    np.testing.assert_array_equal(kept.lengths, cache.lengths)
+    for before, after in zip(jax.tree.leaves(cache), jax.tree.leaves(kept)):
+        if before.ndim == 5:  # [L, B, K, S, ...]: keys, values, scales
+            before, after = np.asarray(before), np.asarray(after)
+            np.testing.assert_array_equal(after[:, :, :, 2], before[:, [1, 1, 2, 2]][:, :, :, 2])
+            np.testing.assert_array_equal(after[:, :, :, :2], before[:, :, :, :2])
+
+
 def test_alpha_zero_is_greedy_decoding(tiny):
     out = dl.contrastive_search(tiny, PROMPTS, penalty_alpha=0.0, top_k=4, max_new_tokens=N)
     assert out.token_lists() == dl.decode.greedy(tiny, PROMPTS, N)

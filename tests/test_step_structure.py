@@ -152,7 +152,8 @@ def test_beam_step_reorders_beams_without_copying_keys_and_values(tiny):
 
 def test_contrastive_step_keeps_a_candidate_without_copying_keys_and_values(tiny):
     """The k-wide step writes the candidates into their own rows and keeps the chosen one by
-    moving the slot table; the context's hidden states are updated in place too."""
+    copying its newest slot into its prompt's other candidate rows; the context's hidden states
+    are updated in place too."""
     cfg, graphdef, weights = tiny
     prompts, k, V = 2, 2, cfg.vocab_size  # B = 4 candidate rows
     rows = RowInputs(prompt_lengths=np.full((prompts,), 10, np.int32),
@@ -167,7 +168,7 @@ def test_contrastive_step_keeps_a_candidate_without_copying_keys_and_values(tiny
                                                 inputs, graphdef=graphdef, top_k=k,
                                                 max_len=max_len, outputs=OutputSpec(8))
         return (contrastive.CONTRASTIVE_LOOP.step, (weights, state), dict(graphdef=graphdef),
-                state, state.cache.store)
+                state, state.cache)
 
     assert_cache_in_place(program)
 

@@ -16,12 +16,16 @@ Conventions (every caller relies on them):
   largest score wins, so it picks exactly ``greedy``'s argmax. A candidate the model gives
   probability 0 (logit -inf) or whose score is NaN is never chosen.
 - The ``k`` candidates of every row are scored in one model call over ``B * k`` rows, not in
-  ``k`` calls. The cache is a ``cache.BeamCache`` of ``B * k`` rows (row ``b * k + i`` is
-  candidate i of row b): the candidates share their whole prefix through its slot table, each
-  writes only its own token into its own physical row, and keeping the chosen candidate moves
-  the ``[B * k, S]`` slot table (``take_rows``), never keys and values. The chosen candidate's
-  logits and hidden state come from that same call: they are the next step's logits and the
-  context's newest entry, so a step is one forward of ``k`` tokens per row and nothing else.
+  ``k`` calls. The cache has ``B * k`` rows (row ``b * k + i`` is candidate i of row b), each a
+  plain copy of its row's history made once after the prefill, so attention reads each row's
+  slots directly, with no per-slot gather. A step writes each candidate's token into its own
+  row; keeping the chosen one then copies that one new slot (every layer) into its prompt's
+  other candidate rows (``keep_newest_slot``), since they already hold the same prefix. So
+  nothing of the prefix is ever copied again, and the memory is ``k`` times ``generate``'s
+  cache. (A ``BeamCache`` slot table would save that memory but make every attention read a
+  gather.) The chosen candidate's logits and hidden state come from the same call: they are
+  the next step's logits and the context's newest entry, so a step is one forward of ``k``
+  tokens per row and nothing else.
 - The context's hidden states are carried in the state as unit vectors ``[B, S, D]`` (float32),
   written once per kept token: the prefill writes the prompt's, each step the chosen
   candidate's. A step reads every slot and masks those at or past the row's length.
@@ -36,8 +40,9 @@ Conventions (every caller relies on them):
   batch sizes and budgets are bucketed as in ``generate``. ``CONTRASTIVE_LOOP`` runs the steps
   as one compiled ``lax.while_loop`` (no host round trip per token) or, with ``python_loop``, as
   its Python twin (same step, same tokens).
-- ``kv_cache``: None (float) or "int8"; KIVI's int4 cache is refused (the candidates read their
-  shared prefix from each other's rows, which its per-row key groups do not allow).
+- ``kv_cache``: None (float) or "int8" (the kept slot is dequantized and quantized again, to the
+  same values); KIVI's int4 cache is refused (a row cannot take another row's slot: its key
+  groups and float ring follow one row's own history).
 """
 
 from __future__ import annotations
@@ -52,7 +57,7 @@ import numpy as np
 from flax import nnx, struct
 
 from decodelab import sampling
-from decodelab.cache import BeamCache, bytes_per_token, check_kind, init_cache
+from decodelab.cache import Cache, bytes_per_token, check_kind, init_cache
 from decodelab.checks import (check_memory, check_model, check_number, is_int,
                               nbytes, position_limit)
 from decodelab.decode.loop import CompiledLoop
@@ -72,7 +77,7 @@ class ContrastiveState(RowState):
     """What the contrastive loop carries: ``RowState``'s fields, then its own. ``B`` rows, ``k``
     candidates each, ``S`` cache slots, ``D`` model width."""
 
-    cache: BeamCache  # B * k rows, row b's candidates at rows b * k .. b * k + k - 1
+    cache: Cache  # B * k rows, row b's candidates at rows b * k .. b * k + k - 1
     logits: jax.Array  # [B, V] float32, the model's logits for each row's next token
     context: jax.Array  # [B, S, D] float32, unit hidden state of each position (< lengths)
     alpha: jax.Array  # [B] float32, the degeneration penalty's weight
@@ -89,6 +94,21 @@ def unit_hidden(model: nnx.Module, stream: jax.Array) -> jax.Array:
     h = model.final_norm(stream).astype(jnp.float32)
     norm = jnp.sqrt(jnp.sum(jnp.square(h), axis=-1, keepdims=True))
     return h / jnp.maximum(norm, jnp.finfo(jnp.float32).tiny)
+
+
+def keep_newest_slot(cache: Cache, rows: jax.Array, layers: int) -> Cache:
+    """``cache`` with each row's newest slot (at its length - 1) overwritten, in every layer, by
+    that slot of row ``rows[i]`` (``rows: [R]``, a row of the same length): the chosen candidate
+    kept in every candidate row of its prompt at the cost of one slot per row, since the rows
+    already share everything before it. Reads and writes go through the ``Cache`` protocol
+    (``gather``, ``write``: an int8 slot is dequantized and quantized again, to the same
+    values), one layer after another on the same buffers, so they stay in place."""
+    at = cache.lengths - 1  # [R]
+    cache = cache.rewind(at)
+    for layer in range(layers):
+        k, v = cache.gather(layer, rows[:, None], at[:, None])  # [R, K, 1, H] each
+        cache = cache.write(layer, jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2))
+    return cache.advance(jnp.ones_like(at))
 
 
 def contrastive_scores(candidates: jax.Array, logp: jax.Array, hidden: jax.Array,
@@ -145,7 +165,7 @@ def _step(model: nnx.Module, state: ContrastiveState) -> ContrastiveState:
     return state.replace(
         step=state.step + 1, tokens=tokens, lengths=lengths, context=context,
         finish=jnp.where(state.done, state.finish, code),
-        cache=cache.take_rows(kept),
+        cache=keep_newest_slot(cache, kept, L),
         logits=cand_logits[:, 0].reshape(B, K, V)[rows, choice], **record)
 
 
@@ -183,8 +203,9 @@ def contrastive_prefill(weights, block, inputs: ContrastiveInputs, *, graphdef, 
     last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]  # [B, V]
     hidden = unit_hidden(model, stream[0])  # [B, T, D]
     context = jnp.zeros((B, max_len, hidden.shape[-1]), jnp.float32).at[:, :T].set(hidden)
+    candidates = jnp.repeat(jnp.arange(B, dtype=jnp.int32), top_k)  # [B * k]
     return ContrastiveState.start(block, rows, max_len, outputs,
-                                  cache=BeamCache.from_prompts(cache, top_k), logits=last,
+                                  cache=cache.take_rows(candidates), logits=last,
                                   context=context, alpha=inputs.alpha,
                                   usable=inputs.usable)
 
