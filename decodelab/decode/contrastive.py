@@ -129,7 +129,7 @@ def contrastive_scores(candidates: jax.Array, logp: jax.Array, hidden: jax.Array
 
 def _step(model: nnx.Module, state: ContrastiveState) -> ContrastiveState:
     """Score every running row's ``k`` candidates in one call, keep the best, record it, and keep
-    its cache row, logits and hidden state."""
+    its new cache slot, logits and hidden state."""
     B, S = state.tokens.shape
     K, N, V = state.top_k, state.max_new_tokens, state.logits.shape[-1]
     logits = jnp.where(state.usable[None, :], state.logits, -jnp.inf)
@@ -161,7 +161,7 @@ def _step(model: nnx.Module, state: ContrastiveState) -> ContrastiveState:
     code = jnp.select([bad, none, state.eos_mask[token],
                        state.ends_with_stop(tokens, lengths[:, None])[:, 0], at_end],
                       [BAD_LOGITS, NO_ALLOWED_TOKEN, EOS, STOP, LENGTH], RUNNING)
-    kept = jnp.repeat(rows * K + choice, K)  # every candidate row now reads the chosen one
+    kept = jnp.repeat(rows * K + choice, K)  # every candidate row takes the chosen one's slot
     return state.replace(
         step=state.step + 1, tokens=tokens, lengths=lengths, context=context,
         finish=jnp.where(state.done, state.finish, code),
@@ -191,8 +191,8 @@ class ContrastiveInputs:
 def contrastive_prefill(weights, block, inputs: ContrastiveInputs, *, graphdef, top_k, max_len,
                         outputs: OutputSpec, kv_cache=None) -> ContrastiveState:
     """Prefill the padded prompt block ``[B, T]`` once, keep its hidden states as the context and
-    give each row ``top_k`` candidate rows that share it: the state ``CONTRASTIVE_LOOP`` runs
-    from."""
+    give each row ``top_k`` candidate rows, copies of its cache row: the state
+    ``CONTRASTIVE_LOOP`` runs from."""
     model = nnx.merge(graphdef, weights)
     B, T = block.shape
     rows = inputs.rows
