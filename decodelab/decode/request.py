@@ -203,9 +203,8 @@ class BeamOptions:
     tokenizer: Any = None
     regex: Any = None
     json_schema: Any = None
-    # Diverse beam search (``beam_groups``): the beams in groups that penalise each other's tokens.
-    num_beam_groups: int = 1  # divides width
-    diversity_penalty: float = 0.0  # >= 0, per earlier-group beam that chose the same token
+    num_beam_groups: int = 1  # diverse beam search (``beam_groups``): groups, dividing width
+    diversity_penalty: float = 0.0  # >= 0, per beam of an earlier group with the same token
 
 
 @dataclasses.dataclass(frozen=True)
