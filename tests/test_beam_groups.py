@@ -153,6 +153,7 @@ def test_penalties_compile_once_per_group_count():
     (groups(2, "1"), r"diversity_penalty must be a finite number in \[0, .*\], got '1'"),
 ])
 def test_bad_input_is_rejected_before_anything_is_traced(options, message):
+    model = Chain(DISAGREE)
     with experiment.count_traces() as counts, pytest.raises(ValueError, match=message):
-        dl.beam_search(Chain(DISAGREE), [[0]], 4, 3, options=options)
+        dl.beam_search(model, [[0]], 4, 3, options=options)
     assert not counts
