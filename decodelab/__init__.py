@@ -13,6 +13,7 @@ from decodelab.config import ModelConfig
 # Real checkpoints (GGUF files, Hugging Face directories)
 from decodelab.convert import PretrainedTokenizer, load_gguf, load_hf
 from decodelab.decode.beam import BeamSearchOutput, beam_search
+from decodelab.decode.contrastive import contrastive_search
 from decodelab.decode.generation import generate
 from decodelab.decode.output import GenerateOutput
 from decodelab.decode.request import BeamOptions, DecodeOptions
@@ -65,6 +66,7 @@ __all__ = [
     "BeamOptions",
     "BeamSearchOutput",
     "beam_search",
+    "contrastive_search",
     "NgramDrafter",
     "SpeculativeOptions",
     "SpeculativeOutput",

@@ -180,6 +180,18 @@ class Chain(nnx.Module):
         return self.logp[...][t2, t1], cache.advance(_valid(tokens, num_valid))
 
 
+# A first-order chain where greedy and beam search disagree (``Chain(DISAGREE)``). After 0: A=1
+# (0.5) or B=2 (0.4): log(p1 / p2) = 0.223. After A the best is 6 (0.4), then 4 and 5 (0.3 each):
+# log(0.4 / 0.3) = 0.288; after B, C=3 (0.9). Greedy: 0 -> 1 -> 6, probability 0.2; a beam of 2
+# keeps B and finds 0 -> 2 -> 3, probability 0.36. The rest of each row is 1e-3 before
+# normalising.
+DISAGREE = np.full((8, 8), 1e-3)
+DISAGREE[0, [1, 2, 4, 5]] = [0.5, 0.4, 0.05, 0.05]
+DISAGREE[1, [4, 5, 6]] = [0.3, 0.3, 0.4]
+DISAGREE[2, [3, 4]] = [0.9, 0.1]
+DISAGREE /= DISAGREE.sum(axis=1, keepdims=True)
+
+
 def chain_logp(table, history) -> np.ndarray:
     """``[V]``: the log-probability of each next token after ``history`` under ``Chain(table)``."""
     table = np.asarray(table, np.float64)

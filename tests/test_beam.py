@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from standins import Chain, Pieces, chain_logp, padded_next_token
+from standins import DISAGREE, Chain, Pieces, chain_logp, padded_next_token
 
 import decodelab as dl
 from decodelab import experiment
@@ -65,14 +65,7 @@ def test_beam_cache_take_rows_moves_the_slot_table_not_keys_and_values():
 
 # --- Hand-computed beams --------------------------------------------------------------------------
 
-V = 8
-# After 0: A=1 (0.5) or B=2 (0.4). After A the best is 6 (0.4); after B, C=3 (0.9).
-# Greedy: 0 -> 1 -> 6, probability 0.2. Beam 2 keeps B and finds 0 -> 2 -> 3, probability 0.36.
-DISAGREE = np.full((V, V), 1e-3)
-DISAGREE[0, [1, 2, 4, 5]] = [0.5, 0.4, 0.05, 0.05]
-DISAGREE[1, [4, 5, 6]] = [0.3, 0.3, 0.4]
-DISAGREE[2, [3, 4]] = [0.9, 0.1]
-DISAGREE /= DISAGREE.sum(axis=1, keepdims=True)
+V = 8  # standins.DISAGREE: greedy and beam search disagree
 
 
 @pytest.fixture(scope="module")

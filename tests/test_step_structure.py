@@ -16,7 +16,7 @@ from flax import nnx
 
 import decodelab as dl
 from decodelab import sampling
-from decodelab.decode import beam
+from decodelab.decode import beam, contrastive
 from decodelab.decode import generation as decode
 from decodelab.decode.request import OutputSpec, RowInputs
 from decodelab.model import attention
@@ -146,6 +146,29 @@ def test_beam_step_reorders_beams_without_copying_keys_and_values(tiny):
                                   max_new_tokens=8)
         return (beam.BEAM_LOOP.step, (weights, state), dict(graphdef=graphdef), state,
                 state.cache.store)
+
+    assert_cache_in_place(program)
+
+
+def test_contrastive_step_keeps_a_candidate_without_copying_keys_and_values(tiny):
+    """The k-wide step writes the candidates into their own rows and keeps the chosen one by
+    copying its newest slot into its prompt's other candidate rows; the context's hidden states
+    are updated in place too."""
+    cfg, graphdef, weights = tiny
+    prompts, k, V = 2, 2, cfg.vocab_size  # B = 4 candidate rows
+    rows = RowInputs(prompt_lengths=np.full((prompts,), 10, np.int32),
+                     keys=sampling.batch_keys(0, prompts),
+                     params=dl.SamplingParams.greedy().per_row(prompts, V),
+                     eos_mask=np.zeros(V, bool), stop_ids=np.full((0, 1), -1, np.int32))
+    inputs = contrastive.ContrastiveInputs(rows=rows, alpha=np.full((prompts,), 0.6, np.float32),
+                                           usable=np.ones(V, bool))
+
+    def program(max_len):
+        state = contrastive.contrastive_prefill(weights, np.zeros((prompts, 16), np.int32),
+                                                inputs, graphdef=graphdef, top_k=k,
+                                                max_len=max_len, outputs=OutputSpec(8))
+        return (contrastive.CONTRASTIVE_LOOP.step, (weights, state), dict(graphdef=graphdef),
+                state, state.cache)
 
     assert_cache_in_place(program)
 

@@ -31,6 +31,8 @@ Conventions (every caller relies on them):
   born done, with a budget of 0, and cut from the output); prompt lengths, budgets, EOS ids,
   ``alpha`` and ``min_new_tokens`` are array values. ``BEAM_LOOP`` runs
   the steps compiled or, with ``python_loop``, as their Python twin.
+- Diverse beam search (``BeamOptions.num_beam_groups`` G > 1): the state's rows are the prompts'
+  groups, B * G of W / G beams, that penalise each other's tokens (``beam_groups``).
 - Finish codes are ``request``'s table: a hypothesis ends with ``EOS`` or ``LENGTH``, and an empty
   slot of the n-best list is ``NO_HYPOTHESIS`` (finish reason "none").
 - Constraints (``BeamOptions.regex`` / ``json_schema``, per prompt): each beam carries its own
@@ -55,6 +57,7 @@ from flax import nnx, struct
 from decodelab.cache import BeamCache, bytes_per_token, check_kind, init_cache
 from decodelab.checks import (check_bool, check_memory, check_model, check_number, check_size,
                               is_int, nbytes, position_limit, tokenizer_size)
+from decodelab.decode.beam_groups import check_groups, diverse_top_k, merged, pool_order
 from decodelab.decode.beam_output import BeamSearchOutput, n_best
 from decodelab.decode.loop import CompiledLoop
 from decodelab.decode.request import (EOS, INCOMPLETE, LENGTH, NO_HYPOTHESIS, PAD_TOKEN,
@@ -91,6 +94,9 @@ class BeamState(LoopState):
     # constrained, and no step reads a table).
     constraint: ConstraintTable | None = None
     constraint_states: jax.Array | None = None  # [B, W] int32, FREE for a free prompt
+    # Diverse beam search: [G] float32, the penalty once per group (``beam_groups``: then the
+    # rows are groups, B * G of W / G beams); None: one group, plain beam search.
+    diversity_penalty: jax.Array | None = None
 
     @property
     def width(self) -> int:
@@ -142,7 +148,10 @@ def _select_and_record(state: BeamState) -> tuple[BeamState, jax.Array]:
     # lax.top_k: descending, ties to the lower index (lower beam, then lower token id).
     ended, ended_index = jax.lax.top_k(ends, W)  # [B, W]
     goes_on = jnp.where(state.eos_mask[None, None, :], -jnp.inf, extended).reshape(B, W * V)
-    running, running_index = jax.lax.top_k(goes_on, W)  # [B, W]
+    if state.diversity_penalty is None:
+        running, running_index = jax.lax.top_k(goes_on, W)  # [B, W]
+    else:  # the groups choose in order, each steered off the tokens earlier ones chose
+        running, running_index = diverse_top_k(goes_on, state.diversity_penalty, state.done, V)
     running_parent, running_token = running_index // V, running_index % V
     tokens = _extend(state.tokens, running_parent, running_token.astype(jnp.int32), n - 1)
     at_budget = n >= state.budgets  # [B]
@@ -168,13 +177,14 @@ def _select_and_record(state: BeamState) -> tuple[BeamState, jax.Array]:
         out_of_budget = jnp.full((B, W), LENGTH, jnp.int32)
     cand_reasons = jnp.concatenate([state.pool_reasons, jnp.full((B, W), EOS, jnp.int32),
                                     out_of_budget], axis=1)
-    keep = _pool_order(cand_scores, cand_reasons if table is not None else None, W)  # [B, W]
+    keep = pool_order(cand_scores, cand_reasons if table is not None else None, W)  # [B, W]
     pool_scores = _rows(cand_scores, keep)
     filled = pool_scores > -jnp.inf  # [B, W]; empty slots hold nothing
 
     # Done: budget spent, no running beam left, or none can beat the worst of a full pool.
-    best_reachable = running[:, 0] / length_penalty(state.budgets, state.alpha)
-    done = at_budget | (running[:, 0] == -jnp.inf) | (best_reachable <= pool_scores[:, W - 1])
+    best = jnp.max(running, axis=1)  # running[:, 0] unless groups penalise each other
+    best_reachable = best / length_penalty(state.budgets, state.alpha)
+    done = at_budget | (best == -jnp.inf) | (best_reachable <= pool_scores[:, W - 1])
 
     was_done = state.done
 
@@ -197,18 +207,6 @@ def _select_and_record(state: BeamState) -> tuple[BeamState, jax.Array]:
         **{name: keep_old(getattr(state, name), x) for name, x in states.items()},
     )
     return state, keep_old(identity, running_parent.astype(jnp.int32))
-
-
-def _pool_order(scores: jax.Array, reasons: jax.Array | None, W: int) -> jax.Array:
-    """``[B, W]`` the candidates the pool keeps: the best ``W`` by rank score, ties to the lower
-    candidate; with finish ``reasons`` (a constrained search), every complete hypothesis before
-    any "incomplete" one, so a pattern met within the budget outranks one cut off."""
-    if reasons is None:
-        return jax.lax.top_k(scores, W)[1]
-    group = jnp.where(scores == -jnp.inf, 2, (reasons == INCOMPLETE).astype(jnp.int32))
-    index = jnp.broadcast_to(jnp.arange(scores.shape[1], dtype=jnp.int32), scores.shape)
-    *_, order = jax.lax.sort((group, -scores, index), dimension=1, num_keys=3)
-    return order[:, :W]
 
 
 def _step(model: nnx.Module, state: BeamState) -> BeamState:
@@ -244,6 +242,7 @@ class BeamInputs:
     usable: jax.Array  # [V] bool, ids below the tokenizer's size (all without a tokenizer)
     constraint: ConstraintTable | None = None  # the batch's automata; None: none constrained
     constraint_states: jax.Array | None = None  # [B] int32, each prompt's start state
+    diversity_penalty: jax.Array | None = None  # [G] float32 (``beam_groups.check_groups``)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "width", "max_len", "max_new_tokens",
@@ -261,8 +260,12 @@ def beam_prefill(weights, block, rows: BeamInputs, *, graphdef, width, max_len, 
     logits, cache = model(block, cache=cache, num_valid=prompt_lengths, reach=T)  # [B, T, V]
     last = jnp.take_along_axis(logits, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0]  # [B, V]
     beams = jnp.repeat(jnp.arange(B, dtype=jnp.int32), W)  # [B * W]
-    # Only beam 0 of each prompt is alive at first, so the first step does not pick W copies of
-    # the same extension.
+    cache = BeamCache.from_prompts(cache, W)
+    # With G groups, each is a beam search of W / G of its own: B * G rows (``beam_groups``).
+    G = 1 if rows.diversity_penalty is None else rows.diversity_penalty.shape[0]
+    B, W, budgets = B * G, W // G, jnp.repeat(budgets, G)
+    # Only beam 0 of each prompt (of each group) is alive at first, so the first step does not
+    # pick W copies of the same extension.
     alive = jnp.where(jnp.arange(W) == 0, 0.0, -jnp.inf).astype(jnp.float32)
     return BeamState(
         step=jnp.zeros((), jnp.int32),
@@ -270,7 +273,7 @@ def beam_prefill(weights, block, rows: BeamInputs, *, graphdef, width, max_len, 
         min_new_tokens=min_new_tokens,
         lengths=jnp.zeros((B,), jnp.int32),
         done=budgets == 0,  # padding rows are born done
-        cache=BeamCache.from_prompts(cache, W),
+        cache=cache,
         logits=last[beams],
         tokens=jnp.full((B, W, N), PAD_TOKEN, jnp.int32),
         logprobs=jnp.broadcast_to(alive[None, :], (B, W)),
@@ -283,8 +286,9 @@ def beam_prefill(weights, block, rows: BeamInputs, *, graphdef, width, max_len, 
         alpha=alpha,
         usable=rows.usable,
         constraint=rows.constraint,
-        constraint_states=(None if rows.constraint_states is None
-                           else jnp.repeat(rows.constraint_states[:, None], W, axis=1)),
+        constraint_states=(None if rows.constraint_states is None else
+                           jnp.repeat(jnp.repeat(rows.constraint_states, G)[:, None], W, axis=1)),
+        diversity_penalty=rows.diversity_penalty,
     )
 
 
@@ -295,10 +299,6 @@ def beam_prefill(weights, block, rows: BeamInputs, *, graphdef, width, max_len, 
 # for every int32 length n; past it, the long hypotheses' penalties overflow and their scores tie
 # at 0.
 MAX_ALPHA = 4
-
-
-def _check_alpha(length_penalty: Any) -> float:
-    return float(check_number("length_penalty", length_penalty, 0, MAX_ALPHA))
 
 
 def _buffers(cfg: Any, B: int, W: int, S: int, N: int, kv_cache: str | None) -> dict[str, int]:
@@ -341,6 +341,9 @@ def beam_search(
           (``checks.tokenizer_size``): ids past its size are never taken, and each step's
           log-probabilities are those of the tokenizer's ids. ``width`` is at most its size.
         python_loop: run the steps from Python (same step function, same hypotheses).
+        num_beam_groups, diversity_penalty: diverse beam search (``beam_groups``): G groups of
+          width / G beams (G divides width), each steered by lam >= 0 off the tokens earlier
+          groups chose at the step; G = 1 (the default) is plain beam search.
         regex, json_schema: structured output, as ``SamplingParams``' fields (one pattern
           per prompt or shared), compiled over ``tokenizer``'s tokens.
 
@@ -354,7 +357,7 @@ def beam_search(
     if W > V:
         raise ValueError(f"width must be <= the vocabulary size {V}, got {width}")
     N = check_size("max_new_tokens", max_new_tokens, 1)
-    alpha = _check_alpha(length_penalty)
+    alpha = float(check_number("length_penalty", length_penalty, 0, MAX_ALPHA))
     if not isinstance(options, BeamOptions):
         raise ValueError(f"options must be a BeamOptions, got {options!r}")
     R = W if options.num_return is None else options.num_return
@@ -367,6 +370,7 @@ def beam_search(
         raise ValueError(f"width must be <= the tokenizer's size {U}, got {width}")
     min_new = check_size("min_new_tokens", options.min_new_tokens, 0)
     check_bool("python_loop", options.python_loop)
+    diversity = check_groups(options.num_beam_groups, options.diversity_penalty, W)
     check_kind("kv_cache", kv_cache, shared_by="beam search")
     constraint = pattern_table(options.regex, options.json_schema, len(rows), V,
                                options.tokenizer, np.flatnonzero(eos_mask).tolist())
@@ -385,8 +389,9 @@ def beam_search(
                         alpha=np.float32(alpha), min_new_tokens=np.int32(min_new),
                         usable=np.arange(V) < U, constraint=table,
                         constraint_states=None if starts is None else
-                        take_rows(starts, np.minimum(np.arange(len(block)), len(rows) - 1)))
+                        take_rows(starts, np.minimum(np.arange(len(block)), len(rows) - 1)),
+                        diversity_penalty=diversity)
     state = beam_prefill(weights, block, inputs, graphdef=graphdef, width=W, max_len=S,
                          max_new_tokens=shapes.width, kv_cache=kv_cache)
     state = BEAM_LOOP.run(weights, state, python_loop=options.python_loop, graphdef=graphdef)
-    return n_best(state, R, shapes)
+    return n_best(state if diversity is None else merged(state), R, shapes)

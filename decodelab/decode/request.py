@@ -203,6 +203,8 @@ class BeamOptions:
     tokenizer: Any = None
     regex: Any = None
     json_schema: Any = None
+    num_beam_groups: int = 1  # diverse beam search (``beam_groups``): groups, dividing width
+    diversity_penalty: float = 0.0  # >= 0, per beam of an earlier group with the same token
 
 
 @dataclasses.dataclass(frozen=True)
