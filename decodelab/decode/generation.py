@@ -164,30 +164,31 @@ def step(model: nnx.Module, state: DecodeState) -> DecodeState:
 
 
 def prefill(weights, block, rows: RowInputs, cache: Cache, *, graphdef, outputs: OutputSpec,
-            samples=None, scoring: Scoring = Scoring(), negatives=None) -> DecodeState:
+            samples=None, scoring: Scoring = Scoring()) -> DecodeState:
     """Run the padded prompt block ``[B, T]`` through the model: the state before the first step.
     ``cache``: B rows to write over from length 0, whatever they hold (a new cache or a spare:
     ``decode.caches``); its slots are the state's ``max_len``. With ``samples`` (``[R]`` int32,
     the block row each state row continues: n samples per prompt) the block is read once and
     state row r starts from copies of block row ``samples[r]``'s cache rows and logits; ``rows``
     are then the R state rows' values. ``scoring`` rides in the state (``scoring``); with CFG,
-    ``negatives`` is the negative prompts' block ``[B, T]`` and lengths ``[B]``, read in the
-    same call as the unconditional rows B..2B-1 of a cache of 2B rows."""
+    its negative prompts' block ``[B, T]`` is read in the same call as the unconditional rows
+    B..2B-1 of a cache of 2B rows, and left out of the state."""
     model = nnx.merge(graphdef, weights)
     cache, max_len = cache.rewind(0), cache.max_len
     lengths = rows.prompt_lengths
     if samples is not None:  # each block row's length; a padding row no state row takes: 1
         lengths = jnp.ones((block.shape[0],), jnp.int32).at[samples].max(lengths)
-    both, index = block, samples
-    if negatives is not None:
-        both, lengths = jnp.concatenate([block, negatives[0]]), jnp.concatenate([lengths,
-                                                                                  negatives[1]])
+    both, index, negatives = block, samples, scoring.negatives
+    if negatives is not None:  # the unconditional rows follow the conditional ones
+        both = jnp.concatenate([block, negatives[0]])
+        lengths = jnp.concatenate([lengths, negatives[1]])
         index = None if samples is None else jnp.concatenate([samples, samples + block.shape[0]])
     # A fresh cache: the block attends to itself, not to the cache's capacity.
     exits, cache = scoring.read(model, both, cache, lengths, lengths - 1, reach=block.shape[1])
     if samples is not None:
         block, cache = block[samples], cache.take_rows(index)
         exits = jax.tree.map(lambda x: x[index], exits)
+    scoring = scoring.replace(negatives=None)
     state = DecodeState.start(block, rows, max_len, outputs, cache=cache, logits=exits[0],
                               scoring=scoring)
     return state.replace(logits=scoring.scores(*exits, state.constrained)).counted()
@@ -284,13 +285,13 @@ def generate(
     check_memory("generate", buffers, {"len(prompts)": len(rows), **({"n": n} if n > 1 else {}),
                                        "max_new_tokens": shapes.columns, "max_len": S})
     block, _, lengths, samples = sample_block(request, shapes, data)
-    block, negatives, inputs, scoring = guide.prefill_inputs(
+    block, inputs, scoring = guide.prefill_inputs(
         block, request.row_inputs(lengths, V, shapes), shapes, n, layers)
     graphdef, weights = split(model)
     cache = start_cache(model, weights, graphdef, block.shape[0] * scoring.streams, S, kv_cache)
     state = (prefill if samples is None else prefill_copies)(
         weights, block, inputs, cache, graphdef=graphdef, outputs=request.outputs(shapes),
-        samples=samples, scoring=scoring, negatives=negatives)
+        samples=samples, scoring=scoring)
     state = DECODE_LOOP.run(weights, state, python_loop=request.python_loop, graphdef=graphdef)
     out = host_output(state, shapes)
     keep_cache(model, state.cache, S, kv_cache, state.finish)

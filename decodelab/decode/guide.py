@@ -101,14 +101,14 @@ class Guide:
         return found
 
     def prefill_inputs(self, block: np.ndarray, inputs: Any, shapes: Shapes, samples: int,
-                       layers: tuple[int, ...]) -> tuple[np.ndarray, Any, Any, Scoring]:
-        """``(block, negatives, inputs, scoring)`` for ``generation.prefill``: the prompt block
-        ``[P', T]`` widened to hold the negative prompts' too, the negative block ``[P', T]`` and
-        its lengths ``[P']`` (None without CFG), the state rows' ``RowInputs`` with each budget
-        within the room its negative prompt leaves, and the state's ``Scoring``. State row r is
-        sample ``r % samples`` of prompt ``r // samples`` (``samples``)."""
+                       layers: tuple[int, ...]) -> tuple[np.ndarray, Any, Scoring]:
+        """``(block, inputs, scoring)`` for ``generation.prefill``: the prompt block ``[P', T]``
+        widened to hold the negative prompts' too, the state rows' ``RowInputs`` with each
+        budget within the room its negative prompt leaves, and the ``Scoring``, with CFG holding
+        the negative block ``[P', T]`` and its lengths ``[P']``. State row r is sample
+        ``r % samples`` of prompt ``r // samples`` (``samples``)."""
         if self.scale is None:
-            return block, None, inputs, Scoring(dola_layers=layers)
+            return block, inputs, Scoring(dola_layers=layers)
         S, P = shapes.max_len, len(self.negatives)
         width = max(block.shape[1], prompt_width(list(self.negatives), S))
         negative_block = np.zeros((block.shape[0], width), np.int32)
@@ -118,8 +118,9 @@ class Guide:
         prompt = np.minimum(np.arange(shapes.padded_rows) // samples, P - 1)  # [R]
         budgets = np.minimum(inputs.budgets, S - negative_lengths[prompt]).astype(np.int32)
         block = np.pad(block, ((0, 0), (0, width - block.shape[1])))
-        return (block, (negative_block, negative_lengths), inputs.replace(budgets=budgets),
-                Scoring(guidance=jnp.asarray(self.scale[prompt]), dola_layers=layers))
+        return block, inputs.replace(budgets=budgets), Scoring(
+            guidance=jnp.asarray(self.scale[prompt]), dola_layers=layers,
+            negatives=(negative_block, negative_lengths))
 
 
 def dola_candidates(dola_layers: str | tuple[int, ...], n_layers: int,

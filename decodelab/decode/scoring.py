@@ -86,6 +86,9 @@ class Scoring:
 
     guidance: jax.Array | None = None  # [B] float32, each row's guidance scale; None: no CFG
     dola_layers: tuple[int, ...] = struct.field(pytree_node=False, default=())
+    # With CFG, the prefill's input only (dropped from the loop state): the negative prompts'
+    # block [B, T] and lengths [B], read as the unconditional rows.
+    negatives: tuple[jax.Array, jax.Array] | None = None
 
     @property
     def streams(self) -> int:
