@@ -1,7 +1,8 @@
 """Decoding: request checks and options (``request``), the buckets of a call (``shapes``), the
 output (``output``; beam search's in ``beam_output``), the state every loop carries (``state``),
 the compiled loop (``loop``), the cache a call starts from (``caches``), ``generate``
-(``generation``) and beam search (``beam``)."""
+(``generation``), classifier-free guidance and DoLa in it (options: ``guide``; the step's
+scores: ``scoring``) and beam search (``beam``)."""
 
 from decodelab.decode.beam import BeamSearchOutput, beam_search
 from decodelab.decode.generation import DecodeState, generate, greedy
