@@ -3,10 +3,10 @@
 Each check raises ``ValueError`` with a message that names the argument, its value and what is
 allowed, and returns the value in the form the caller stores: ``check_int`` and ``check_size``
 for ints, ``check_number`` for finite numbers in a range (``describe_range`` words it),
-``check_bool``, ``check_one_of``, and ``check_path`` for every path the library reads or writes.
-Sizes that end up in int32 arrays (token budgets, cache lengths, beam widths, ...) are checked
-against the int32 range with ``check_size``, so a typo such as ``2**31`` is refused instead of
-wrapping negative.
+``check_bool``, ``check_one_of``, ``token_ids`` for a list of token ids, and ``check_path``
+for every path the library reads or writes. Sizes that end up in int32 arrays (token budgets,
+cache lengths, beam widths, ...) are checked against the int32 range with ``check_size``, so a
+typo such as ``2**31`` is refused instead of wrapping negative.
 
 Sizes are also bounded by memory: before a decoder allocates its cache and buffers it lists their
 bytes and ``check_memory`` refuses the call when the total exceeds the memory limit (by default
@@ -51,6 +51,27 @@ def check_size(name: str, value: Any, minimum: int) -> int:
     if is_int(value) and value > INT32_MAX:
         raise ValueError(f"{name} must be <= 2**31 - 1 (it is stored as int32), got {value!r}")
     return check_int(name, value, minimum)
+
+
+def token_ids(name: str, ids: Any, vocab_size: int) -> np.ndarray:
+    """``ids`` as a non-empty 1-D int32 array of token ids, or a ValueError naming ``name``."""
+    if isinstance(ids, (str, bytes)) or isinstance(ids, jax.core.Tracer):
+        raise ValueError(f"{name} must be a list of token ids, got {ids!r}")
+    try:
+        array = np.asarray(ids)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a list of token ids, got {ids!r}") from None
+    if array.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D list of token ids, got shape {array.shape}")
+    if array.size == 0:
+        raise ValueError(f"{name} is empty; it needs at least one token")
+    if not np.issubdtype(array.dtype, np.integer):
+        raise ValueError(f"{name} must hold int token ids, got {ids!r}")
+    bad = np.flatnonzero((array < 0) | (array >= vocab_size))
+    if bad.size:
+        raise ValueError(f"{name} holds token id {int(array[bad[0]])} at index {int(bad[0])}; "
+                         f"ids must be in [0, {vocab_size})")
+    return array.astype(np.int32)
 
 
 def check_bool(name: str, flag: Any) -> bool:

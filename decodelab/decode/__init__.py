@@ -1,7 +1,8 @@
 """Decoding: request checks and options (``request``), the buckets of a call (``shapes``), the
 output (``output``; beam search's in ``beam_output``), the state every loop carries (``state``),
 the compiled loop (``loop``), the cache a call starts from (``caches``), ``generate``
-(``generation``), beam search (``beam``) and contrastive search (``contrastive``)."""
+(``generation``), classifier-free guidance and DoLa in it (options: ``guide``; the step's
+scores: ``scoring``), beam search (``beam``) and contrastive search (``contrastive``)."""
 
 from decodelab.decode.beam import BeamSearchOutput, beam_search
 from decodelab.decode.contrastive import contrastive_search

@@ -62,6 +62,7 @@ from decodelab.decode.request import (BAD_LOGITS, EOS, INCOMPLETE, LENGTH, NO_AL
                                       RUNNING, STOP, DecodeOptions, OutputSpec, RowInputs,
                                       check_request, decode_buffers)
 from decodelab.decode.samples import grouped, sample_block, with_samples
+from decodelab.decode.scoring import Scoring
 from decodelab.decode.shapes import batch_shapes, prompt_width, sample_shapes
 from decodelab.decode.state import RowState
 from decodelab.model.parts import split
@@ -76,8 +77,9 @@ class DecodeState(RowState):
     """Everything the decode loop carries (``RowState``'s fields, then its own); the loop is a pure
     function of it. Its ``step`` is the output length of a still-running row."""
 
-    cache: KVCache  # lengths = self.lengths for running rows
-    logits: jax.Array  # [B, V] float32, the model's logits for each row's next token
+    cache: KVCache  # lengths = self.lengths for running rows (with CFG, 2B rows: ``scoring``)
+    logits: jax.Array  # [B, V] float32, the scores each row's next token is sampled from
+    scoring: Scoring = Scoring()  # how a model call becomes those scores (plain: its logits)
 
 
 def _choose(state: DecodeState, with_distribution: bool):
@@ -148,36 +150,48 @@ def _sample_and_record(state: DecodeState) -> DecodeState:
 
 def step(model: nnx.Module, state: DecodeState) -> DecodeState:
     """One round of the decode loop (also the serving engine's): sample and record each running
-    row's next token, then feed it for the next logits.
+    row's next token, then feed it for the next scores (``state.scoring``: with CFG to both
+    streams, in one model call).
 
     Rows that have stopped are fed too (the batch is static) but their cache does not advance.
     """
     state = _sample_and_record(state)
     last = jnp.take_along_axis(state.tokens, (state.lengths - 1)[:, None], axis=1)  # [B, 1]
-    logits, cache = model(last, cache=state.cache, num_valid=(~state.done).astype(jnp.int32))
-    return state.replace(cache=cache, logits=logits[:, 0])
+    scoring = state.scoring
+    exits, cache = scoring.read(model, scoring.doubled(last), state.cache,
+                                scoring.doubled((~state.done).astype(jnp.int32)))
+    return state.replace(cache=cache, logits=scoring.scores(*exits, state.constrained))
 
 
 def prefill(weights, block, rows: RowInputs, cache: Cache, *, graphdef, outputs: OutputSpec,
-            samples=None) -> DecodeState:
+            samples=None, scoring: Scoring = Scoring()) -> DecodeState:
     """Run the padded prompt block ``[B, T]`` through the model: the state before the first step.
     ``cache``: B rows to write over from length 0, whatever they hold (a new cache or a spare:
     ``decode.caches``); its slots are the state's ``max_len``. With ``samples`` (``[R]`` int32,
     the block row each state row continues: n samples per prompt) the block is read once and
     state row r starts from copies of block row ``samples[r]``'s cache rows and logits; ``rows``
-    are then the R state rows' values."""
+    are then the R state rows' values. ``scoring`` rides in the state (``scoring``); with CFG,
+    its negative prompts' block ``[B, T]`` is read in the same call as the unconditional rows
+    B..2B-1 of a cache of 2B rows, and left out of the state."""
     model = nnx.merge(graphdef, weights)
     cache, max_len = cache.rewind(0), cache.max_len
     lengths = rows.prompt_lengths
     if samples is not None:  # each block row's length; a padding row no state row takes: 1
         lengths = jnp.ones((block.shape[0],), jnp.int32).at[samples].max(lengths)
+    both, index, negatives = block, samples, scoring.negatives
+    if negatives is not None:  # the unconditional rows follow the conditional ones
+        both = jnp.concatenate([block, negatives[0]])
+        lengths = jnp.concatenate([lengths, negatives[1]])
+        index = None if samples is None else jnp.concatenate([samples, samples + block.shape[0]])
     # A fresh cache: the block attends to itself, not to the cache's capacity.
-    logits, cache = model(block, cache=cache, num_valid=lengths, reach=block.shape[1])  # [B, T, V]
-    last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]  # [B, V]
+    exits, cache = scoring.read(model, both, cache, lengths, lengths - 1, reach=block.shape[1])
     if samples is not None:
-        block, cache, last = block[samples], cache.take_rows(samples), last[samples]
-    state = DecodeState.start(block, rows, max_len, outputs, cache=cache, logits=last)
-    return state.counted()
+        block, cache = block[samples], cache.take_rows(index)
+        exits = jax.tree.map(lambda x: x[index], exits)
+    scoring = scoring.replace(negatives=None)
+    state = DecodeState.start(block, rows, max_len, outputs, cache=cache, logits=exits[0],
+                              scoring=scoring)
+    return state.replace(logits=scoring.scores(*exits, state.constrained)).counted()
 
 
 # The cache is donated and written over in place; with n samples per prompt the state's cache
@@ -243,6 +257,12 @@ def generate(
           no allowed token; with False such rows just finish with reason "error".
         tokenizer: also what ``params.regex`` / ``json_schema`` are compiled over (with
           ``eos_ids``, allowed exactly where a pattern is complete).
+        guidance_scale, negative_prompts: classifier-free guidance (``guide``, ``scoring``):
+          each row is also decoded from its negative prompt, in the same model calls, and
+          samples from ``log_softmax(u) + g * (log_softmax(c) - log_softmax(u))``; a scale of
+          1 is plain decoding, 0 decoding from the negative prompt.
+        dola_layers: DoLa (``guide``, ``scoring``): "low", "high" or layer indices whose
+          early exits the final layer is contrasted with (a ``Transformer`` only).
 
     Raises ValueError before anything is allocated when the cache and buffers need more than the
     memory limit (``checks.check_memory``).
@@ -252,20 +272,26 @@ def generate(
     V = model.config.vocab_size
     request = with_samples(check_request(V, prompts, params, max_new_tokens, seed, options), n)
     rows, n, data = request.rows, request.samples, data_size(model)
-    shapes = sample_shapes(batch_shapes(rows, request.max_new_tokens, options.max_len,
-                                        position_limit(model), data), n, data)
+    guide, limit = request.guide, position_limit(model)
+    layers = guide.layers(model)
+    sized = guide.shape_rows(rows, options.max_len, limit)  # with CFG, negative prompts too
+    shapes = sample_shapes(batch_shapes(sized, request.max_new_tokens, options.max_len, limit,
+                                        data), n, data)
     S = shapes.max_len
-    buffers = decode_buffers(model.config, shapes.padded_rows, S, shapes.width,
-                             prompt_width(rows, S), request.top_n, request.with_entropy)
+    T = prompt_width(sized, S)
+    buffers = decode_buffers(model.config, shapes.padded_rows, S, shapes.width, T, request.top_n,
+                             request.with_entropy)
+    buffers.update(guide.buffers(model.config, shapes.padded_rows, S, T, layers))
     check_memory("generate", buffers, {"len(prompts)": len(rows), **({"n": n} if n > 1 else {}),
                                        "max_new_tokens": shapes.columns, "max_len": S})
     block, _, lengths, samples = sample_block(request, shapes, data)
-    inputs = request.row_inputs(lengths, V, shapes)  # its checks come before the first trace
+    block, inputs, scoring = guide.prefill_inputs(  # row checks come before the first trace
+        block, request.row_inputs(lengths, V, shapes), shapes, n, layers)
     graphdef, weights = split(model)
-    cache = start_cache(model, weights, graphdef, block.shape[0], S, kv_cache)
+    cache = start_cache(model, weights, graphdef, block.shape[0] * scoring.streams, S, kv_cache)
     state = (prefill if samples is None else prefill_copies)(
         weights, block, inputs, cache, graphdef=graphdef, outputs=request.outputs(shapes),
-        samples=samples)
+        samples=samples, scoring=scoring)
     state = DECODE_LOOP.run(weights, state, python_loop=request.python_loop, graphdef=graphdef)
     out = host_output(state, shapes)
     keep_cache(model, state.cache, S, kv_cache, state.finish)

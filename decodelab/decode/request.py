@@ -59,7 +59,8 @@ from flax import struct
 from decodelab import sampling
 from decodelab.cache import bucket_length
 from decodelab.checks import (INT32_MAX, check_bool, check_memory, check_size, is_int,
-                              kv_cache_bytes, nbytes, position_limit, tokenizer_size)
+                              kv_cache_bytes, nbytes, position_limit, token_ids, tokenizer_size)
+from decodelab.decode.guide import Guide, check_guide
 from decodelab.decode.shapes import (Shapes, batch_shapes, output_width, prompt_width,
                                     sample_shapes, take_rows)
 from decodelab.sampling.constraint import ConstraintTable
@@ -75,27 +76,6 @@ PAD_TOKEN = -1  # output token ids past a row's length
 
 
 # --- Input checks ---------------------------------------------------------------------------------
-
-
-def token_ids(name: str, ids: Any, vocab_size: int) -> np.ndarray:
-    """``ids`` as a non-empty 1-D int32 array of token ids, or a ValueError naming ``name``."""
-    if isinstance(ids, (str, bytes)) or isinstance(ids, jax.core.Tracer):
-        raise ValueError(f"{name} must be a list of token ids, got {ids!r}")
-    try:
-        array = np.asarray(ids)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a list of token ids, got {ids!r}") from None
-    if array.ndim != 1:
-        raise ValueError(f"{name} must be a 1-D list of token ids, got shape {array.shape}")
-    if array.size == 0:
-        raise ValueError(f"{name} is empty; it needs at least one token")
-    if not np.issubdtype(array.dtype, np.integer):
-        raise ValueError(f"{name} must hold int token ids, got {ids!r}")
-    bad = np.flatnonzero((array < 0) | (array >= vocab_size))
-    if bad.size:
-        raise ValueError(f"{name} holds token id {int(array[bad[0]])} at index {int(bad[0])}; "
-                         f"ids must be in [0, {vocab_size})")
-    return array.astype(np.int32)
 
 
 def check_prompts(prompts: Any, vocab_size: int) -> list[np.ndarray]:
@@ -187,6 +167,12 @@ class DecodeOptions:
     return_entropy: bool = False  # the entropy of each step's sampling distribution
     python_loop: bool = False  # run the steps from Python (same step, same tokens)
     raise_on_error: bool = True  # False: a failed row just finishes with reason "error"
+    # Classifier-free guidance (``guide``): None off, or a number or one per prompt (data), with
+    # one negative prompt per prompt ([]: the prompt's last token); ``generate`` only.
+    guidance_scale: float | Sequence[float] | None = None
+    negative_prompts: Sequence[Sequence[int]] | None = None
+    # DoLa's premature layers (``guide``): None off, "low", "high" or layer ids; ``generate`` only.
+    dola_layers: str | Sequence[int] | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -263,6 +249,7 @@ class BatchRequest:
     # The batch's constraint table and each prompt's start state [B]; None: no row constrained.
     constraint: tuple[ConstraintTable, np.ndarray] | None = None
     samples: int = 1  # state rows per prompt (``samples``: n samples per prompt)
+    guide: Guide = Guide()  # classifier-free guidance and DoLa (``guide``); default: neither
 
     def keys(self) -> np.ndarray:
         """``[B, ...]`` uint32 key data of each row's request key: computed on request (it runs
@@ -327,13 +314,14 @@ def check_request(vocab_size: int, prompts: Any, params: Any, max_new_tokens: An
         ids = list(o.tokenizer.encode(s))
         if ids and s in o.tokenizer.decode(ids):
             stops.append(token_ids(f"tokenizer.encode({s!r})", ids, V))
+    guide = check_guide(o.guidance_scale, o.negative_prompts, o.dola_layers, rows, V)
     # The last check: it compiles the patterns (on the host), if any row has one.
     constraint = params.constraint_table(B, V, o.tokenizer, np.flatnonzero(eos_mask).tolist())
     return BatchRequest(rows=rows, max_new_tokens=N, seeds=seeds, params=params,
                         eos_mask=eos_mask, stop_block=stop_block(stops), stop_strings=strings,
                         tokenizer=o.tokenizer, top_n=top_n, with_entropy=o.return_entropy,
                         python_loop=o.python_loop, raise_on_error=o.raise_on_error,
-                        tokenizer_size=usable, constraint=constraint)
+                        tokenizer_size=usable, constraint=constraint, guide=guide)
 
 
 def decode_buffers(cfg: Any, batch_size: int, max_len: int, max_new_tokens: int,

@@ -299,6 +299,7 @@ def speculative_generate(
     gamma = check_size("gamma", gamma, 1)
     V = target.config.vocab_size
     request = check_request(V, prompts, params, max_new_tokens, seed, o)
+    request.guide.refuse("speculative_generate")
     if request.tokenizer_size is None:  # the draft's tokenizer, the same, masks the padding
         request = dataclasses.replace(
             request, tokenizer_size=tokenizer_size("draft_tokenizer", o.draft_tokenizer, V))
