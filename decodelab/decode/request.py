@@ -282,8 +282,8 @@ class BatchRequest:
         for the real batch, so no row's values depend on the padding."""
         B, R, n = len(self.rows), len(prompt_lengths), self.samples
         rows = np.arange(R)
-        params = take_rows(self.params.per_row(B, vocab_size, self.tokenizer_size),
-                           np.minimum(rows // n, B - 1))
+        params = take_rows(self.params.per_row(B, vocab_size, self.tokenizer_size,
+                                               self.tokenizer), np.minimum(rows // n, B - 1))
         keys = take_rows(sampling.sample_keys(self.keys(), n), np.minimum(rows, B * n - 1))
         budgets = np.where(rows < B * n, shapes.columns, 0).astype(np.int32)
         table, starts = self.constraint or (None, None)
