@@ -254,6 +254,9 @@ STAT_SETTINGS = [
     dict(eta=0.1),
     dict(top_n_sigma=1.0),
     dict(temperature=0.8, top_k=4, top_p=0.9),
+    dict(xtc_probability=0.5, xtc_threshold=0.1),  # the mixture of removing .3 .25 .2 and not
+    dict(top_k=4, xtc_probability=0.7, xtc_threshold=0.2),
+    dict(temperature=0.8, dynatemp_range=0.5, dynatemp_exponent=2.0),
 ]
 
 

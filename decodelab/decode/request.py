@@ -325,6 +325,7 @@ def check_request(vocab_size: int, prompts: Any, params: Any, max_new_tokens: An
         ids = list(o.tokenizer.encode(s))
         if ids and s in o.tokenizer.decode(ids):
             stops.append(token_ids(f"tokenizer.encode({s!r})", ids, V))
+    params.breakers(B, V, o.tokenizer)  # DRY's string breakers need the tokenizer
     # The last check: it compiles the patterns (on the host), if any row has one.
     constraint = params.constraint_table(B, V, o.tokenizer, np.flatnonzero(eos_mask).tolist())
     return BatchRequest(rows=rows, max_new_tokens=N, seeds=seeds, params=params,

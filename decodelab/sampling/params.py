@@ -173,6 +173,15 @@ class SamplingParams:
         picks one (the bias is data: no new program). ``tokenizer`` finds the tokens of string
         breakers for the rows with DRY on (``breakers``)."""
         B, V = batch_size, vocab_size
+        values = self._row_values(B, V)
+        breakers = self.breakers(B, V, tokenizer)
+        bias = self._bias(B, V, V if tokenizer_size is None else tokenizer_size)  # the last check
+        return RowParams(**{name: jnp.asarray(a) for name, a in values.items()},
+                         logit_bias=jnp.asarray(bias), biased=jnp.asarray(np.any(bias != 0, -1)),
+                         dry_breakers=jnp.asarray(breakers))
+
+    def _row_values(self, B: int, V: int) -> dict[str, np.ndarray]:
+        """Each registered parameter's ``[B]`` values, as stored (in NumPy: nothing is traced)."""
         values = {}
         for name, parameter in PARAMETERS.items():
             array = parameter.values(getattr(self, name))
@@ -182,13 +191,15 @@ class SamplingParams:
             array = np.broadcast_to(array, (B,))
             if parameter.vocab_sized:
                 array = np.where(array >= V, parameter.neutral, array)
-            values[name] = array.astype(parameter.dtype)  # in NumPy: nothing is traced
+            values[name] = array.astype(parameter.dtype)
+        return values
+
+    def breakers(self, batch_size: int, vocab_size: int, tokenizer: Any = None) -> np.ndarray:
+        """``[B, V]`` bool: DRY's breaker tokens of the rows with DRY on (``breakers``); a
+        ValueError for string breakers without a ``tokenizer`` or ids past the vocabulary."""
+        values = self._row_values(batch_size, vocab_size)
         dry = (values["dry_multiplier"] != 0) & (values["dry_penalty_last_n"] != 0)
-        breakers = breaker_table(self.dry_sequence_breakers, B, V, tokenizer, dry)
-        bias = self._bias(B, V, V if tokenizer_size is None else tokenizer_size)  # the last check
-        return RowParams(**{name: jnp.asarray(a) for name, a in values.items()},
-                         logit_bias=jnp.asarray(bias), biased=jnp.asarray(np.any(bias != 0, -1)),
-                         dry_breakers=jnp.asarray(breakers))
+        return breaker_table(self.dry_sequence_breakers, batch_size, vocab_size, tokenizer, dry)
 
     @property
     def constrained(self) -> bool:
