@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_llama_samplers import temp_ext
 
 import decodelab as dl
 from decodelab import sampling
@@ -110,16 +111,6 @@ def test_xtc_after_top_k_and_min_p_is_llama_cpps_chain(smollm2):
     ours = decodelab_probs(dl.SamplingParams(top_k=40, min_p=1e-4, xtc_probability=1.0), logits)
     agree(ours, theirs)
     assert 1 < (ours > 0).sum() < 40
-
-
-def temp_ext(logits: np.ndarray, temperature: float, spread: float, exponent: float):
-    """llama.cpp's dynamic temperature by its definition, in float64: the probabilities."""
-    x = logits.astype(np.float64)
-    p = np.exp(x - np.logaddexp.reduce(x))
-    normalised = -np.sum(p * np.log(p)) / np.log(len(x))
-    lo, hi = max(0.0, temperature - spread), temperature + spread
-    y = x / (lo + (hi - lo) * normalised ** exponent)
-    return np.exp(y - np.logaddexp.reduce(y))
 
 
 @pytest.mark.parametrize("temperature, spread, exponent", [
