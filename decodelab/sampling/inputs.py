@@ -193,6 +193,8 @@ class History:
     of ``tokens``, ``prompt_lengths`` and ``lengths`` are row b at its t-th position, and with
     ``ahead`` (``[B, T]``) the carried fields are row b's before ``ahead[b, :t]``, which the
     readers append (in their own branch: a round with no history processor on pays nothing).
+    The carried common suffixes (no-repeat n-grams', DRY's) are one mechanism: ``suffix_rules``
+    says how far each row follows each array and which tokens end its suffixes.
     """
 
     tokens: jax.Array  # [B, S] int32; slot j holds position j; slots at or past `lengths` ignored
