@@ -49,8 +49,9 @@ class Rescanned(NoRepeatNgram):
 
 def random_rows(seed: int):
     """Rows over 3 of the 6 tokens (n-grams repeat everywhere), of different prompt and total
-    lengths, random tokens in the padding past them, no-repeat sizes 0..5 mixed, a length of
-    at most ``S - T`` (room for a block of ``T``); and ``[B, T]`` counts to keep of it."""
+    lengths, random tokens in the padding past them, no-repeat sizes 0..5 mixed, DRY on in 8
+    rows (token 2 a breaker in 4 of them), a length of at most ``S - T`` (room for a block of
+    ``T``); and ``[B, T]`` counts to keep of it."""
     rng = np.random.default_rng(seed)
     tokens = rng.integers(0, 3, (B, S)).astype(np.int32)
     lengths = rng.integers(1, S - T + 1, B).astype(np.int32)
@@ -58,7 +59,10 @@ def random_rows(seed: int):
     sizes = rng.permutation(np.arange(B) % 6)
     history = sampling.History(tokens=jnp.asarray(tokens), prompt_lengths=prompt_lengths,
                                lengths=lengths, eos_mask=jnp.zeros((V,), bool))
-    params = dl.SamplingParams(no_repeat_ngram_size=sizes.tolist()).per_row(B, V)
+    dry = np.arange(B) % 3 != 0
+    params = dl.SamplingParams(
+        no_repeat_ngram_size=sizes.tolist(), dry_multiplier=np.where(dry, 0.8, 0.0).tolist(),
+        dry_sequence_breakers=[[2] if b % 2 else [] for b in range(B)]).per_row(B, V)
     return history, params, rng.integers(0, T + 1, B).astype(np.int32)
 
 
@@ -83,14 +87,15 @@ def test_no_repeat_ngram_bans_what_the_rescan_banned(seed):
     np.testing.assert_array_equal(bans(ngram, params, history),
                                   bans(Rescanned(), params, history))
 
-    extended = history.carried(sizes).extended(block_of(history), count, sizes)
+    extended = history.carried(params).extended(block_of(history), count, params)
     later = history.replace(lengths=history.lengths + count)
     np.testing.assert_array_equal(bans(ngram, params, extended),
                                   bans(Rescanned(), params, later))
 
-    along = history.carried(sizes).along(block_of(history))
+    along = history.carried(params).along(block_of(history))
     per_position = jax.tree.map(lambda a: jnp.repeat(a, T, axis=0), params)
-    recounted = along.replace(output_counts=None, seen=None, ngram_suffixes=None, ahead=None)
+    recounted = along.replace(output_counts=None, seen=None, ngram_suffixes=None,
+                              dry_suffixes=None, ahead=None)
     np.testing.assert_array_equal(bans(ngram, per_position, along),
                                   bans(Rescanned(), per_position, recounted))
 
@@ -101,19 +106,21 @@ def test_carried_counts_extended_and_along_a_block_equal_a_recount(seed):
     position along it, equal those counted from the buffer at the same lengths; so do the
     common suffixes, slot by slot below each row's length."""
     history, params, count = random_rows(seed)
-    sizes = params.no_repeat_ngram_size
-    carried = history.carried(sizes)
-    extended = carried.extended(block_of(history), count, sizes)
+    carried = history.carried(params)
+    extended = carried.extended(block_of(history), count, params)
     along = carried.along(block_of(history))
-    for got, lengths, rows in ((extended, history.lengths + count, sizes),
-                               (along, along.lengths, jnp.repeat(sizes, T))):
-        plain = got.replace(output_counts=None, seen=None, ngram_suffixes=None, ahead=None,
+    per_position = jax.tree.map(lambda a: jnp.repeat(a, T, axis=0), params)
+    for got, lengths, rows in ((extended, history.lengths + count, params),
+                               (along, along.lengths, per_position)):
+        plain = got.replace(output_counts=None, seen=None, ngram_suffixes=None,
+                            dry_suffixes=None, ahead=None,
                             lengths=lengths)
         np.testing.assert_array_equal(got.output_occurrences(V), plain.output_occurrences(V))
         np.testing.assert_array_equal(got.seen_tokens(V), plain.seen_tokens(V))
         below = np.arange(S)[None, :] < np.asarray(lengths)[:, None]
-        np.testing.assert_array_equal(np.where(below, got.suffixes(rows), 0),
-                                      np.where(below, plain.suffixes(rows), 0))
+        for name in ("ngram_suffixes", "dry_suffixes"):
+            np.testing.assert_array_equal(np.where(below, got.suffixes(rows, name), 0),
+                                          np.where(below, plain.suffixes(rows, name), 0))
 
 
 # --- The loops: the tokens and log-probabilities of recounting every step -------------------------

@@ -254,6 +254,9 @@ STAT_SETTINGS = [
     dict(eta=0.1),
     dict(top_n_sigma=1.0),
     dict(temperature=0.8, top_k=4, top_p=0.9),
+    dict(xtc_probability=0.5, xtc_threshold=0.1),  # the mixture of removing .3 .25 .2 and not
+    dict(top_k=4, xtc_probability=0.7, xtc_threshold=0.2),
+    dict(temperature=0.8, dynatemp_range=0.5, dynatemp_exponent=2.0),
 ]
 
 
@@ -387,7 +390,8 @@ RANGE_ENDS = [(name, end) for name, p in processors.PARAMETERS.items()
 
 @pytest.mark.parametrize("name, end", RANGE_ENDS)
 def test_the_ends_of_each_range_are_accepted_and_stored_finite(name, end):
-    rows = dl.SamplingParams(**{name: end}).per_row(1, 5)
+    # (DRY's default breakers are strings, which need a tokenizer: none here)
+    rows = dl.SamplingParams(**{name: end}, dry_sequence_breakers=[]).per_row(1, 5)
     assert np.isfinite(np.asarray(getattr(rows, name))).all()
 
 

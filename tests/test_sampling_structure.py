@@ -1,10 +1,10 @@
-"""One program for every sampling setting, and sampling costs what is enabled: a sweep over 22
+"""One program for every sampling setting, and sampling costs what is enabled: a sweep over 26
 mixed settings compiles ``generate``'s, ``speculative_generate``'s and the serving engine's
 programs once each; every processor is in the step, under a ``cond`` that skips it when no row
 enables it; greedy runs by the argmax branch; nothing sorts the vocabulary and a draw takes one
 uniform per row; greedy rows beside sampled ones give the greedy-only batch's outputs; the
 penalty counts carried in the state are those recounted from the tokens, updated by one token
-per row and step, and no-repeat-n-gram reads carried suffixes without gathering the buffer;
+per row and step, and no-repeat-n-gram and DRY read carried suffixes without gathering the buffer;
 top-k and top-p keep exactly the sort-based sets and draw exactly from them.
 The step is read as its jaxpr (``programs.equations``) and the loop as its lowered text.
 """
@@ -44,6 +44,11 @@ SETTINGS = [
       banned_tokens=[7]),
     S(temperature=[0.0, 1.0]), S(top_k=[0, 3]), S(temperature=[0.0, 0.5], top_p=[1.0, 0.5]),
     S(temperature=[0.0, 0.9], repetition_penalty=[1.3, 1.0], min_p=[0.0, 0.2]),
+    # llama.cpp's samplers (DRY's breakers as token ids: no tokenizer here)
+    S(xtc_probability=0.5, xtc_threshold=0.05), S(temperature=0.8, dynatemp_range=0.5),
+    S(dry_multiplier=0.8, dry_allowed_length=1, dry_sequence_breakers=[3]),
+    S(temperature=[0.0, 0.9], dry_multiplier=[0.8, 0.0], xtc_probability=[0.0, 1.0],
+      dynatemp_range=[0.0, 0.3], dry_penalty_last_n=[4, -1], dry_sequence_breakers=[[1], []]),
 ]
 # The settings one request can have (one value per field).
 PER_REQUEST = [p for p in SETTINGS
@@ -131,8 +136,10 @@ def named(found: list[programs.Equation], primitive: str) -> list[programs.Equat
 
 def choice(found: list[programs.Equation]) -> int:
     """The number of the step's one top-level cond: the choice between the sampled draw (branch
-    0) and the argmax (branch 1, taken when every running row is greedy)."""
-    (number,) = [n for n, c in enumerate(programs.conds(found)) if not c.branches]
+    0) and the argmax (branch 1, taken when every running row is greedy). (The carried common
+    suffixes' extensions, each a cond of its own giving one ``[B, S]`` array, aside.)"""
+    (number,) = [n for n, c in enumerate(programs.conds(found)) if not c.branches
+                 and [t.shape for t in c.output_types] != [(B, MAX_LEN)]]
     return number
 
 
@@ -218,27 +225,32 @@ def test_the_decode_loop_is_one_program_without_a_sort(tiny):
 def test_a_penalised_step_updates_the_carried_counts_by_one_token_per_row(tiny):
     """Outside the processors, every scatter into a ``[B, V]`` array writes B updates (the
     sampled tokens into the carried counts), never B x S (counts rebuilt from the token buffer);
-    inside them only no-repeat-n-gram scatters the history, in the branch that runs when a row
-    enables it."""
+    inside them only no-repeat-n-gram and DRY scatter the history, each in the branch that runs
+    when a row enables it."""
     V = tiny.config.vocab_size
     found = step_equations(tiny, dl.SamplingParams(temperature=0.7, repetition_penalty=1.2,
                                                    frequency_penalty=0.3))
     into_counts = [e for e in found
                    if e.primitive.startswith("scatter") and e.input_types[0].shape == (B, V)]
     assert {programs.elements(e.input_types[2]) for e in into_counts if not e.branches} == {B}
-    ngram = {processor_conds(found, branch)["no_repeat_ngram_size"] for branch in (0, 1)}
+    ngram = {processor_conds(found, branch)[name] for branch in (0, 1)
+             for name in ("no_repeat_ngram_size", "dry_multiplier")}
     inside = [e for e in into_counts if e.branches]
     assert inside and all(any((n, 1) in e.branches for n in ngram) for e in inside)
 
 
-def test_no_repeat_ngram_reads_carried_suffixes_and_gathers_nothing_of_the_buffer(tiny):
-    """With no-repeat-n-gram on, no gather in the step reads the ``[B, S]`` token buffer slot by
-    slot, and the processor runs no loop: it compares the common suffixes the state carries
-    (extended by one shifted compare per step) and scatters the banned tokens once."""
-    found = step_equations(tiny, dl.SamplingParams(temperature=0.7, no_repeat_ngram_size=3))
+@pytest.mark.parametrize("name, params", [
+    ("no_repeat_ngram_size", S(temperature=0.7, no_repeat_ngram_size=3)),
+    ("dry_multiplier", S(temperature=0.7, dry_multiplier=0.8, dry_sequence_breakers=[3]))])
+def test_no_repeat_ngram_reads_carried_suffixes_and_gathers_nothing_of_the_buffer(tiny, name,
+                                                                                 params):
+    """With no-repeat-n-gram (or DRY) on, no gather in the step reads the ``[B, S]`` token buffer
+    slot by slot, and the processor runs no loop: it compares the common suffixes the state
+    carries (extended by one shifted compare per step) and scatters its tokens once."""
+    found = step_equations(tiny, params)
     assert not [e for e in named(found, "gather")
                 if e.output_types[0].shape == e.input_types[0].shape == (B, MAX_LEN)]
-    ngram = processor_conds(found, 0)["no_repeat_ngram_size"]
+    ngram = processor_conds(found, 0)[name]
     inside = [e for e in found if (ngram, 1) in e.branches]
     assert named(inside, "scatter-max") or named(inside, "scatter_max")
     assert named(inside, "while") == [] and named(inside, "gather") == []

@@ -306,6 +306,11 @@ SETTINGS = {
     "temperature 1": dl.SamplingParams(temperature=1.0),
     "temperature 0.7, top-k 3": dl.SamplingParams(temperature=0.7, top_k=3),
     "top-p 0.8": dl.SamplingParams(top_p=0.8),
+    # llama.cpp's: XTC's mixture, dynamic temperature, and DRY (at the second token it penalises
+    # what followed the first token in the prompt, so verification reads it along the block)
+    "XTC, DRY, dynamic temperature": dl.SamplingParams(
+        xtc_probability=0.5, xtc_threshold=0.1, dynatemp_range=0.5, dry_multiplier=0.8,
+        dry_allowed_length=1, dry_sequence_breakers=[]),
 }
 PROMPT = [1, 5, 2]
 

@@ -271,8 +271,8 @@ class BatchRequest:
         for the real batch, so no row's values depend on the padding."""
         B, R, n = len(self.rows), len(prompt_lengths), self.samples
         rows = np.arange(R)
-        params = take_rows(self.params.per_row(B, vocab_size, self.tokenizer_size),
-                           np.minimum(rows // n, B - 1))
+        params = take_rows(self.params.per_row(B, vocab_size, self.tokenizer_size,
+                                               self.tokenizer), np.minimum(rows // n, B - 1))
         keys = take_rows(sampling.sample_keys(self.keys(), n), np.minimum(rows, B * n - 1))
         budgets = np.where(rows < B * n, shapes.columns, 0).astype(np.int32)
         table, starts = self.constraint or (None, None)
@@ -315,6 +315,7 @@ def check_request(vocab_size: int, prompts: Any, params: Any, max_new_tokens: An
         if ids and s in o.tokenizer.decode(ids):
             stops.append(token_ids(f"tokenizer.encode({s!r})", ids, V))
     guide = check_guide(o.guidance_scale, o.negative_prompts, o.dola_layers, rows, V)
+    params.breakers(B, V, o.tokenizer)  # DRY's string breakers need the tokenizer
     # The last check: it compiles the patterns (on the host), if any row has one.
     constraint = params.constraint_table(B, V, o.tokenizer, np.flatnonzero(eos_mask).tolist())
     return BatchRequest(rows=rows, max_new_tokens=N, seeds=seeds, params=params,

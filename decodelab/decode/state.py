@@ -67,6 +67,7 @@ class RowState(LoopState):
     output_counts: jax.Array | None = None  # [B, V] int32, occurrences in the output
     seen: jax.Array | None = None  # [B, V] bool, occurs in the prompt or the output
     ngram_suffixes: jax.Array | None = None  # [B, S] int32 (``sampling.History.suffixes``)
+    dry_suffixes: jax.Array | None = None  # [B, S] int32, the same for DRY
 
     @classmethod
     def start(cls, block: jax.Array, rows: RowInputs, max_len: int, outputs: OutputSpec,
@@ -158,20 +159,20 @@ class RowState(LoopState):
         return sampling.History(tokens=self.tokens, prompt_lengths=self.prompt_lengths,
                                 lengths=self.lengths, eos_mask=self.eos_mask,
                                 output_counts=self.output_counts, seen=self.seen,
-                                ngram_suffixes=self.ngram_suffixes)
+                                ngram_suffixes=self.ngram_suffixes,
+                                dry_suffixes=self.dry_suffixes)
 
     def counted(self) -> RowState:
         """The state with the history fields it carries counted from its tokens: the start of
         a loop (or of a row, in the serving engine)."""
-        ngram_sizes = self.params.no_repeat_ngram_size
-        return self.replace(**self.history.carried(ngram_sizes).carried_fields)
+        return self.replace(**self.history.carried(self.params).carried_fields)
 
     def history_after(self, tokens: jax.Array, block: jax.Array, count: jax.Array
                       ) -> sampling.History:
         """The rows' history, carried fields updated, once each keeps the first ``count[b]``
         tokens of ``block [B, T]``, which ``tokens [B, S]`` holds from the row's length."""
         history = self.history.replace(tokens=tokens)
-        return history.extended(block, count, self.params.no_repeat_ngram_size)
+        return history.extended(block, count, self.params)
 
     def ends_with_stop(self, tokens: jax.Array, ends: jax.Array) -> jax.Array:
         """``[B, T]`` bool: row b's output in ``tokens: [B, S]``, up to ``ends[b, i]`` tokens of

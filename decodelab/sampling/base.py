@@ -72,6 +72,10 @@ class LogitsProcessor(abc.ABC):
     """
 
     parameter: ClassVar[Parameter | None] = None
+    # Further settings it reads (DRY's base, XTC's threshold): each a field of SamplingParams and
+    # RowParams like ``parameter``, defaulting to its ``neutral`` value; only ``parameter`` (or
+    # ``enabled``) turns the processor on.
+    settings: ClassVar[tuple[Parameter, ...]] = ()
     # Whether it looks at the tokens so far (History): its kept set is not a function of the
     # logits alone.
     reads_history: ClassVar[bool] = False
@@ -79,6 +83,11 @@ class LogitsProcessor(abc.ABC):
     @property
     def name(self) -> str:
         return self.parameter.name
+
+    @property
+    def parameters(self) -> tuple[Parameter, ...]:
+        """``parameter`` (if any), then ``settings``: the fields it adds."""
+        return (() if self.parameter is None else (self.parameter,)) + self.settings
 
     def enabled(self, params: RowParams) -> jax.Array:
         """``[B]`` bool."""

@@ -35,7 +35,9 @@ class Parameter:
 
     name: str
     dtype: str  # "int32" or "float32": how RowParams stores it
-    neutral: float  # the default; at this value the processor is the identity
+    # The default; for a processor's ``parameter``, the value at which it is the identity (a
+    # processor's further ``settings`` take it as their default only).
+    neutral: float
     low: float | None = None
     high: float | None = None
     open_low: bool = False
@@ -115,21 +117,44 @@ class Parameter:
 
 # The fields a decode loop carries so that the history processors read them instead of going over
 # the ``[B, S]`` token buffer every step (``History.carried``, updated by ``History.extended``).
-CARRIED = ("output_counts", "seen", "ngram_suffixes")
+CARRIED = ("output_counts", "seen", "ngram_suffixes", "dry_suffixes")
+
+# Longer than any row: the limit of a carried suffix that only a breaker ends.
+UNBOUNDED = np.iinfo(np.int32).max
 
 
-def _suffix_limits(ngram_sizes: jax.Array) -> jax.Array:
-    """``[B]``: how far a row's common suffixes are followed, its no-repeat n-gram size - 1 (>= 0):
-    no row needs more, and a bound makes the carried and the recounted suffixes the same."""
-    return jnp.maximum(ngram_sizes - 1, 0)
+def suffix_rules(params: Any) -> dict[str, tuple[jax.Array, jax.Array | None]]:
+    """The carried common suffixes (``History`` fields) and how each row follows them: its limit
+    ``[B]`` (no suffix grows past it; 0 keeps them all 0, so a row that enables neither processor
+    pays nothing) and the ``[B, V]`` tokens that end every suffix (a suffix never reaches back
+    across one), or None. From ``params`` (a ``RowParams``): the no-repeat n-gram size - 1 (no
+    row needs more, and a bound makes the carried and the recounted suffixes the same), and
+    DRY's sequence breakers, unbounded otherwise (DRY caps the match only when it reads it)."""
+    dry = (params.dry_multiplier != 0) & (params.dry_penalty_last_n != 0)
+    return {"ngram_suffixes": (jnp.maximum(params.no_repeat_ngram_size - 1, 0), None),
+            "dry_suffixes": (jnp.where(dry, UNBOUNDED, 0).astype(jnp.int32), params.dry_breakers)}
 
 
-def _common_suffixes(tokens: jax.Array, lengths: jax.Array, limits: jax.Array) -> jax.Array:
+def _breaks(breakers: jax.Array | None, tokens: jax.Array) -> jax.Array | None:
+    """``breakers[b, tokens[b, ...]]``: which of ``tokens [B, ...]`` end a suffix (None: none)."""
+    if breakers is None:
+        return None
+    B = tokens.shape[0]
+    return jnp.take_along_axis(breakers, tokens.reshape(B, -1), axis=1).reshape(tokens.shape)
+
+
+def _common_suffixes(tokens: jax.Array, lengths: jax.Array, limits: jax.Array,
+                     breakers: jax.Array | None = None) -> jax.Array:
     """``[B, S]`` int32: at slot j, the length of the longest common suffix of ``tokens[b, :j]``
-    and ``tokens[b, :lengths[b]]``, at most ``limits[b]``; undefined at or past ``lengths``.
-    One gather of the buffer per suffix position: for the start of a loop, not for its steps."""
+    and ``tokens[b, :lengths[b]]``, at most ``limits[b]`` and never reaching back to the row's
+    last breaker (``suffix_rules``); undefined at or past ``lengths``. One gather of the buffer
+    per suffix position: for the start of a loop, not for its steps."""
     B, S = tokens.shape
     slot = jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32)[None, :], (B, S))
+    if breakers is not None:  # the tokens since the last breaker bound every suffix
+        last = jnp.max(jnp.where(_breaks(breakers, tokens) & (slot < lengths[:, None]), slot, -1),
+                       axis=1)
+        limits = jnp.minimum(limits, lengths - 1 - last)
 
     def grow(k, carry):  # the k-th token before slot j against the k-th last
         alive, total = carry
@@ -145,10 +170,14 @@ def _common_suffixes(tokens: jax.Array, lengths: jax.Array, limits: jax.Array) -
 
 
 def _extend_suffixes(suffixes: jax.Array, tokens: jax.Array, token: jax.Array,
-                     limits: jax.Array) -> jax.Array:
+                     limits: jax.Array, breakers: jax.Array | None = None) -> jax.Array:
     """``_common_suffixes`` after ``token [B]`` is appended to each row (``tokens [B, S]`` holds
     it already at the old length): slot j's suffix is slot j - 1's plus one where the token
-    before j is the new one, else empty. One shifted compare, no gather."""
+    before j is the new one, else empty; all empty after a breaker. One shifted compare, no
+    gather of the buffer."""
+    broken = _breaks(breakers, token)
+    if broken is not None:
+        limits = jnp.where(broken, 0, limits)
     before = jnp.pad(tokens[:, :-1], ((0, 0), (1, 0)), constant_values=-1)  # [B, S]: token j - 1
     grown = jnp.minimum(jnp.pad(suffixes[:, :-1], ((0, 0), (1, 0))) + 1, limits[:, None])
     return jnp.where(before == token[:, None], grown, 0)
@@ -164,6 +193,8 @@ class History:
     of ``tokens``, ``prompt_lengths`` and ``lengths`` are row b at its t-th position, and with
     ``ahead`` (``[B, T]``) the carried fields are row b's before ``ahead[b, :t]``, which the
     readers append (in their own branch: a round with no history processor on pays nothing).
+    The carried common suffixes (no-repeat n-grams', DRY's) are one mechanism: ``suffix_rules``
+    says how far each row follows each array and which tokens end its suffixes.
     """
 
     tokens: jax.Array  # [B, S] int32; slot j holds position j; slots at or past `lengths` ignored
@@ -172,8 +203,9 @@ class History:
     eos_mask: jax.Array  # [V] bool, the ids min_new_tokens suppresses
     output_counts: jax.Array | None = None  # [B, V] int32, occurrences in the output
     seen: jax.Array | None = None  # [B, V] bool, occurs in prompt or output
-    # [B, S] int32: ``_common_suffixes`` of the row under its no-repeat n-gram size
+    # [B, S] int32 each: ``_common_suffixes`` of the row under its ``suffix_rules``
     ngram_suffixes: jax.Array | None = None
+    dry_suffixes: jax.Array | None = None
     ahead: jax.Array | None = None  # [B, T] int32, see above
 
     @property
@@ -184,35 +216,40 @@ class History:
     def carried_fields(self) -> dict[str, jax.Array | None]:
         return {name: getattr(self, name) for name in CARRIED}
 
-    def carried(self, ngram_sizes: jax.Array) -> History:
-        """This history with ``CARRIED`` counted from ``tokens`` (``ngram_sizes``: ``[B]``, the
-        rows' no-repeat n-gram sizes): what a decode loop starts from."""
+    def carried(self, params: Any) -> History:
+        """This history with ``CARRIED`` counted from ``tokens`` (``params``: the rows'
+        ``RowParams``, for ``suffix_rules``): what a decode loop starts from."""
         V = self.eos_mask.shape[0]
         return self.replace(
             output_counts=self.counts(V, output_only=True),
             seen=self.counts(V, output_only=False) > 0,
-            ngram_suffixes=_common_suffixes(self.tokens, self.lengths,
-                                            _suffix_limits(ngram_sizes)))
+            **{name: _common_suffixes(self.tokens, self.lengths, limits, breakers)
+               for name, (limits, breakers) in suffix_rules(params).items()})
 
-    def extended(self, block: jax.Array, count: jax.Array, ngram_sizes: jax.Array) -> History:
+    def extended(self, block: jax.Array, count: jax.Array, params: Any) -> History:
         """This history (with ``CARRIED``) after the first ``count[b]`` tokens of ``block [B,
         T]`` are appended to each row; ``tokens`` must hold them already, from ``lengths[b]``.
-        One scatter per count over the ``B * T`` tokens, ``T`` shifted compares."""
+        One scatter per count over the ``B * T`` tokens, ``T`` shifted compares per carried
+        suffix array that some row follows (one that none follows is skipped at run time)."""
         B, T = block.shape
         kept = jnp.arange(T, dtype=jnp.int32)[None, :] < count[:, None]  # [B, T]
         rows = jnp.broadcast_to(jnp.arange(B)[:, None], (B, T))
         counted = jnp.where(kept, block, self.eos_mask.shape[0])  # out of range: dropped
-        limits = _suffix_limits(ngram_sizes)
 
-        def grow(t, suffixes):
-            longer = _extend_suffixes(suffixes, self.tokens, block[:, t], limits)
-            return jnp.where(kept[:, t, None], longer, suffixes)
+        def extend(limits, breakers):
+            def grow(t, suffixes):
+                longer = _extend_suffixes(suffixes, self.tokens, block[:, t], limits, breakers)
+                return jnp.where(kept[:, t, None], longer, suffixes)
+
+            return lambda suffixes: jax.lax.fori_loop(0, T, grow, suffixes)
 
         return self.replace(
             lengths=self.lengths + count,
             output_counts=self.output_counts.at[rows, counted].add(1, mode="drop"),
             seen=self.seen.at[rows, counted].set(True, mode="drop"),
-            ngram_suffixes=jax.lax.fori_loop(0, T, grow, self.ngram_suffixes))
+            **{name: jax.lax.cond(jnp.any(limits > 0), extend(limits, breakers), lambda x: x,
+                                  getattr(self, name))
+               for name, (limits, breakers) in suffix_rules(params).items()})
 
     def along(self, block: jax.Array) -> History:
         """The history at the positions ``lengths[b] + t``, ``t < T``, of each row, with
@@ -251,23 +288,26 @@ class History:
             return self.seen
         return (self.seen[:, None] | (self._ahead_counts() > 0)).reshape(-1, vocab_size)
 
-    def suffixes(self, ngram_sizes: jax.Array) -> jax.Array:
+    def suffixes(self, params: Any, name: str = "ngram_suffixes") -> jax.Array:
         """``[B, S]`` int32: at slot j, the length of the longest common suffix of the row's
-        tokens before j and its whole sequence, at most ``ngram_sizes[b] - 1``; undefined at or
-        past ``lengths``."""
-        limits = _suffix_limits(ngram_sizes)
-        if self.ngram_suffixes is None:
-            return _common_suffixes(self.tokens, self.lengths, limits)
+        tokens before j and its whole sequence, as the carried field ``name`` follows it under
+        ``params`` (``suffix_rules``: for no-repeat n-grams at most the size - 1, for DRY back
+        to the last sequence breaker); undefined at or past ``lengths``."""
+        limits, breakers = suffix_rules(params)[name]
+        carried = getattr(self, name)
+        if carried is None:
+            return _common_suffixes(self.tokens, self.lengths, limits, breakers)
         if self.ahead is None:
-            return self.ngram_suffixes
+            return carried
         B, T = self.ahead.shape
         tokens = self.tokens[::T]  # [B, S]: each row's, the block in place
         limits = limits[::T]
+        breakers = None if breakers is None else breakers[::T]
 
         def grow(suffixes, token):  # the suffixes before a position, then after its token
-            return _extend_suffixes(suffixes, tokens, token, limits), suffixes
+            return _extend_suffixes(suffixes, tokens, token, limits, breakers), suffixes
 
-        _, before = jax.lax.scan(grow, self.ngram_suffixes, self.ahead.T)  # [T, B, S]
+        _, before = jax.lax.scan(grow, carried, self.ahead.T)  # [T, B, S]
         return jnp.swapaxes(before, 0, 1).reshape(B * T, -1)
 
     def counts(self, vocab_size: int, *, output_only: bool) -> jax.Array:

@@ -4,7 +4,8 @@ Conventions (every caller relies on them):
 
 - ``SamplingParams`` holds what a user typed: each field a scalar or one value per row. Its fields
   are the parameters of the registered processors (``processors.PROCESSORS``, which also fixes
-  their order; see that module) plus ``logit_bias`` and ``banned_tokens``. It is validated when
+  their order; see that module) plus ``logit_bias``, ``banned_tokens`` and DRY's
+  ``dry_sequence_breakers`` (strings or token ids, ``breakers``). It is validated when
   built; ``per_row(B, V)`` turns it into ``RowParams``, a pytree of ``[B]`` arrays (and a
   ``[B, V]`` bias) with nothing static: a sweep over any settings, processors switched on and
   off and greedy against sampled included, is a sweep over array contents and compiles one
@@ -36,6 +37,7 @@ import numpy as np
 from decodelab.checks import check_number, is_int
 from decodelab.sampling import select
 from decodelab.sampling.base import argmax
+from decodelab.sampling.breakers import breaker_table, check_breakers
 from decodelab.sampling.constraint import ConstraintTable
 from decodelab.sampling.inputs import MAX_SHIFT, History
 from decodelab.sampling.patterns import check_patterns, pattern_table
@@ -88,6 +90,20 @@ def _check_banned(banned: Any) -> None:
                              f"of ids per row, got banned_tokens[{row}] = {ids!r}")
 
 
+def _check_dynatemp(temperature: Any, dynatemp_range: Any) -> None:
+    """A temperature-0 row is greedy: a dynamic temperature range on it is refused (llama.cpp
+    would sample it at temperatures up to the range)."""
+    t, r = np.asarray(temperature, np.float64), np.asarray(dynatemp_range, np.float64)
+    if t.ndim and r.ndim and t.shape != r.shape:
+        return  # per_row refuses the lengths
+    bad = np.broadcast_to((t == 0) & (r > 0), np.broadcast(t, r).shape).reshape(-1)
+    if bad.any():
+        i = int(np.argmax(bad))
+        where = "dynatemp_range" if r.ndim == 0 else f"dynatemp_range[{i}]"
+        raise ValueError(f"{where} must be 0 where temperature is 0 (greedy), got "
+                         f"{float(r.reshape(-1)[min(i, r.size - 1)])!r}")
+
+
 def _is_per_row_bias(logit_bias: Any) -> bool:
     return logit_bias is not None and not isinstance(logit_bias, Mapping)
 
@@ -126,10 +142,15 @@ class SamplingParams:
     # JSON schema (dict or JSON str), or a list with one per row; None is free text.
     regex: str | Sequence[str | None] | None = None
     json_schema: Any = None
+    # DRY's sequence breakers (``breakers``): None for llama.cpp's ("\n", ":", "\"", "*"), a
+    # list of strings (needing ``DecodeOptions.tokenizer``) or token ids, or one list per row.
+    dry_sequence_breakers: Sequence[str | int] | Sequence[Sequence[str | int]] | None = None
 
     def __post_init__(self) -> None:
         for name, parameter in PARAMETERS.items():
             parameter.values(getattr(self, name))
+        _check_dynatemp(self.temperature, self.dynatemp_range)
+        check_breakers(self.dry_sequence_breakers)
         _check_bias(self.logit_bias)
         _check_banned(self.banned_tokens)
         check_patterns(self.regex, self.json_schema)
@@ -141,15 +162,26 @@ class SamplingParams:
     def replace(self, **changes: Any) -> SamplingParams:
         return dataclasses.replace(self, **changes)
 
-    def per_row(self, batch_size: int, vocab_size: int,
-                tokenizer_size: int | None = None) -> RowParams:
-        """The traced form: one value per row for each field, plus a ``[B, V]`` additive bias.
+    def per_row(self, batch_size: int, vocab_size: int, tokenizer_size: int | None = None,
+                tokenizer: Any = None) -> RowParams:
+        """The traced form: one value per row for each field, plus a ``[B, V]`` additive bias
+        and the ``[B, V]`` table of DRY's breaker tokens.
 
         ``tokenizer_size`` (``checks.tokenizer_size``: at most ``V``), when the caller knows the
         tokenizer: ids from it to ``V`` are a padded vocabulary's padding, which no tokenizer
         can decode, and get ``-inf`` in the bias, so neither a sampled nor a greedy row ever
-        picks one (the bias is data: no new program)."""
+        picks one (the bias is data: no new program). ``tokenizer`` finds the tokens of string
+        breakers for the rows with DRY on (``breakers``)."""
         B, V = batch_size, vocab_size
+        values = self._row_values(B, V)
+        breakers = self.breakers(B, V, tokenizer)
+        bias = self._bias(B, V, V if tokenizer_size is None else tokenizer_size)  # the last check
+        return RowParams(**{name: jnp.asarray(a) for name, a in values.items()},
+                         logit_bias=jnp.asarray(bias), biased=jnp.asarray(np.any(bias != 0, -1)),
+                         dry_breakers=jnp.asarray(breakers))
+
+    def _row_values(self, B: int, V: int) -> dict[str, np.ndarray]:
+        """Each registered parameter's ``[B]`` values, as stored (in NumPy: nothing is traced)."""
         values = {}
         for name, parameter in PARAMETERS.items():
             array = parameter.values(getattr(self, name))
@@ -159,10 +191,15 @@ class SamplingParams:
             array = np.broadcast_to(array, (B,))
             if parameter.vocab_sized:
                 array = np.where(array >= V, parameter.neutral, array)
-            values[name] = array.astype(parameter.dtype)  # in NumPy: nothing is traced
-        bias = self._bias(B, V, V if tokenizer_size is None else tokenizer_size)  # the last check
-        return RowParams(**{name: jnp.asarray(a) for name, a in values.items()},
-                         logit_bias=jnp.asarray(bias), biased=jnp.asarray(np.any(bias != 0, -1)))
+            values[name] = array.astype(parameter.dtype)
+        return values
+
+    def breakers(self, batch_size: int, vocab_size: int, tokenizer: Any = None) -> np.ndarray:
+        """``[B, V]`` bool: DRY's breaker tokens of the rows with DRY on (``breakers``); a
+        ValueError for string breakers without a ``tokenizer`` or ids past the vocabulary."""
+        values = self._row_values(batch_size, vocab_size)
+        dry = (values["dry_multiplier"] != 0) & (values["dry_penalty_last_n"] != 0)
+        return breaker_table(self.dry_sequence_breakers, batch_size, vocab_size, tokenizer, dry)
 
     @property
     def constrained(self) -> bool:

@@ -1,6 +1,6 @@
 """The processors that act on the model's scores before any reshaping: the penalties over the
-tokens so far (repetition, frequency, presence, no-repeat n-grams), the logit bias and bans, and
-min-new-tokens. Their order in the pipeline is ``processors.PROCESSORS``'s.
+tokens so far (repetition, frequency, presence, DRY, no-repeat n-grams), the logit bias and bans,
+and min-new-tokens. Their order in the pipeline is ``processors.PROCESSORS``'s.
 """
 
 from __future__ import annotations
@@ -65,6 +65,70 @@ class PresencePenalty(LogitsProcessor):
         return logits - params.presence_penalty[:, None] * present.astype(jnp.float32)
 
 
+# DRY's exponent is clamped where base ** exponent would pass the float32 range (llama.cpp's
+# bound, from the log of the largest float32), and its penalty at DRY_PENALTY_CAP: past it a token
+# is as good as banned, and the logits stay finite (``inputs.MAX_SHIFT``'s reason).
+_LOG_FLOAT32_MAX = 88.7228391
+DRY_PENALTY_CAP = 1e30
+
+
+@dataclasses.dataclass(frozen=True)
+class Dry(LogitsProcessor):
+    """DRY, "don't repeat yourself" (p-e-w, as llama.cpp defines it): a token that would extend
+    a repeat of the row's last n >= allowed_length tokens loses ``multiplier * base ** (n -
+    allowed_length)`` from its logit, n the longest such repeat it would extend.
+
+    The repeats are the common suffixes that ``History`` carries (``dry_suffixes``): at slot j,
+    how far the tokens before j agree with the row's end, never reaching back across the last
+    sequence breaker (so a repeat counts only the tokens since it). Here they are cut to the
+    window of the last ``dry_penalty_last_n`` tokens (-1: the whole row, prompt and output; the
+    earlier copy lies inside the window), and ``tokens[j]`` takes the longest over its slots: one
+    scatter-max. A breaker token itself is never penalised. Exponents are clamped where
+    llama.cpp clamps them (``base ** exponent`` within float32), and the penalty at
+    ``DRY_PENALTY_CAP``. The breakers are a ``[B, V]`` table in ``RowParams`` (``breakers``)."""
+
+    reads_history = True
+    parameter = Parameter(
+        name="dry_multiplier", dtype="float32", neutral=0.0, low=0, high=MAX_SHIFT,
+        note="0 disables it",
+        help=(
+            "DRY (llama.cpp): a token that would extend a repeat of n >= dry_allowed_length of "
+            "the row's last tokens loses dry_multiplier * dry_base ** (n - dry_allowed_length) "
+            "from its logit."))
+    settings = (
+        Parameter(name="dry_base", dtype="float32", neutral=1.75, low=1, high=MAX_SCALE,
+                  note="llama.cpp's default 1.75",
+                  help="DRY's growth per repeated token past dry_allowed_length."),
+        Parameter(name="dry_allowed_length", dtype="int32", neutral=2, low=1,
+                  note="llama.cpp's default 2",
+                  help="DRY: repeats shorter than this are not penalised."),
+        Parameter(name="dry_penalty_last_n", dtype="int32", neutral=-1, low=-1,
+                  note="-1 is the whole row, 0 disables DRY",
+                  help="DRY looks for repeats in the row's last this many tokens."),
+    )
+
+    def enabled(self, params):
+        return (params.dry_multiplier != 0) & (params.dry_penalty_last_n != 0)
+
+    def apply(self, logits, params, history):
+        B, S = history.tokens.shape
+        slot = jnp.arange(S, dtype=jnp.int32)[None, :]
+        length, last_n = history.lengths[:, None], params.dry_penalty_last_n[:, None]
+        start = jnp.where(last_n > 0, jnp.maximum(length - last_n, 0), 0)  # the window's first
+        allowed = params.dry_allowed_length[:, None]
+        n = jnp.minimum(history.suffixes(params, "dry_suffixes"), slot - start)
+        n = jnp.where((slot < length) & (n >= allowed), n, 0)
+        rows = jnp.broadcast_to(jnp.arange(B)[:, None], (B, S))
+        longest = jnp.zeros(logits.shape, jnp.int32).at[rows, history.tokens].max(n, mode="drop")
+        base = params.dry_base[:, None]
+        # The clamp; a base within 1e-6 of 1 has none (its bound is past any row's length).
+        bound = jnp.floor(_LOG_FLOAT32_MAX / jnp.log(base))  # inf at base 1
+        exponent = jnp.minimum((longest - allowed).astype(jnp.float32), bound)
+        penalty = jnp.minimum(params.dry_multiplier[:, None] * base ** exponent, DRY_PENALTY_CAP)
+        hit = (longest >= allowed) & ~params.dry_breakers
+        return jnp.where(hit, logits - penalty, logits)
+
+
 @dataclasses.dataclass(frozen=True)
 class NoRepeatNgram(LogitsProcessor):
     """Ban every token that would complete an n-gram already in the row (prompt + output): the
@@ -82,7 +146,7 @@ class NoRepeatNgram(LogitsProcessor):
         # Sampling tokens[b, j] now would repeat an n-gram iff the n - 1 tokens before slot j are
         # the row's last n - 1: their common suffix (carried by the loop) reaches n - 1.
         slot = jnp.arange(S, dtype=jnp.int32)[None, :]
-        repeats = (history.suffixes(n) >= n[:, None] - 1) & (slot < history.lengths[:, None])
+        repeats = (history.suffixes(params) >= n[:, None] - 1) & (slot < history.lengths[:, None])
         rows = jnp.broadcast_to(jnp.arange(B)[:, None], (B, S))
         banned = jnp.zeros(logits.shape, jnp.int32).at[rows, history.tokens].max(
             repeats.astype(jnp.int32), mode="drop")

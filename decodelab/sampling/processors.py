@@ -22,12 +22,13 @@ Conventions (every processor relies on them):
 
 The processor order (``PROCESSORS``) is fixed:
 
-  1. repetition penalty     6. temperature (0 = greedy)    11. typical-p
-  2. frequency penalty      7. top-n-sigma                 12. epsilon cutoff
-  3. presence penalty       8. top-k                       13. eta cutoff
-  4. no-repeat-n-gram       9. top-p
-  5. logit bias / banned   10. min-p
-     and min-new-tokens
+  1. repetition penalty     6. logit bias / banned       11. min-p
+  2. frequency penalty         and min-new-tokens        12. typical-p
+  3. presence penalty       7. temperature (0 = greedy;  13. epsilon cutoff
+  4. DRY                       or dynamic)               14. eta cutoff
+  5. no-repeat-n-gram       8. top-n-sigma               15. XTC (a mixture: last)
+                            9. top-k
+                           10. top-p
 
 Penalties and bans act on the model's scores, before any reshaping, as in CTRL and the OpenAI
 API. Min-new-tokens sits with the bans (it bans EOS) and before temperature, so greedy never picks
@@ -36,6 +37,15 @@ standard deviation of the logits, Tang et al. 2024) is defined over the whole vo
 top-k it would be the spread of a handful of survivors. Its kept set does not depend on the
 temperature (max and sigma scale alike), so its place relative to temperature is immaterial.
 The remaining truncations follow the order of Hugging Face's and vLLM's samplers.
+
+llama.cpp's samplers (its ``common/sampling.cpp`` chain: penalties, DRY, top-n-sigma, top-k,
+typical-p, top-p, min-p, XTC, temperature last) sit where decodelab's order puts them: DRY with
+the penalties, on the model's scores (so greedy rows see it, as they see the repetition penalty);
+dynamic temperature in ``Temperature``, before the truncations, where llama.cpp's is last (its
+entropy is then over the survivors of the truncations, here over every allowed token); XTC last,
+as an exact mixture that must follow every truncation, and over the distribution after
+temperature (llama.cpp's XTC reads the probabilities before its temperature: the two agree at
+temperature 1). Each agrees with llama.cpp's own sampler on the same logits and history.
 
 Ties: greedy (temperature 0) and top-k keep the lowest token id among tied logits, so
 ``top_k=1`` is greedy decoding; top-p, typical-p and the probability cutoffs keep every token tied
@@ -49,10 +59,10 @@ from flax import struct
 
 from decodelab.sampling.base import LogitsProcessor
 from decodelab.sampling.inputs import Parameter
-from decodelab.sampling.penalties import (FrequencyPenalty, LogitBias, MinNewTokens, NoRepeatNgram,
-                                          PresencePenalty, RepetitionPenalty)
+from decodelab.sampling.penalties import (Dry, FrequencyPenalty, LogitBias, MinNewTokens,
+                                          NoRepeatNgram, PresencePenalty, RepetitionPenalty)
 from decodelab.sampling.truncation import (EpsilonCutoff, EtaCutoff, MinP, Temperature, TopK,
-                                           TopNSigma, TopP, TypicalP)
+                                           TopNSigma, TopP, TypicalP, Xtc)
 
 # The registry: the pipeline order, and (through each processor's parameter) the fields of
 # SamplingParams and RowParams.
@@ -60,6 +70,7 @@ PROCESSORS: tuple[LogitsProcessor, ...] = (
     RepetitionPenalty(),
     FrequencyPenalty(),
     PresencePenalty(),
+    Dry(),
     NoRepeatNgram(),
     LogitBias(),
     MinNewTokens(),
@@ -71,13 +82,13 @@ PROCESSORS: tuple[LogitsProcessor, ...] = (
     TypicalP(),
     EpsilonCutoff(),
     EtaCutoff(),
+    Xtc(),
 )
 
 
 # name -> Parameter, in pipeline order.
-PARAMETERS: dict[str, Parameter] = {p.parameter.name: p.parameter for p in PROCESSORS
-                                    if p.parameter is not None}
-# The parameters of the processors that read the history.
+PARAMETERS: dict[str, Parameter] = {q.name: q for p in PROCESSORS for q in p.parameters}
+# The parameters that turn on the processors that read the history.
 HISTORY_PARAMETERS: dict[str, Parameter] = {p.parameter.name: p.parameter for p in PROCESSORS
                                             if p.parameter is not None and p.reads_history}
 
@@ -100,3 +111,4 @@ class RowParams:
 
     logit_bias: jax.Array  # [B, V] float32, -inf for a banned token; read only if LogitBias is on
     biased: jax.Array  # [B] bool, the rows whose bias is not all 0 (LogitBias's flag, set once)
+    dry_breakers: jax.Array  # [B, V] bool, DRY's sequence breakers (``sampling.breakers``)

@@ -1,7 +1,8 @@
-"""Temperature and the truncations: top-n-sigma, top-k, top-p, min-p, typical-p, epsilon and eta.
-Each keeps at least the most probable token, and none sorts the vocabulary: top-k, top-p and
-typical-p find their cut with ``select``'s bounded search, the others are one or two reductions.
-Their order in the pipeline is ``processors.PROCESSORS``'s.
+"""Temperature (fixed or dynamic) and the truncations: top-n-sigma, top-k, top-p, min-p,
+typical-p, epsilon and eta; then XTC, which mixes in a distribution without the top choices.
+Each truncation keeps at least the most probable token, and none sorts the vocabulary: top-k,
+top-p and typical-p find their cut with ``select``'s bounded search, the others are one or two
+reductions. Their order in the pipeline is ``processors.PROCESSORS``'s.
 """
 
 from __future__ import annotations
@@ -19,7 +20,17 @@ from decodelab.sampling.inputs import MAX_SCALE, Parameter
 
 @dataclasses.dataclass(frozen=True)
 class Temperature(LogitsProcessor):
-    """Divide by the temperature; at 0 keep only the argmax (lowest id among ties), with logit 0."""
+    """Divide by the temperature; at 0 keep only the argmax (lowest id among ties), with logit 0.
+
+    Dynamic temperature (llama.cpp's ``temp_ext``): with ``dynatemp_range`` r > 0 the row's
+    temperature is ``lo + (hi - lo) * (H / log n) ** dynatemp_exponent``, ``lo = max(0, t -
+    r)``, ``hi = t + r``, H the entropy of the distribution here and n its allowed tokens. Here
+    is before the truncations (decodelab's order), so H and n are over every token the penalties
+    and bans leave; llama.cpp applies temperature last, over the survivors of top-k / top-p /
+    min-p, so the two agree where no truncation is on. A dynamic temperature of 0 keeps the
+    argmax (as llama.cpp's), one in (0, 0.01) is raised to 0.01, the lowest fixed temperature
+    (keeping the logits finite). A temperature-0 row is greedy and takes no range
+    (``SamplingParams`` refuses one)."""
 
     parameter = Parameter(
         name="temperature", dtype="float32", neutral=1.0, low=1 / MAX_SCALE, also=0.0,
@@ -27,9 +38,28 @@ class Temperature(LogitsProcessor):
         help=(
             "Divide logits by this; 0 means greedy (argmax after penalties, bans and "
             "min-new-tokens; the lowest id among ties)."))
+    settings = (
+        Parameter(name="dynatemp_range", dtype="float32", neutral=0.0, low=0, high=MAX_SCALE,
+                  note="0 disables it; needs temperature > 0",
+                  help=("Dynamic temperature (llama.cpp): the temperature moves within "
+                        "temperature +- this with the normalised entropy.")),
+        Parameter(name="dynatemp_exponent", dtype="float32", neutral=1.0, low=0, high=MAX_SCALE,
+                  note="llama.cpp's default 1",
+                  help="Dynamic temperature: the power of the normalised entropy."),
+    )
+
+    def enabled(self, params):
+        return (params.temperature != 1.0) | (params.dynatemp_range > 0)
 
     def apply(self, logits, params, history):
         t = params.temperature[:, None]  # [B, 1]
+        spread = params.dynatemp_range[:, None]
+        n = jnp.sum(logits > -jnp.inf, axis=-1, keepdims=True)
+        normalised = entropy(logits)[:, None] / jnp.log(jnp.maximum(n, 2).astype(jnp.float32))
+        lo, hi = jnp.maximum(t - spread, 0.0), t + spread
+        dynamic = lo + (hi - lo) * normalised ** params.dynatemp_exponent[:, None]
+        dynamic = jnp.where(dynamic > 0, jnp.maximum(dynamic, 1 / MAX_SCALE), 0.0)
+        t = jnp.where((spread > 0) & (t > 0) & (n > 1), dynamic, t)
         ids = jnp.arange(logits.shape[-1], dtype=jnp.int32)[None, :]
         best = (ids == argmax(logits)[:, None]) & (logits > -jnp.inf)
         greedy = jnp.where(best, 0.0, -jnp.inf)
@@ -148,3 +178,42 @@ class EtaCutoff(LogitsProcessor):
         eta = params.eta
         return keep_above(logits, jnp.minimum(eta, jnp.sqrt(eta) * jnp.exp(-entropy(logits))))
 
+
+
+@dataclasses.dataclass(frozen=True)
+class Xtc(LogitsProcessor):
+    """XTC, "exclude top choices" (llama.cpp): with probability ``xtc_probability``, remove every
+    token whose probability is >= ``xtc_threshold`` but the least probable of them, when at least
+    two reach it (ties: the order is top-k's, so of tied least probable tokens the highest id
+    stays).
+
+    A row's distribution must be a function of its prefix (the reported logprob, speculative
+    decoding's accept test and the draw all read it), so instead of flipping a coin this gives
+    the exact mixture ``p * D_xtc + (1 - p) * D`` (as log-probabilities): drawing from it draws
+    what llama.cpp's coin flip then draw does, with no randomness of its own. It is last in the
+    pipeline, after every truncation, so D is the distribution the row samples from without
+    XTC. A greedy row never reaches it (greedy is the argmax of the scores before temperature);
+    llama.cpp's would take the argmax of what its XTC leaves."""
+
+    parameter = Parameter(
+        name="xtc_probability", dtype="float32", neutral=0.0, low=0, high=1,
+        note="0 disables it",
+        help=(
+            "XTC (llama.cpp): the chance that every token with probability >= xtc_threshold but "
+            "the least probable of them is removed, when two or more reach it."))
+    settings = (
+        Parameter(name="xtc_threshold", dtype="float32", neutral=0.1, low=0, high=1,
+                  note="llama.cpp's default 0.1; above 0.5 it removes nothing",
+                  help="XTC: the probability a top choice reaches."),
+    )
+
+    def apply(self, logits, params, history):
+        p = probs(logits)
+        ids = jnp.arange(logits.shape[-1], dtype=jnp.int32)[None, :]
+        top = (p >= params.xtc_threshold[:, None]) & (logits > -jnp.inf)
+        least = jnp.min(jnp.where(top, p, jnp.inf), axis=-1, keepdims=True)
+        spared = jnp.max(jnp.where(top & (p == least), ids, -1), axis=-1, keepdims=True)
+        cut = top & (ids != spared) & (jnp.sum(top, axis=-1, keepdims=True) >= 2)
+        chance = params.xtc_probability[:, None]
+        return jnp.logaddexp(jnp.log(chance) + jax.nn.log_softmax(remove(logits, ~cut), axis=-1),
+                             jnp.log1p(-chance) + jax.nn.log_softmax(logits, axis=-1))

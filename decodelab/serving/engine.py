@@ -159,8 +159,7 @@ class SlotEngine:
             self._memory = PagedMemory(kv_tokens, page_size, self._rows, self.max_len,
                                        row_multiple=self._data, prefix_cache=prefix_cache)
         self.vocab_size = model.config.vocab_size
-        self.tokenizer_size = tokenizer_size("options.tokenizer", options.tokenizer,
-                                             self.vocab_size)
+        self.tokenizer_size = tokenizer_size("options.tokenizer", options.tokenizer, self.vocab_size)
         eos_mask = check_eos(options.eos_ids, self.vocab_size)
         # The shared state holds max_len output columns per slot; a prefill is up to every slot.
         buffers = decode_buffers(model.config, self._rows, self.max_len, self.max_len, 0)
@@ -224,7 +223,7 @@ class SlotEngine:
                       or self._constraints.check(request)):
             return reason
         try:
-            request.params.per_row(1, self.vocab_size, self.tokenizer_size)
+            request.params.per_row(1, self.vocab_size, self.tokenizer_size, self.options.tokenizer)
         except ValueError as error:
             return f"params: {error}"
         return None
@@ -304,7 +303,8 @@ class SlotEngine:
             slot = free[0]
         elif not is_int(slot) or slot not in free:
             raise ValueError(f"slot must be a free slot, one of {free}, got {slot!r}")
-        params = request.params.per_row(1, self.vocab_size, self.tokenizer_size)
+        params = request.params.per_row(1, self.vocab_size, self.tokenizer_size,
+                                        self.options.tokenizer)
         places = [int(slot)] + [s for s in free if s != slot][:len(admitted) - 1]
         first = None  # the request's first sample, whom the others wait for (paged memory)
         for place, sample in zip(places, admitted):

@@ -25,7 +25,8 @@ from decodelab.serving.slots import Slot
 # Fields of DecodeState with a leading slot axis (the cache's k and v have it second).
 ROW_FIELDS = ("tokens", "prompt_lengths", "lengths", "finish", "logits", "keys", "params",
               "stop_ids", "budgets", "logprobs", "top_logprobs", "top_ids", "entropy",
-              "output_counts", "seen", "ngram_suffixes", "constraint_states")
+              "output_counts", "seen", "ngram_suffixes", "dry_suffixes",
+              "constraint_states")
 
 
 @struct.dataclass(kw_only=True)
@@ -176,7 +177,7 @@ def prefill_rows(weights, state: DecodeState, chunk: PrefillChunk, *, graphdef,
         constraint_states=None if state.constraint is None else chunk.constraint_states)
     history = sampling.History(tokens=tokens, prompt_lengths=chunk.prompt_lengths,
                                lengths=lengths, eos_mask=state.eos_mask)
-    fields.update(history.carried(params.no_repeat_ngram_size).carried_fields)
+    fields.update(history.carried(params).carried_fields)
     put = lambda big, one: big.at[rows].set(one.astype(big.dtype), mode="drop")  # noqa: E731
     updated = {name: jax.tree.map(put, getattr(state, name), fields[name])
                for name in ROW_FIELDS if fields.get(name) is not None}

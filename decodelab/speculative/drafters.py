@@ -114,7 +114,7 @@ class ModelDrafter(Drafter):
                     carry["constraint_states"], token))
             buffer = carry["buffer"].at[rows, L + j].set(token, mode="drop")
             history = history.replace(tokens=buffer).extended(
-                token[:, None], jnp.ones((B,), jnp.int32), state.params.no_repeat_ngram_size)
+                token[:, None], jnp.ones((B,), jnp.int32), state.params)
             return token, dict(carry, buffer=buffer, history=history,
                                tokens=carry["tokens"].at[:, j].set(token),
                                logq=carry["logq"].at[:, j].set(logq),
