@@ -130,6 +130,7 @@ def _sample_and_record(state: DecodeState) -> DecodeState:
 
     record.update(state.history_after(tokens, token[:, None], write.astype(jnp.int32))
                   .carried_fields)
+    record.update(state.moved(chosen[:, None], write.astype(jnp.int32)))
 
     lengths = state.lengths + write.astype(jnp.int32)
     record.update(state.advanced(token, write))

@@ -72,6 +72,10 @@ class LogitsProcessor(abc.ABC):
     """
 
     parameter: ClassVar[Parameter | None] = None
+    # Further per-row settings it reads (Mirostat's tau and eta), fields of SamplingParams and
+    # RowParams as ``parameter`` is; their ``neutral`` is only the default: ``parameter``
+    # alone says whether the processor is on.
+    options: ClassVar[tuple[Parameter, ...]] = ()
     # Whether it looks at the tokens so far (History): its kept set is not a function of the
     # logits alone.
     reads_history: ClassVar[bool] = False

@@ -25,7 +25,7 @@ The processor order (``PROCESSORS``) is fixed:
   1. repetition penalty     6. temperature (0 = greedy)    11. typical-p
   2. frequency penalty      7. top-n-sigma                 12. epsilon cutoff
   3. presence penalty       8. top-k                       13. eta cutoff
-  4. no-repeat-n-gram       9. top-p
+  4. no-repeat-n-gram       9. top-p                       14. Mirostat (v1 or v2)
   5. logit bias / banned   10. min-p
      and min-new-tokens
 
@@ -35,7 +35,12 @@ a suppressed EOS. Top-n-sigma comes first among the truncations because its stat
 standard deviation of the logits, Tang et al. 2024) is defined over the whole vocabulary; after
 top-k it would be the spread of a handful of survivors. Its kept set does not depend on the
 temperature (max and sigma scale alike), so its place relative to temperature is immaterial.
-The remaining truncations follow the order of Hugging Face's and vLLM's samplers.
+The remaining truncations follow the order of Hugging Face's and vLLM's samplers. Mirostat
+comes last: it reads each row's ``mu`` (``History.mirostat_mu``), which the loops move by the
+surprise of each token drawn from its output (``mirostat``; llama.cpp runs it after temperature
+alone, skipping its other samplers, which decodelab applies first where a row enables them).
+A processor may own further settings (``options``, Mirostat's tau and eta): they are fields
+like its ``parameter``, which alone says whether it is on.
 
 Ties: greedy (temperature 0) and top-k keep the lowest token id among tied logits, so
 ``top_k=1`` is greedy decoding; top-p, typical-p and the probability cutoffs keep every token tied
@@ -49,6 +54,7 @@ from flax import struct
 
 from decodelab.sampling.base import LogitsProcessor
 from decodelab.sampling.inputs import Parameter
+from decodelab.sampling.mirostat import Mirostat
 from decodelab.sampling.penalties import (FrequencyPenalty, LogitBias, MinNewTokens, NoRepeatNgram,
                                           PresencePenalty, RepetitionPenalty)
 from decodelab.sampling.truncation import (EpsilonCutoff, EtaCutoff, MinP, Temperature, TopK,
@@ -71,12 +77,13 @@ PROCESSORS: tuple[LogitsProcessor, ...] = (
     TypicalP(),
     EpsilonCutoff(),
     EtaCutoff(),
+    Mirostat(),  # last: it learns from the surprise of the token drawn from its output
 )
 
 
 # name -> Parameter, in pipeline order.
-PARAMETERS: dict[str, Parameter] = {p.parameter.name: p.parameter for p in PROCESSORS
-                                    if p.parameter is not None}
+PARAMETERS: dict[str, Parameter] = {q.name: q for p in PROCESSORS
+                                    for q in (p.parameter, *p.options) if q is not None}
 # The parameters of the processors that read the history.
 HISTORY_PARAMETERS: dict[str, Parameter] = {p.parameter.name: p.parameter for p in PROCESSORS
                                             if p.parameter is not None and p.reads_history}

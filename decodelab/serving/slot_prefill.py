@@ -19,13 +19,14 @@ from decodelab.cache import bucket_rows
 from decodelab.cache.dense import KVCache, RowView
 from decodelab.decode.generation import DecodeState
 from decodelab.decode.request import LENGTH, RUNNING, bucket_length
+from decodelab.sampling import mirostat
 from decodelab.serving.paged import PagedKVCache
 from decodelab.serving.slots import Slot
 
 # Fields of DecodeState with a leading slot axis (the cache's k and v have it second).
 ROW_FIELDS = ("tokens", "prompt_lengths", "lengths", "finish", "logits", "keys", "params",
               "stop_ids", "budgets", "logprobs", "top_logprobs", "top_ids", "entropy",
-              "output_counts", "seen", "ngram_suffixes", "constraint_states")
+              "output_counts", "seen", "ngram_suffixes", "constraint_states", "mirostat_mu")
 
 
 @struct.dataclass(kw_only=True)
@@ -173,7 +174,8 @@ def prefill_rows(weights, state: DecodeState, chunk: PrefillChunk, *, graphdef,
         top_logprobs=jnp.zeros((R,) + state.top_logprobs.shape[1:], jnp.float32),
         top_ids=jnp.zeros((R,) + state.top_ids.shape[1:], jnp.int32),
         entropy=jnp.zeros((R,) + state.entropy.shape[1:], jnp.float32),
-        constraint_states=None if state.constraint is None else chunk.constraint_states)
+        constraint_states=None if state.constraint is None else chunk.constraint_states,
+        mirostat_mu=mirostat.start_mu(params))  # a new request's Mirostat starts afresh
     history = sampling.History(tokens=tokens, prompt_lengths=chunk.prompt_lengths,
                                lengths=lengths, eos_mask=state.eos_mask)
     fields.update(history.carried(params.no_repeat_ngram_size).carried_fields)
