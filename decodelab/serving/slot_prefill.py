@@ -50,6 +50,9 @@ class PrefillChunk:
     stop_ids: jax.Array  # [R, M, W] int32
     budgets: jax.Array  # [R] int32
     constraint_states: jax.Array  # [R] int32, each slot's automaton state after its sequence
+    # [R] float32, each slot's Mirostat mu after its sequence: a preempted request's, NaN for a
+    # request that starts (mu = 2 tau)
+    mirostat_mu: jax.Array
     # [R, S] int32: each slot's sequence, when a row starts after a shared prefix (its tokens
     # are not in the slot's row yet); None: the tokens before ``offsets`` are the slot's own
     known: jax.Array | None = None
@@ -102,6 +105,8 @@ def next_chunk(waiting: Sequence[tuple[int, Slot]], *, num_slots: int,
         params=tuple(s.params for s in slots), stop_ids=stops,
         budgets=np.asarray([r.max_new_tokens for r in requests], np.int32),
         constraint_states=np.asarray([s.constraint_start for s in slots], np.int32),
+        mirostat_mu=np.asarray([np.nan if s.mirostat_mu is None else s.mirostat_mu
+                                for s in slots], np.float32),
         known=known), reach
 
 
@@ -175,7 +180,8 @@ def prefill_rows(weights, state: DecodeState, chunk: PrefillChunk, *, graphdef,
         top_ids=jnp.zeros((R,) + state.top_ids.shape[1:], jnp.int32),
         entropy=jnp.zeros((R,) + state.entropy.shape[1:], jnp.float32),
         constraint_states=None if state.constraint is None else chunk.constraint_states,
-        mirostat_mu=mirostat.start_mu(params))  # a new request's Mirostat starts afresh
+        mirostat_mu=jnp.where(jnp.isnan(chunk.mirostat_mu), mirostat.start_mu(params),
+                              chunk.mirostat_mu))  # afresh, or where a preempted one was
     history = sampling.History(tokens=tokens, prompt_lengths=chunk.prompt_lengths,
                                lengths=lengths, eos_mask=state.eos_mask)
     fields.update(history.carried(params.no_repeat_ngram_size).carried_fields)
