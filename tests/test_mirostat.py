@@ -48,6 +48,13 @@ def test_bad_settings_are_refused_naming_the_field(kwargs, message):
         dl.SamplingParams(**kwargs)
 
 
+def test_mirostat_is_the_last_processor():
+    """Its mu learns from the surprise of the token drawn from the processed distribution, which
+    must therefore be its own output: no processor may follow it."""
+    assert isinstance(sampling.PROCESSORS[-1], mirostat.Mirostat)
+    assert list(sampling.PARAMETERS)[-3:] == ["mirostat", "mirostat_tau", "mirostat_eta"]
+
+
 def test_the_defaults_are_llama_cpps():
     params = dl.SamplingParams()
     assert (params.mirostat, params.mirostat_tau, params.mirostat_eta) == (0, 5.0, 0.1)
