@@ -1,12 +1,13 @@
-"""One program for every sampling setting, and sampling costs what is enabled: a sweep over 26
-mixed settings compiles ``generate``'s, ``speculative_generate``'s and the serving engine's
-programs once each; every processor is in the step, under a ``cond`` that skips it when no row
-enables it; greedy runs by the argmax branch; nothing sorts the vocabulary and a draw takes one
-uniform per row; greedy rows beside sampled ones give the greedy-only batch's outputs; the
-penalty counts carried in the state are those recounted from the tokens, updated by one token
-per row and step, and no-repeat-n-gram and DRY read carried suffixes without gathering the buffer;
-top-k and top-p keep exactly the sort-based sets and draw exactly from them.
-The step is read as its jaxpr (``programs.equations``) and the loop as its lowered text.
+"""One program for every sampling setting, and sampling costs what is enabled: a sweep over
+mixed settings (llama.cpp's DRY, XTC, dynamic temperature and Mirostat v1 / v2 rows among them)
+compiles ``generate``'s, ``speculative_generate``'s and the serving engine's programs once each;
+every processor is in the step, under a ``cond`` that skips it when no row enables it; greedy
+runs by the argmax branch; nothing sorts the vocabulary and a draw takes one uniform per row;
+greedy rows beside sampled ones give the greedy-only batch's outputs; the penalty counts carried
+in the state are those recounted from the tokens, updated by one token per row and step, and
+no-repeat-n-gram and DRY read carried suffixes without gathering the buffer; top-k and top-p
+keep exactly the sort-based sets and draw exactly from them. The step is read as its jaxpr
+(``programs.equations``) and the loop as its lowered text.
 """
 
 import re
@@ -49,6 +50,10 @@ SETTINGS = [
     S(dry_multiplier=0.8, dry_allowed_length=1, dry_sequence_breakers=[3]),
     S(temperature=[0.0, 0.9], dry_multiplier=[0.8, 0.0], xtc_probability=[0.0, 1.0],
       dynatemp_range=[0.0, 0.3], dry_penalty_last_n=[4, -1], dry_sequence_breakers=[[1], []]),
+    # Mirostat v1, v2, and rows of 0 / 1 / 2 beside each other and beside other processors.
+    S(mirostat=1), S(mirostat=2, mirostat_tau=3.0, mirostat_eta=0.5),
+    S(temperature=[0.0, 0.8], mirostat=[2, 1]),
+    S(mirostat=[0, 2], top_k=[5, 0], mirostat_tau=[5.0, 2.0]),
 ]
 # The settings one request can have (one value per field).
 PER_REQUEST = [p for p in SETTINGS

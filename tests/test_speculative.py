@@ -20,6 +20,7 @@ from standins import FakeTokenizer, Letters, NextToken, Pieces, padded_next_toke
 import decodelab as dl
 from decodelab import experiment
 from decodelab.decode.request import OutputSpec, RowInputs
+from decodelab.sampling import mirostat
 from decodelab.speculative import generation as speculative
 from decodelab.speculative import rounds as spec_round
 from decodelab.speculative.generation import NgramDrafter, SpeculativeOptions
@@ -267,19 +268,23 @@ def exact_two_token_distribution(target, prompt, params, eos_ids=(), allowed=Non
     P = len(prompt)
     eos_mask = jnp.zeros((SMALL_V,), bool).at[jnp.asarray(eos_ids, jnp.int32)].set(True)
 
-    def processed(logits_at, lengths, tokens, mask=None):
+    row_params = params.per_row(SMALL_V, SMALL_V)
+
+    def processed(logits_at, lengths, tokens, mask=None, mu=None):
         if mask is not None:
             logits_at = jnp.where(jnp.asarray(mask), logits_at, -jnp.inf)
         history = dl.sampling.History(
             tokens=jnp.asarray(tokens), prompt_lengths=jnp.full((SMALL_V,), P, jnp.int32),
-            lengths=jnp.asarray(lengths, jnp.int32), eos_mask=eos_mask)
-        return np.exp(np.asarray(dl.sampling.processed_logprobs(
-            logits_at, params.per_row(SMALL_V, SMALL_V), history), np.float64))
+            lengths=jnp.asarray(lengths, jnp.int32), eos_mask=eos_mask, mirostat_mu=mu)
+        return dl.sampling.processed_logprobs(logits_at, row_params, history)
 
     first_mask, second_mask = (None, None) if allowed is None else allowed
     first = processed(logits[:, P - 1], np.full(SMALL_V, P), rows, first_mask)[0]  # [V]
-    second = processed(logits[:, P], np.full(SMALL_V, P + 1), rows, second_mask)  # [V (a), V (b)]
-    return first[:, None] * second
+    # Mirostat's mu before the second token: moved by the first one's surprise.
+    mu = mirostat.advanced_mu(mirostat.start_mu(row_params), first, row_params,
+                              jnp.ones((SMALL_V,), bool))
+    second = processed(logits[:, P], np.full(SMALL_V, P + 1), rows, second_mask, mu)  # [V, V]
+    return np.exp(np.asarray(first, np.float64))[:, None] * np.exp(np.asarray(second, np.float64))
 
 
 def first_two_tokens(target, draft, prompt, params, seed0, options=SpeculativeOptions()):
@@ -353,6 +358,37 @@ def test_ngram_drafts_are_distributed_exactly_as_the_target(pair):
     assert stats.tested.sum() >= SAMPLES and 0 < stats.overall_alpha < 1  # proposals were judged
     exact = exact_two_token_distribution(target, REPEATING_PROMPT, params)
     assert chi_square_pvalue(counts, exact) > SIGNIFICANCE
+
+
+MIROSTAT = {  # eta 1: the second token's mu moves a whole bit per bit of the first's surprise
+    "v2 with a draft model": (dl.SamplingParams(mirostat=2, mirostat_tau=1.2, mirostat_eta=1.0),
+                              "model", PROMPT),
+    "v1 with prompt lookup": (dl.SamplingParams(mirostat=1, mirostat_tau=1.3, mirostat_eta=1.0),
+                              "ngram", REPEATING_PROMPT),
+}
+
+
+@pytest.mark.parametrize("name", list(MIROSTAT))
+def test_mirostat_drafts_are_distributed_as_non_speculative_mirostat(pair, name):
+    """Mirostat's mu moves with each kept token: inside a round the target's distribution at a
+    position uses mu moved by the proposals before it, and a rejection rewinds mu to the kept
+    tokens (the residual or bonus token's surprise taken under the target's p). The first two
+    tokens of speculative decoding, and of ``generate``, are distributed as p(a) at mu = 2 tau
+    times p(b | a) at mu moved by a's surprise (chi-square as above); that distribution is far
+    (total variation > 0.15) from the one with mu held at its start, so a mu not carried, or not
+    rewound, fails."""
+    target, draft = pair
+    params, drafter, prompt = MIROSTAT[name]
+    draft = draft if drafter == "model" else NgramDrafter()
+    counts, stats = first_two_tokens(target, draft, prompt, params, seed0=0)
+    assert stats.tested.sum() > 0 and 0 < stats.overall_alpha < 1
+    exact = exact_two_token_distribution(target, prompt, params)
+    held = exact_two_token_distribution(target, prompt, params.replace(mirostat_eta=0.0))
+    assert 0.5 * np.abs(exact - held).sum() > 0.15
+    assert chi_square_pvalue(counts, exact) > SIGNIFICANCE
+    out = dl.generate(target, [prompt] * SAMPLES, params, 2, seed=0)
+    plain = np.bincount(out.tokens[:, 0] * SMALL_V + out.tokens[:, 1], minlength=SMALL_V ** 2)
+    assert chi_square_pvalue(plain, exact) > SIGNIFICANCE
 
 
 EOS_ID = 4

@@ -17,7 +17,9 @@ Conventions (every caller relies on them):
   softmax, no random numbers) by a ``lax.cond``, in the same program. What the history
   processors read is carried in the state and updated by each kept token, never recounted from
   the token buffer: the penalties' counts by one scatter per step, no-repeat-n-gram's common
-  suffixes (``sampling.History.suffixes``) by one shifted compare.
+  suffixes (``sampling.History.suffixes``) by one shifted compare. Each row's Mirostat ``mu``
+  (``sampling.mirostat``) starts at ``2 * mirostat_tau`` and moves by the surprise of each kept
+  token, read from the log-probability the step records for it (a greedy row's: 0).
 - The token at position p of row b is drawn with ``fold_in(request key b, p)``
   (``sampling.row_keys``; the request keys come from the seeds, see ``request``).
 - A row stops at the first of: an EOS id ("eos"), the end of a stop sequence ("stop"),
@@ -132,6 +134,7 @@ def _sample_and_record(state: DecodeState) -> DecodeState:
 
     record.update(state.history_after(tokens, token[:, None], write.astype(jnp.int32))
                   .carried_fields)
+    record.update(state.moved(chosen[:, None], write.astype(jnp.int32)))
 
     lengths = state.lengths + write.astype(jnp.int32)
     record.update(state.advanced(token, write))

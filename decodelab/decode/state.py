@@ -24,6 +24,7 @@ from flax import struct
 
 from decodelab import sampling
 from decodelab.decode.request import LENGTH, RUNNING, OutputSpec, RowInputs
+from decodelab.sampling import mirostat
 from decodelab.sampling.constraint import ConstraintTable
 from decodelab.sampling.processors import RowParams
 
@@ -68,6 +69,9 @@ class RowState(LoopState):
     seen: jax.Array | None = None  # [B, V] bool, occurs in the prompt or the output
     ngram_suffixes: jax.Array | None = None  # [B, S] int32 (``sampling.History.suffixes``)
     dry_suffixes: jax.Array | None = None  # [B, S] int32, the same for DRY
+    # [B] float32, each row's Mirostat target surprise (``sampling.mirostat``): 2 tau at the
+    # row's start (``counted``), moved by each kept token's recorded log-probability (``moved``).
+    mirostat_mu: jax.Array | None = None
 
     @classmethod
     def start(cls, block: jax.Array, rows: RowInputs, max_len: int, outputs: OutputSpec,
@@ -160,12 +164,20 @@ class RowState(LoopState):
                                 lengths=self.lengths, eos_mask=self.eos_mask,
                                 output_counts=self.output_counts, seen=self.seen,
                                 ngram_suffixes=self.ngram_suffixes,
-                                dry_suffixes=self.dry_suffixes)
+                                dry_suffixes=self.dry_suffixes, mirostat_mu=self.mirostat_mu)
 
     def counted(self) -> RowState:
         """The state with the history fields it carries counted from its tokens: the start of
         a loop (or of a row, in the serving engine)."""
-        return self.replace(**self.history.carried(self.params).carried_fields)
+        return self.replace(**self.history.carried(self.params).carried_fields,
+                            mirostat_mu=mirostat.start_mu(self.params))
+
+    def moved(self, logprobs: jax.Array, count: jax.Array) -> dict[str, jax.Array]:
+        """The field update that moves each row's Mirostat ``mu`` by its first ``count[b]`` kept
+        tokens, whose log-probabilities under the distributions they were drawn from are
+        ``logprobs [B, T]`` (what ``recorded`` writes)."""
+        return dict(mirostat_mu=mirostat.advanced_along(self.mirostat_mu, logprobs, count,
+                                                        self.params))
 
     def history_after(self, tokens: jax.Array, block: jax.Array, count: jax.Array
                       ) -> sampling.History:

@@ -1,9 +1,9 @@
 """Sampling: ``SamplingParams`` and the per-row keys; what a processor reads (``inputs``); the
-processor interface (``base``), the processors (``penalties``, ``truncation``) and their registry
-(``processors``, with ``RowParams``); DRY's sequence breakers (``breakers``); sort-free cuts and
-the draw (``select``); the exact distribution and draw (``params``); structured output: the
-patterns a caller gives (``patterns``) and the table of their automata the loops read
-(``constraint``)."""
+processor interface (``base``), the processors (``penalties``, ``truncation``, ``mirostat``)
+and their registry (``processors``, with ``RowParams``); DRY's sequence breakers (``breakers``);
+sort-free cuts and the draw (``select``); the exact distribution and draw (``params``);
+structured output: the patterns a caller gives (``patterns``) and the table of their automata
+the loops read (``constraint``)."""
 
 from decodelab.sampling.base import LogitsProcessor, argmax, entropy, logprob_entropy, probs
 from decodelab.sampling.inputs import History, Parameter

@@ -72,9 +72,9 @@ class LogitsProcessor(abc.ABC):
     """
 
     parameter: ClassVar[Parameter | None] = None
-    # Further settings it reads (DRY's base, XTC's threshold): each a field of SamplingParams and
-    # RowParams like ``parameter``, defaulting to its ``neutral`` value; only ``parameter`` (or
-    # ``enabled``) turns the processor on.
+    # Further settings it reads (DRY's base, XTC's threshold, Mirostat's tau and eta): each a
+    # field of SamplingParams and RowParams like ``parameter``, defaulting to its ``neutral``
+    # value; only ``parameter`` (or ``enabled``) turns the processor on.
     settings: ClassVar[tuple[Parameter, ...]] = ()
     # Whether it looks at the tokens so far (History): its kept set is not a function of the
     # logits alone.

@@ -207,6 +207,10 @@ class History:
     ngram_suffixes: jax.Array | None = None
     dry_suffixes: jax.Array | None = None
     ahead: jax.Array | None = None  # [B, T] int32, see above
+    # [B] float32, each row's Mirostat target surprise in bits (``mirostat``), row b's before
+    # ``ahead[b]``; None: every row's start value. Not counted from the tokens: the loops carry
+    # it and move it by each kept token's log-probability (``mirostat.advanced_mu``).
+    mirostat_mu: jax.Array | None = None
 
     @property
     def num_generated(self) -> jax.Array:  # [B]

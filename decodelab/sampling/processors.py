@@ -26,8 +26,8 @@ The processor order (``PROCESSORS``) is fixed:
   2. frequency penalty         and min-new-tokens        12. typical-p
   3. presence penalty       7. temperature (0 = greedy;  13. epsilon cutoff
   4. DRY                       or dynamic)               14. eta cutoff
-  5. no-repeat-n-gram       8. top-n-sigma               15. XTC (a mixture: last)
-                            9. top-k
+  5. no-repeat-n-gram       8. top-n-sigma               15. XTC (a mixture)
+                            9. top-k                     16. Mirostat (v1 or v2)
                            10. top-p
 
 Penalties and bans act on the model's scores, before any reshaping, as in CTRL and the OpenAI
@@ -36,16 +36,22 @@ a suppressed EOS. Top-n-sigma comes first among the truncations because its stat
 standard deviation of the logits, Tang et al. 2024) is defined over the whole vocabulary; after
 top-k it would be the spread of a handful of survivors. Its kept set does not depend on the
 temperature (max and sigma scale alike), so its place relative to temperature is immaterial.
-The remaining truncations follow the order of Hugging Face's and vLLM's samplers.
+The remaining truncations follow the order of Hugging Face's and vLLM's samplers. Mirostat
+comes last: it reads each row's ``mu`` (``History.mirostat_mu``), which the loops move by the
+surprise of each token drawn from its output (``mirostat``; llama.cpp runs it after temperature
+alone, skipping its other samplers, which decodelab applies first where a row enables them).
+A processor may own further settings (``settings``: DRY's base and window, XTC's threshold,
+Mirostat's tau and eta): they are fields like its ``parameter``, which alone says whether it is
+on.
 
 llama.cpp's samplers (its ``common/sampling.cpp`` chain: penalties, DRY, top-n-sigma, top-k,
 typical-p, top-p, min-p, XTC, temperature last) sit where decodelab's order puts them: DRY with
 the penalties, on the model's scores (so greedy rows see it, as they see the repetition penalty);
 dynamic temperature in ``Temperature``, before the truncations, where llama.cpp's is last (its
-entropy is then over the survivors of the truncations, here over every allowed token); XTC last,
-as an exact mixture that must follow every truncation, and over the distribution after
-temperature (llama.cpp's XTC reads the probabilities before its temperature: the two agree at
-temperature 1). Each agrees with llama.cpp's own sampler on the same logits and history.
+entropy is then over the survivors of the truncations, here over every allowed token); XTC after
+every truncation (an exact mixture that must follow them; only Mirostat, which truncates what it
+is given, comes after it), and over the distribution after temperature (llama.cpp's XTC reads
+the probabilities before its temperature: the two agree at temperature 1). Each agrees with llama.cpp's own sampler on the same logits and history.
 
 Ties: greedy (temperature 0) and top-k keep the lowest token id among tied logits, so
 ``top_k=1`` is greedy decoding; top-p, typical-p and the probability cutoffs keep every token tied
@@ -59,6 +65,7 @@ from flax import struct
 
 from decodelab.sampling.base import LogitsProcessor
 from decodelab.sampling.inputs import Parameter
+from decodelab.sampling.mirostat import Mirostat
 from decodelab.sampling.penalties import (Dry, FrequencyPenalty, LogitBias, MinNewTokens,
                                           NoRepeatNgram, PresencePenalty, RepetitionPenalty)
 from decodelab.sampling.truncation import (EpsilonCutoff, EtaCutoff, MinP, Temperature, TopK,
@@ -83,6 +90,7 @@ PROCESSORS: tuple[LogitsProcessor, ...] = (
     EpsilonCutoff(),
     EtaCutoff(),
     Xtc(),
+    Mirostat(),  # last: it learns from the surprise of the token drawn from its output
 )
 
 

@@ -54,9 +54,10 @@ def empty_state(config, num_slots: int, max_len: int, options: EngineOptions,
 
 @functools.partial(jax.jit, static_argnames=("n",))
 def harvest(state: DecodeState, starts: jax.Array, rounds: jax.Array, *, n: int) -> jax.Array:
-    """What an engine call hands to the host, packed into one ``[B, 3 + 2n]`` int32 array (one
-    transfer): per slot its finish code, its length, the rounds run, then the ``n`` tokens from
-    position ``starts[b]`` and their log-probabilities (float32 bits)."""
+    """What an engine call hands to the host, packed into one ``[B, 4 + 2n]`` int32 array (one
+    transfer): per slot its finish code, its length, the rounds run, its Mirostat ``mu`` (float32
+    bits: what a preempted request resumes from), then the ``n`` tokens from position
+    ``starts[b]`` and their log-probabilities (float32 bits)."""
     S = state.tokens.shape[1]
     N = state.max_new_tokens
     B = starts.shape[0]
@@ -65,7 +66,8 @@ def harvest(state: DecodeState, starts: jax.Array, rounds: jax.Array, *, n: int)
     out = jnp.clip(window - state.prompt_lengths[:, None], 0, N - 1)
     logprobs = jax.lax.bitcast_convert_type(jnp.take_along_axis(state.logprobs, out, axis=1),
                                             jnp.int32)
-    head = jnp.stack([state.finish, state.lengths, jnp.broadcast_to(rounds, (B,))], axis=1)
+    mu = jax.lax.bitcast_convert_type(state.mirostat_mu, jnp.int32)
+    head = jnp.stack([state.finish, state.lengths, jnp.broadcast_to(rounds, (B,)), mu], axis=1)
     return jnp.concatenate([head.astype(jnp.int32), tokens, logprobs], axis=1)
 
 
@@ -82,9 +84,10 @@ def collect(packed: np.ndarray, slots: Sequence[Slot | None], starts: np.ndarray
             continue
         new = []
         if not held.prefilling:  # running: the tokens this call appended
-            count, window = int(lengths[slot]) - int(starts[slot]), packed[slot, 3:]
+            count, window = int(lengths[slot]) - int(starts[slot]), packed[slot, 4:]
             new = window[:count].tolist()
-            held.receive(new, window[n:n + count].view(np.float32).tolist())
+            held.receive(new, window[n:n + count].view(np.float32).tolist(),
+                         packed[slot, 3:4].view(np.float32)[0])
             if finish[slot] != RUNNING:
                 finished[slot] = held.completion(slot, int(finish[slot]))
         tokens[held.key], generated[held.key] = new, len(held.tokens)

@@ -19,6 +19,7 @@ from decodelab.cache import bucket_rows
 from decodelab.cache.dense import KVCache, RowView
 from decodelab.decode.generation import DecodeState
 from decodelab.decode.request import LENGTH, RUNNING, bucket_length
+from decodelab.sampling import mirostat
 from decodelab.serving.paged import PagedKVCache
 from decodelab.serving.slots import Slot
 
@@ -26,7 +27,7 @@ from decodelab.serving.slots import Slot
 ROW_FIELDS = ("tokens", "prompt_lengths", "lengths", "finish", "logits", "keys", "params",
               "stop_ids", "budgets", "logprobs", "top_logprobs", "top_ids", "entropy",
               "output_counts", "seen", "ngram_suffixes", "dry_suffixes",
-              "constraint_states")
+              "constraint_states", "mirostat_mu")
 
 
 @struct.dataclass(kw_only=True)
@@ -50,6 +51,9 @@ class PrefillChunk:
     stop_ids: jax.Array  # [R, M, W] int32
     budgets: jax.Array  # [R] int32
     constraint_states: jax.Array  # [R] int32, each slot's automaton state after its sequence
+    # [R] float32, each slot's Mirostat mu after its sequence: a preempted request's, NaN for a
+    # request that starts (mu = 2 tau)
+    mirostat_mu: jax.Array
     # [R, S] int32: each slot's sequence, when a row starts after a shared prefix (its tokens
     # are not in the slot's row yet); None: the tokens before ``offsets`` are the slot's own
     known: jax.Array | None = None
@@ -102,6 +106,8 @@ def next_chunk(waiting: Sequence[tuple[int, Slot]], *, num_slots: int,
         params=tuple(s.params for s in slots), stop_ids=stops,
         budgets=np.asarray([r.max_new_tokens for r in requests], np.int32),
         constraint_states=np.asarray([s.constraint_start for s in slots], np.int32),
+        mirostat_mu=np.asarray([np.nan if s.mirostat_mu is None else s.mirostat_mu
+                                for s in slots], np.float32),
         known=known), reach
 
 
@@ -174,7 +180,9 @@ def prefill_rows(weights, state: DecodeState, chunk: PrefillChunk, *, graphdef,
         top_logprobs=jnp.zeros((R,) + state.top_logprobs.shape[1:], jnp.float32),
         top_ids=jnp.zeros((R,) + state.top_ids.shape[1:], jnp.int32),
         entropy=jnp.zeros((R,) + state.entropy.shape[1:], jnp.float32),
-        constraint_states=None if state.constraint is None else chunk.constraint_states)
+        constraint_states=None if state.constraint is None else chunk.constraint_states,
+        mirostat_mu=jnp.where(jnp.isnan(chunk.mirostat_mu), mirostat.start_mu(params),
+                              chunk.mirostat_mu))  # afresh, or where a preempted one was
     history = sampling.History(tokens=tokens, prompt_lengths=chunk.prompt_lengths,
                                lengths=lengths, eos_mask=state.eos_mask)
     fields.update(history.carried(params).carried_fields)

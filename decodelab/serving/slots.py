@@ -47,6 +47,9 @@ class Slot:
     sample: int = 0  # which of its request's samples it draws (its key, ``sample_key``)
     leader: Slot | None = None  # the slot it waits for (paged memory): holds no page till then
     shares: int = 0  # the leader's leading cache slots it will share
+    # Its Mirostat mu after the tokens received (float32; None: the request's start value), so
+    # that a preempted request resumes with it
+    mirostat_mu: np.float32 | None = None
 
     @classmethod
     def admit(cls, request: Request, params: sampling.RowParams, resumed: Slot | None = None,
@@ -55,7 +58,7 @@ class Slot:
         ``resumed`` (preempted) slot: it prefills its prompt and those tokens."""
         tokens, logprobs = (resumed.tokens, resumed.logprobs) if resumed else ([], [])
         return cls(request, params, request.prompt + tuple(tokens), tokens, logprobs,
-                   sample=sample)
+                   sample=sample, mirostat_mu=resumed.mirostat_mu if resumed else None)
 
     @property
     def key(self) -> int | str | tuple[int | str, int]:
@@ -96,10 +99,12 @@ class Slot:
             return self.sequence, self.prefilled
         return self.request.prompt + tuple(self.tokens), self.written - 1
 
-    def receive(self, tokens: list[int], logprobs: list[float]) -> None:
-        """Append the output tokens (and log-probs) one engine call produced."""
+    def receive(self, tokens: list[int], logprobs: list[float], mirostat_mu: np.float32) -> None:
+        """Append the output tokens (and log-probs) one engine call produced, and keep the
+        Mirostat ``mu`` they left."""
         self.tokens += tokens
         self.logprobs += logprobs
+        self.mirostat_mu = mirostat_mu
 
     def completion(self, slot: int, finish: int) -> Completion:
         """The output of the slot's finished request (``finish``: its finish code)."""

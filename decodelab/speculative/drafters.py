@@ -24,6 +24,7 @@ from decodelab import sampling
 from decodelab.cache import init_cache
 from decodelab.cache.dense import KVCache
 from decodelab.checks import check_size
+from decodelab.sampling import mirostat
 from decodelab.speculative.state import DRAFT_STREAM, Proposal, SpecState, stream_keys
 
 # --- Drafters -------------------------------------------------------------------------------------
@@ -113,12 +114,15 @@ class ModelDrafter(Drafter):
                 carry = dict(carry, constraint_states=state.constraint.advance(
                     carry["constraint_states"], token))
             buffer = carry["buffer"].at[rows, L + j].set(token, mode="drop")
+            mu = history.mirostat_mu  # the draft's own, moved by its draws
             history = history.replace(tokens=buffer).extended(
-                token[:, None], jnp.ones((B,), jnp.int32), state.params)
+                token[:, None], jnp.ones((B,), jnp.int32), state.params
+            ).replace(mirostat_mu=mirostat.advanced_mu(mu, logq, state.params, ok))
             return token, dict(carry, buffer=buffer, history=history,
                                tokens=carry["tokens"].at[:, j].set(token),
                                logq=carry["logq"].at[:, j].set(logq),
-                               usable=carry["usable"].at[:, j].set(ok))
+                               usable=carry["usable"].at[:, j].set(ok),
+                               mu=carry["mu"].at[:, j].set(mu))
 
         def step(j, carry):  # sample d_j and feed it for the next logits
             token, carry = sample(j, carry)
@@ -130,14 +134,15 @@ class ModelDrafter(Drafter):
         # with gamma. The last proposal is not fed (the next round's first block does that).
         carry = dict(logits=logits, cache=cache, buffer=state.tokens, history=state.history,
                      tokens=jnp.zeros((B, gamma), jnp.int32),
-                     logq=jnp.zeros((B, gamma), jnp.float32), usable=jnp.zeros((B, gamma), bool))
+                     logq=jnp.zeros((B, gamma), jnp.float32), usable=jnp.zeros((B, gamma), bool),
+                     mu=jnp.zeros((B, gamma), jnp.float32))
         if state.constraint is not None:
             carry["constraint_states"] = state.constraint_states
         carry = jax.lax.fori_loop(0, gamma - 1, step, carry)
         _, carry = sample(gamma - 1, carry)
         count = jnp.sum(jnp.cumprod(carry["usable"], axis=1), axis=1)
         return Proposal(tokens=carry["tokens"], logq=carry["logq"], count=count.astype(jnp.int32),
-                        buffer=carry["buffer"]), carry["cache"]
+                        buffer=carry["buffer"], mirostat_mu=carry["mu"]), carry["cache"]
 
     @staticmethod
     def _catch_up(model, state) -> tuple[jax.Array, KVCache]:
@@ -172,7 +177,9 @@ class ModelDrafter(Drafter):
             if state.constraint is not None:  # masked as when d_n was drawn
                 at_n = jnp.take_along_axis(proposal.constraint_states, n[:, None], axis=1)[:, 0]
                 logits = state.constrained(logits, at_n)
-            history = state.history_after(proposal.buffer, proposal.tokens, n)  # up to d_n
+            history = state.history_after(proposal.buffer, proposal.tokens, n).replace(
+                mirostat_mu=jnp.take_along_axis(  # the draft's mu when it drew d_n
+                    proposal.mirostat_mu, jnp.minimum(n, state.gamma - 1)[:, None], axis=1)[:, 0])
             return sampling.processed_logprobs(logits[:, 0], state.params, history), cache
 
         def nothing(cache):

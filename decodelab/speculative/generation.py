@@ -21,6 +21,14 @@ Conventions (every caller relies on them):
   target's argmax, and the output equals greedy ``generate``'s. When every running row is greedy
   (a run-time check: one program serves both) a round compares argmaxes and forms no
   distribution at all.
+- Mirostat (``sampling.mirostat``): the target's distribution at position ``L + t`` uses the
+  row's ``mu`` moved by the surprises of ``d_0 .. d_{t-1}`` under the target's processed
+  distributions before them (a scan over the ``gamma + 1`` positions); the row keeps ``mu``
+  moved by its kept tokens only, the residual or bonus token's surprise taken under ``p_n``, the
+  distribution its position has in ``generate`` (a rejection rewinds ``mu``). A draft model's
+  ``q`` uses the same Mirostat on its own logits with its own ``mu``, moved along its draws and
+  kept in the ``Proposal`` for the ``q`` row of a rejection; a model-free drafter's one-hot ``q``
+  reads none. So the output is distributed as ``generate``'s Mirostat.
 - A round holds nothing vocabulary-wide per proposal: the drafter returns each proposal's
   probability ``q_j(d_j)``, and the ``q`` row at a rejection only when a sampled row rejects
   (``Drafter.rejected_logq``); the target's rows are normalised once (one logsumexp each).

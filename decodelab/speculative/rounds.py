@@ -227,6 +227,7 @@ def _commit(state: SpecState, drafter: Drafter, proposal: Proposal, verdict: Ver
     if kept.constraint_states is not None:
         record.update(constraint_states=kept.constraint_states)
     record.update(state.history_after(kept.tokens, kept.new, kept.count).carried_fields)
+    record.update(state.moved(verdict.logp, kept.count))  # mu rewinds with the rejection
     return state.replace(
         step=state.step + 1, tokens=kept.tokens, lengths=lengths, finish=kept.finish,
         target_cache=target_cache, draft_cache=draft_cache,

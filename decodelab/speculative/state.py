@@ -38,6 +38,9 @@ class Proposal:
     # [B, gamma + 1] int32: the constraint state before each proposal and after the last (the
     # round fills it in; None when no row is constrained)
     constraint_states: jax.Array | None = None
+    # [B, gamma] float32: the drafter's Mirostat mu before each proposal, moved along its own
+    # draws (a model drafter's; None for one-hot proposals, whose q reads no mu)
+    mirostat_mu: jax.Array | None = None
 
 
 @struct.dataclass(kw_only=True)
