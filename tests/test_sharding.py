@@ -208,8 +208,10 @@ def test_the_decode_step_gathers_no_parameter_and_no_cache(checks):
     for shape in gathers["step"]:
         assert shape not in programs["param_shapes"]
         assert len(shape) < 5, f"the decode step all-gathers a cache {shape}"
-    # nothing larger than the logits [B, V] (split over the vocabulary, gathered to sample)
-    assert max(math.prod(shape) for shape in gathers["step"]) <= 8 * 512
+    # nothing larger than the logits [B, V] (split over the vocabulary, gathered to sample) but,
+    # under the cond that runs it only for a row with Mirostat v1, its Zipf estimate's pairs of
+    # the logits and their places among the top 100 ([B, V, 2])
+    assert max(math.prod(shape) for shape in gathers["step"]) <= 2 * 8 * 512
     # once per call, after the loop: the cache back to the layout the prefill gave it
     L, B, K, S, H = programs["cache_shape"]
     assert all(shape == [L, B // 2, K, S, H] for shape in gathers["entry"])
