@@ -28,6 +28,11 @@ Two more sweeps write their own rows (`study`) into the same workdir:
     python -m experiments.bench_decode --config=configs/bench_decode.py:constrained \
         --workdir=runs/bench_decode
 
+    python -m experiments.bench_decode --config=configs/bench_decode.py:samplers \
+        --workdir=runs/bench_decode
+    python -m experiments.bench_decode --config=configs/bench_decode.py:samplers:smollm2-135m \
+        --workdir=runs/bench_decode
+
     python -m experiments.bench_decode --config=configs/bench_decode.py:weights \
         --workdir=runs/bench_decode
     python -m experiments.bench_decode --config=configs/bench_decode.py:weights:smollm2-135m \
@@ -40,6 +45,10 @@ Two more sweeps write their own rows (`study`) into the same workdir:
 `sampling:smollm2-135m` the pretrained model) at batch 1, 8 and 32: the greedy step and the step
 under each setting of `decodelab/measure/sampling_cost.py` (`SETTINGS`), on the same rows, and
 transformers sampling with the same processors.
+`samplers`: what llama.cpp's samplers (XTC, DRY, Mirostat v2, dynamic temperature) and
+contrastive search (alpha 0.6, k 4) cost beside greedy, `small` (and with
+`samplers:smollm2-135m` the pretrained model) at batch 1 and 8: the greedy step and the step of
+each (`SAMPLERS`, `CONTRASTIVE` in `decodelab/measure/sampling_cost.py`) on the same rows.
 `weights`: what storing the weights in 16 bits costs beside float32 (`dl.quantize(model,
 weights="bfloat16")` and "float16"), `medium` (and with `weights:smollm2-135m` the pretrained
 model) at batch 1 and 8: greedy, the float32 model and its 16-bit copies on the same rows
@@ -73,7 +82,7 @@ MAX_LENS = (288, 1024, 4096)
 # Timed runs of each cache size and of the smallest beside it (interleaved).
 MAX_LEN_REPEATS = 64
 # What the config argument names besides a preset: a sweep with its own rows.
-STUDIES = ("max_len", "breakdown", "sampling", "constrained", "weights")
+STUDIES = ("max_len", "breakdown", "sampling", "constrained", "weights", "samplers")
 # The weights study's preset (a random model) and batch sizes.
 WEIGHTS_PRESET, WEIGHTS_BATCH_SIZES = "medium", (1, 8)
 # The constrained study's pattern and model: text of letters, spaces and punctuation.
@@ -81,6 +90,10 @@ CONSTRAINED_PATTERN, CONSTRAINED_MODEL = r"[A-Za-z ,.]*", "smollm2-135m"
 # The sampling study's output tokens per row and timed runs (a pretrained model's: fewer).
 SAMPLING_NEW_TOKENS, SAMPLING_REPEATS = {"random": 128, "pretrained": 32}, {"random": 5,
                                                                             "pretrained": 3}
+# The samplers study's (llama.cpp's samplers, contrastive search): enough repetitions to decide
+# a ratio within 25%.
+SAMPLERS_NEW_TOKENS, SAMPLERS_REPEATS = {"random": 128, "pretrained": 64}, {"random": 9,
+                                                                            "pretrained": 7}
 
 
 def _study(arg: str | None) -> tuple[str, str]:
@@ -90,7 +103,7 @@ def _study(arg: str | None) -> tuple[str, str]:
         return "speed", arg or "tiny"
     if head == "constrained" and not tail:
         return head, CONSTRAINED_MODEL
-    taking = ("sampling", "constrained", "weights")
+    taking = ("sampling", "constrained", "weights", "samplers")
     if tail and (head not in taking or tail not in PRETRAINED_MODELS):
         raise ValueError(f"config argument {arg!r}: only {', '.join(taking)} take a "
                          f"pretrained preset ({sorted(PRETRAINED_MODELS)})")
@@ -123,6 +136,7 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
     config.prompt_len = 32
     # Output tokens per row (>= 2: the first comes from the prefill, the rest from the loop).
     config.new_tokens = {"sampling": SAMPLING_NEW_TOKENS[weights], "constrained": 64,
+                         "samplers": SAMPLERS_NEW_TOKENS[weights],
                          "weights": 128}.get(study, 256)
     # Cache slots per row; 0: prompt_len + new_tokens, the least that holds every row.
     config.max_len = 0
@@ -143,6 +157,7 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
     # Timed runs of each measurement after one warm-up run; medians are reported. The max_len
     # study's claims are ratios within 10%: it takes enough runs to decide them.
     config.repeats = {"sampling": SAMPLING_REPEATS[weights], "constrained": 20,
+                      "samplers": SAMPLERS_REPEATS[weights],
                       "max_len": MAX_LEN_REPEATS}.get(study, 5)
     # The constrained study's pattern (a regex).
     config.pattern = CONSTRAINED_PATTERN
@@ -192,6 +207,8 @@ def get_sweep(arg: str | None = None) -> list[dict]:
         sizes = BATCH_SIZES if study == "sampling" else PRETRAINED_BATCH_SIZES
         return product({"batch_size": list(sizes)})
     small = {"preset": "small", **{f"model.{k}": v for k, v in MODEL_PRESETS["small"].items()}}
+    if study == "samplers":
+        return cross([small], product({"batch_size": list(PRETRAINED_BATCH_SIZES)}))
     if arg == "max_len":
         return cross([small], product({"batch_size": [8], "max_len": list(MAX_LENS)}))
     if arg == "breakdown":

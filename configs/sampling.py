@@ -4,8 +4,11 @@ What do the decoding strategies the seed describes do to text, measured against 
 continuation? The `small` model (the generator) continues held-out prompts (paragraph starts spread
 through the three test plays) with each strategy below, several samples per prompt with fixed seeds;
 a larger model (the `scorer` preset, same tokenizer and data) judges the samples. One point per
-strategy, plus the `human` point: the same metrics on the true continuation of each prompt. Render
-the page with `python -m experiments.report --workdir=runs/sampling --out=results`.
+strategy, plus the `human` point: the same metrics on the true continuation of each prompt. Beside
+the seed's strategies: llama.cpp's samplers (DRY and XTC against the repetition penalty at t 0.7,
+dynamic temperature, Mirostat v1 / v2) and the search-style methods (contrastive search, DoLa,
+classifier-free guidance). Render the page with
+`python -m experiments.report --workdir=runs/sampling --out=results`.
 
 On a real instruct model (a pretrained preset, e.g. SmolLM2-135M-Instruct):
 
@@ -25,8 +28,9 @@ from decodelab.experiment.presets import check_config_arg, model_section, train_
 INSTRUCTION = ("Continue this passage from a play by Shakespeare. Reply with the next lines only, "
                "in the same style.")
 
-# name -> decode settings (fields of config.decode). "sample" uses generate() with SamplingParams;
-# "beam" uses beam_search() (deterministic: one hypothesis per prompt, repeated as its samples);
+# name -> decode settings (fields of config.decode). "sample" uses generate() with SamplingParams
+# (and classifier-free guidance or DoLa where set); "beam" uses beam_search() and "contrastive"
+# contrastive_search() (deterministic: one continuation per prompt, repeated as its samples);
 # "human" scores the true continuation.
 STRATEGIES: dict[str, dict] = {
     "human": dict(method="human"),
@@ -50,6 +54,22 @@ STRATEGIES: dict[str, dict] = {
     "t 0.8 + top-k 40": dict(temperature=0.8, top_k=40),
     "t 1.0 + top-k 40 + top-p 0.95": dict(top_k=40, top_p=0.95),
     "t 1.5 + min-p 0.1": dict(temperature=1.5, min_p=0.1),
+    # Against repetition at t 0.7: the repetition penalty, llama.cpp's DRY and XTC (their usual
+    # values; DRY's breakers llama.cpp's default strings).
+    "t 0.7 + repetition 1.2": dict(temperature=0.7, repetition_penalty=1.2),
+    "t 0.7 + DRY 0.8": dict(temperature=0.7, dry_multiplier=0.8),
+    "t 0.7 + XTC 0.5 / 0.1": dict(temperature=0.7, xtc_probability=0.5, xtc_threshold=0.1),
+    "dynamic t 1.0 +- 0.5": dict(temperature=1.0, dynatemp_range=0.5),
+    # Mirostat steers each token's surprise (bits) to tau: llama.cpp's default 5, and 3.
+    "Mirostat v2 tau 3": dict(mirostat=2, mirostat_tau=3.0),
+    "Mirostat v2 tau 5": dict(mirostat=2, mirostat_tau=5.0),
+    "Mirostat v1 tau 5": dict(mirostat=1, mirostat_tau=5.0),
+    # Search-style methods: contrastive search (Su et al. 2022's alpha 0.6, k 4), DoLa over the
+    # upper half of the layers (greedy) and classifier-free guidance against the prompt's last
+    # token (transformers' default negative prompt), sampled at t 0.7.
+    "contrastive 0.6, k 4": dict(method="contrastive", penalty_alpha=0.6, top_k=4),
+    "DoLa high (greedy)": dict(temperature=0.0, dola_layers="high"),
+    "CFG 1.5, t 0.7": dict(temperature=0.7, guidance_scale=1.5),
 }
 
 
@@ -82,16 +102,36 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
     config.decode = config_dict.ConfigDict(dict(
         # The strategy's label in the table (a key of STRATEGIES).
         name="human",
-        # "sample" (generate with the fields below), "beam" or "human".
+        # "sample" (generate with the fields below), "beam", "contrastive" or "human".
         method="sample",
-        # SamplingParams fields (neutral values disable a processor).
+        # SamplingParams fields (neutral values disable a processor; top_k is also contrastive
+        # search's candidates per step).
         temperature=1.0,
         top_k=0,
         top_p=1.0,
         min_p=0.0,
         typical_p=1.0,
+        repetition_penalty=1.0,
+        # llama.cpp's DRY (its defaults but the multiplier), XTC, dynamic temperature, Mirostat.
+        dry_multiplier=0.0,
+        dry_base=1.75,
+        dry_allowed_length=2,
+        dry_penalty_last_n=-1,
+        xtc_probability=0.0,
+        xtc_threshold=0.1,
+        dynatemp_range=0.0,
+        dynatemp_exponent=1.0,
+        mirostat=0,
+        mirostat_tau=5.0,
+        mirostat_eta=0.1,
         # No EOS before this many new tokens (beam search and sampling alike).
         min_new_tokens=0,
+        # generate's classifier-free guidance scale (1: off, plain decoding) and DoLa's layers
+        # ("": off; "low", "high").
+        guidance_scale=1.0,
+        dola_layers="",
+        # contrastive_search's degeneration penalty.
+        penalty_alpha=0.6,
         # beam_search fields: beams per prompt and the GNMT length penalty alpha.
         beam_width=4,
         length_penalty=0.6,

@@ -1,11 +1,12 @@
 """Decode speed: dl.generate against the roofline, the no-cache baseline, transformers, llama.cpp;
-what sampling and 16-bit weights cost. The commands of each sweep: ``configs/bench_decode.py``.
+what sampling, llama.cpp's samplers, contrastive search and 16-bit weights cost. The commands of
+each sweep: ``configs/bench_decode.py``.
 
 One point = one preset (random weights, or a pretrained preset's own) and batch size: exactly
 ``new_tokens`` per row after ``prompt_len`` random ids. Its metrics: ``decodelab.measure.timing``
 (decodelab, no cache, roofline), ``.ablation`` (breakdown), ``.peers`` (``hf_*``, ``llama*``),
-``.sampling_cost`` (the sampling study), ``.weight_cost`` (the weights study). Its targets:
-``decodelab.report.speed_targets``.
+``.sampling_cost`` (the sampling and samplers studies), ``.weight_cost`` (the weights study).
+Its targets: ``decodelab.report.speed_targets``.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ def benchmark(config, ctx) -> dict:
     if config.study == "sampling":  # greedy and each sampling setting, nothing else
         return {**common, **sampling_cost.time_settings(model, prompts, N, config.repeats, S,
                                                         peer=config.peer.enabled)}
+    if config.study == "samplers":  # greedy, llama.cpp's samplers and contrastive search
+        return {**common, **sampling_cost.time_samplers(model, prompts, N, config.repeats, S)}
     if config.study == "weights":  # float32 weights and each 16-bit storage, nothing else
         return {**common, **weight_cost.time_storages(model, prompts, N, config.repeats, S)}
     if config.study == "constrained":  # a free step and a constrained one, nothing else

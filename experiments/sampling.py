@@ -69,6 +69,26 @@ CLAIMS = [
     # Percentiles pooled over all steps: a point estimate.
     report.Claim("Top-p is adaptive: top-p 0.95's kept tokens at the 90th over the 10th "
                  "percentile of steps", quality.Spread("top-p 0.95"), 4.0, unit="x"),
+    # llama.cpp's samplers against the repetition penalty, all at temperature 0.7.
+    *[claim for name in ("DRY 0.8", "XTC 0.5 / 0.1") for claim in (
+        report.Claim(f"{name.split()[0]} cuts repetition more than the repetition penalty: rep-4 "
+                     f"of t 0.7 + {name} minus t 0.7 + repetition 1.2, paired",
+                     quality.Paired(f"t 0.7 + {name}", "t 0.7 + repetition 1.2",
+                                    "repetition_4"), 0.0, at_least=False, **PROMPTS),
+        report.Claim(f"{name.split()[0]} does so at no more than 10% higher perplexity: the "
+                     f"scorer's perplexity of t 0.7 + {name} over t 0.7 + repetition 1.2, paired",
+                     quality.Paired(f"t 0.7 + {name}", "t 0.7 + repetition 1.2", "ppl_scorer",
+                                    ratio=True), 1.1, at_least=False, **PROMPTS, unit="x"))],
+    # Mirostat steers the surprise of what it draws (under the distribution drawn from) to tau.
+    *[report.Claim(f"Mirostat v2 holds tau 5: the mean surprise (bits) of its tokens under the "
+                   f"distributions they were drawn from, {side} 10%",
+                   quality.Metric("Mirostat v2 tau 5", "surprise_sampled"), threshold,
+                   at_least=side == "down to", **PROMPTS, unit=" bits")
+      for side, threshold in (("down to", 4.5), ("up to", 5.5))],
+    report.Claim("Contrastive search repeats less than greedy: rep-4 of contrastive 0.6, k 4 "
+                 "minus greedy, paired", quality.Paired("contrastive 0.6, k 4", "greedy",
+                                                        "repetition_4"), 0.0, at_least=False,
+                 **PROMPTS),
 ]
 
 

@@ -246,3 +246,62 @@ def test_quality_row_keeps_per_prompt_sums_whose_ratios_are_the_row(tiny):
                                                 abs=1e-12)
     assert row["self_bleu"] == pytest.approx(per["self_bleu"].mean(), rel=1e-12)
     assert row["identical_samples"] == pytest.approx(per["identical"].mean(), abs=1e-12)
+
+
+def test_a_drawn_strategy_reports_the_surprise_of_what_it_drew_and_a_search_its_one_text(tiny):
+    from decodelab.measure import quality
+
+    prompts = [quality.HeldOutPrompt("x", [5, 6, 7], [8, 9, 10, 11]),
+               quality.HeldOutPrompt("y", [20], [21, 22, 23, 24])]
+    mirostat = quality.Sampled(dl.SamplingParams(mirostat=2, mirostat_tau=3.0))
+    samples, logprobs = mirostat.decode(tiny, prompts, new_tokens=5, samples=2, seed=0,
+                                        eos_id=0)
+    assert [[len(lp) for lp in g] for g in logprobs] == [[len(s) for s in g] for g in samples]
+    row = quality.quality_row(prompts, samples, tokenizer=Chars(), generator=tiny,
+                              params=mirostat.params, batch_size=4, logprobs=logprobs)
+    bits = -sum(sum(lp) for g in logprobs for lp in g) / math.log(2)
+    tokens = sum(len(s) for g in samples for s in g)
+    assert row["surprise_sampled"] == pytest.approx(bits / tokens, rel=1e-9)
+    assert row["surprise_generator"] == pytest.approx(math.log2(row["ppl_generator"]), rel=1e-9)
+    assert row["candidates_median"] is None  # Mirostat's kept set depends on its mu
+    with pytest.raises(ValueError, match="logprobs must hold one value per token"):
+        quality.quality_row(prompts, samples, tokenizer=Chars(), generator=tiny,
+                            logprobs=[[lp[:-1] for lp in g] for g in logprobs])
+    contrastive = quality.Contrastive(0.6, 3)
+    texts, none = contrastive.decode(tiny, prompts, new_tokens=4, samples=3, seed=0, eos_id=0)
+    assert none is None and all(len(g) == 3 and g[0] == g[1] == g[2] for g in texts)
+    assert texts == quality.Contrastive(0.6, 3).continuations(tiny, prompts, new_tokens=4,
+                                                              samples=3, seed=1, eos_id=0)
+    # CFG at scale 1 is plain decoding; guided strategies count no candidates.
+    plain = quality.Sampled(dl.SamplingParams(temperature=0.7))
+    cfg = quality.Sampled(dl.SamplingParams(temperature=0.7), guidance_scale=1.0)
+    assert cfg.continuations(tiny, prompts, new_tokens=4, samples=2, seed=0, eos_id=0) == \
+        plain.continuations(tiny, prompts, new_tokens=4, samples=2, seed=0, eos_id=0)
+    dola = quality.Sampled(dl.SamplingParams.greedy(), dola_layers="high")
+    assert cfg.params is None and dola.params is None and plain.params is not None
+    assert len(dola.continuations(tiny, prompts, new_tokens=4, samples=1, seed=0, eos_id=0)) == 2
+
+
+def test_a_decode_section_names_any_sampling_field_and_the_guided_and_search_methods():
+    from ml_collections import config_dict
+    from study_config import config_module
+
+    from decodelab.measure import quality, strategies
+
+    decode = config_module("sampling").get_config().decode
+    decode.dry_multiplier, decode.temperature = 0.8, 0.7
+    tokenizer = object()
+    got = strategies.strategy(decode, tokenizer)
+    assert isinstance(got, quality.Sampled) and got.tokenizer is tokenizer
+    assert (got.sampling_params.dry_multiplier, got.guidance_scale, got.dola_layers) == (
+        0.8, None, None)
+    decode.guidance_scale, decode.dola_layers = 1.5, "high"
+    got = strategies.strategy(decode)
+    assert (got.guidance_scale, got.dola_layers) == (1.5, "high")
+    decode.method, decode.top_k = "contrastive", 4
+    assert strategies.strategy(decode) == quality.Contrastive(0.6, 4)
+    old = config_dict.ConfigDict(dict(method="sample", temperature=0.5))  # a row's older section
+    assert strategies.strategy(old).sampling_params.temperature == 0.5
+    decode.method = "nucleus"
+    with pytest.raises(ValueError, match="decode.method must be one of"):
+        strategies.strategy(decode)

@@ -30,10 +30,46 @@ def test_a_pretrained_sampling_sweep_runs_batch_1_8_and_32_without_the_peer(smol
         ("smollm2-135m", "sampling", False)}
 
 
-@pytest.mark.parametrize("arg", ["max_len:smollm2-135m", "sampling:tiny"])
-def test_only_the_sampling_constrained_and_weights_studies_take_a_pretrained_preset(arg):
-    with pytest.raises(ValueError, match="only sampling, constrained, weights take a pretrained"):
+@pytest.mark.parametrize("arg", ["max_len:smollm2-135m", "sampling:tiny", "samplers:small"])
+def test_only_the_sampling_constrained_weights_and_samplers_studies_take_a_pretrained_preset(arg):
+    with pytest.raises(ValueError, match="only sampling, constrained, weights, samplers take a "
+                                         "pretrained"):
         config_module("bench_decode").get_config(arg)
+
+
+@pytest.mark.parametrize("arg, preset, tokens", [("samplers", "small", 128),
+                                                 ("samplers:smollm2-135m", "smollm2-135m", 64)])
+def test_the_samplers_sweep_times_small_and_smollm2_at_batch_1_and_8(arg, preset, tokens,
+                                                                     smollm2_installed):
+    module = config_module("bench_decode")
+    points = experiment.expand(module.get_config(arg), module.get_sweep(arg))
+    assert [(p.config.preset, p.config.batch_size) for p in points] == [(preset, 1), (preset, 8)]
+    config = points[0].config
+    assert (config.study, config.new_tokens, config.peer.enabled) == ("samplers", tokens, False)
+
+
+def test_every_sampler_setting_is_valid_sampled_and_labelled():
+    for name, fields in sampling_cost.SAMPLERS.items():
+        params = SamplingParams(**fields)  # validated when built
+        assert params.temperature == 1.0 and name in sampling_cost.LABELS
+        assert params.breakers(1, 8).shape == (1, 8)  # DRY's breakers need no tokenizer
+    assert "contrastive" in sampling_cost.LABELS
+
+
+def test_time_samplers_times_greedy_each_sampler_and_contrastive_search_on_the_same_rows(
+        tiny_config):
+    from flax import nnx
+
+    from decodelab.model import Transformer
+
+    model = Transformer(tiny_config, rngs=nnx.Rngs(0))
+    prompts = np.arange(1, 9, dtype=np.int32).reshape(2, 4)
+    found = sampling_cost.time_samplers(model, prompts, 4, 1, 0)
+    for name in ["", *sampling_cost.SAMPLERS, "contrastive"]:
+        prefix = f"{name}_" if name else ""
+        (seconds,) = found[f"{prefix}generate_reps_s"]
+        assert seconds > 0
+    assert found["contrastive_top_k"] == sampling_cost.CONTRASTIVE["top_k"]
 
 
 def test_every_setting_is_valid_and_the_history_one_is_greedy():
@@ -57,20 +93,24 @@ def test_transformers_gets_the_same_processors_and_top_k_off_where_decodelab_has
         peers.hf_sampling(SamplingParams(regex=r"\d+"))  # transformers would ignore it
 
 
-def row(preset: str, batch: int, greedy_s: float, factors: dict[str, float]) -> dict:
-    """A sampling-study row whose settings' whole calls take ``factor`` x greedy's decoding time
-    on top of the same prefill (5 repetitions each, jittered by 1%)."""
+def row(preset: str, batch: int, greedy_s: float, factors: dict[str, float],
+        study: str = "sampling") -> dict:
+    """A sampling-study (or samplers-study) row whose settings' whole calls take ``factor`` x
+    greedy's decoding time on top of the same prefill (5 repetitions each, jittered by 1%)."""
     jitter = 1 + 0.01 * np.linspace(-1, 1, 5)
     prefill = 0.01
     metrics = {"preset": preset, "batch_size": batch, "step_ms": 1e3 * greedy_s / 127,
                "generate_reps_s": list(prefill + greedy_s * jitter),
                "prefill_reps_s": list(prefill * jitter)}
-    for name in sampling_cost.SETTINGS:
+    names = (sampling_cost.SETTINGS if study == "sampling"
+             else [*sampling_cost.SAMPLERS, "contrastive"])
+    for name in names:
         whole = prefill + greedy_s * factors.get(name, 1.0)
         metrics[f"{name}_generate_reps_s"] = list(whole * jitter[::-1])
         metrics[f"{name}_prefill_reps_s"] = list(prefill * jitter)
-    metrics["hf_all_generate_reps_s"] = list(3 * (prefill + greedy_s * 1.1) * jitter)
-    return {"config": {"study": "sampling", "prompt_len": 32, "new_tokens": 128},
+    if study == "sampling":
+        metrics["hf_all_generate_reps_s"] = list(3 * (prefill + greedy_s * 1.1) * jitter)
+    return {"config": {"study": study, "prompt_len": 32, "new_tokens": 128},
             "metrics": metrics}
 
 
@@ -90,8 +130,24 @@ def test_the_sampling_claims_judge_each_row_against_its_own_greedy_step():
     # transformers' whole call over decodelab's on "all" (2x greedy's decoding there)
     expected = 3 * (0.01 + 1.1) / (0.01 + 2.0)
     assert len(peer) == 1 and peer[0].measured.value == pytest.approx(expected, rel=0.02)
-    table = speed_tables.sampling_table(rows)
+    table = speed_tables.settings_table(rows)
     assert len(table.rows) == 2 and len(table.columns) == 3 + len(sampling_cost.SETTINGS) + 1
+
+
+def test_the_samplers_claims_hold_each_sampler_to_25_percent_and_contrastive_to_its_k():
+    k = sampling_cost.CONTRASTIVE["top_k"]
+    rows = [row("small", 8, 1.0, {"xtc": 1.1, "dry": 1.6, "contrastive": k - 1.0}, "samplers")]
+    judged = {c.text: c.judge(rows) for t in speed.sampler_targets() for c in t.claims(rows)}
+    assert len(judged) == len(sampling_cost.SAMPLERS) + 1
+    xtc, dry = (judged[f"small batch 8: {sampling_cost.LABELS[n]} step / greedy step"]
+                for n in ("xtc", "dry"))
+    assert xtc.verdict.side > 0 and dry.verdict.side < 0
+    contrastive = judged[f"small batch 8: {sampling_cost.LABELS['contrastive']} step / greedy "
+                         "step"]
+    assert contrastive.measured.value == pytest.approx(k - 1.0, rel=0.02)
+    assert contrastive.claim.threshold == k and contrastive.verdict.side > 0
+    table = speed_tables.settings_table(rows, "samplers")
+    assert len(table.rows) == 1 and len(table.columns) == 3 + len(sampling_cost.SAMPLERS) + 1
 
 
 def test_the_page_holds_the_sampling_targets():

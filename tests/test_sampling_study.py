@@ -116,7 +116,7 @@ def test_the_page_has_one_row_per_strategy_plus_human_a_csv_and_a_plot(study, tm
     for name in ("sampling.csv", "sampling_all.csv", "sampling_points.csv"):
         with open(tmp_path / name) as f:
             assert len(list(csv.reader(f))) == len(rows) + 1
-    assert "decode loop 1 for 16 sampling strategies" in page
+    assert "decode loop 1 for 25 sampling strategies" in page
     assert "loop 1 for 2" in page
     # The plot's legend-free encoding (report.quality.diversity_plot): strategies are blue
     # points, human text a crimson star; both must be drawn.
@@ -192,7 +192,7 @@ def test_the_kept_rows_render_the_smollm2_page_with_their_numbers(study, tmp_pat
         "sampling_smollm2-135m.md", "sampling_smollm2-135m.csv", "sampling_smollm2-135m.png",
         "sampling_smollm2-135m_all.csv", "sampling_smollm2-135m_points.csv"}
     lines = page.splitlines()
-    assert lines[2].startswith("On `smollm2-135m`, 8 of 9 claims met, 1 undecided")
+    assert lines[2].startswith("On `smollm2-135m`, 8 of 16 claims met, 8 undecided or not measured")
     assert ("| Greedy is repetitive: its rep-4 over human text's, paired by prompt | "
             "40.4x [15.2, 576] | >= 2.00x | met |") in lines
     assert any(line.startswith("| Low temperature is almost greedy") and

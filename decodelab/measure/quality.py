@@ -37,6 +37,7 @@ from decodelab import sampling
 from decodelab.cache import bucket_length
 from decodelab.checks import check_int, position_limit
 from decodelab.decode.beam import beam_search
+from decodelab.decode.contrastive import contrastive_search
 from decodelab.decode.generation import generate
 from decodelab.decode.request import BeamOptions, DecodeOptions
 from decodelab.measure import perplexity as metrics
@@ -91,10 +92,18 @@ class Strategy(abc.ABC):
     """How the continuations of a set of prompts are made."""
 
     @abc.abstractmethod
+    def decode(self, model: nnx.Module, prompts: Sequence[HeldOutPrompt], *, new_tokens: int,
+               samples: int, seed: int, eos_id: int
+               ) -> tuple[list[list[list[int]]], list[list[list[float]]] | None]:
+        """``[prompt][sample]`` token lists, and where the strategy draws them, each token's
+        log-probability (nats) under the distribution it was drawn from (else None)."""
+
     def continuations(self, model: nnx.Module, prompts: Sequence[HeldOutPrompt], *,
                       new_tokens: int, samples: int, seed: int,
                       eos_id: int) -> list[list[list[int]]]:
         """``[prompt][sample]`` token lists."""
+        return self.decode(model, prompts, new_tokens=new_tokens, samples=samples, seed=seed,
+                           eos_id=eos_id)[0]
 
     @property
     def params(self) -> SamplingParams | None:
@@ -102,23 +111,58 @@ class Strategy(abc.ABC):
         return None
 
 
+def _by_prompt(rows: Sequence[Any], P: int, samples: int) -> list[list[Any]]:
+    """Row ``j * P + i`` of a batch as sample j of prompt i."""
+    return [[rows[j * P + i] for j in range(samples)] for i in range(P)]
+
+
 @dataclasses.dataclass(frozen=True)
 class Sampled(Strategy):
-    """``generate`` with these sampling parameters (temperature 0: greedy)."""
+    """``generate`` with these sampling parameters (temperature 0: greedy), and optionally
+    classifier-free guidance at ``guidance_scale`` against each prompt's last token (an empty
+    negative prompt: transformers' default), or DoLa over ``dola_layers``; ``tokenizer`` (for
+    DRY's string breakers) goes to ``DecodeOptions`` only where the parameters need it."""
 
     sampling_params: SamplingParams
+    guidance_scale: float | None = None
+    dola_layers: str | None = None
+    tokenizer: Any = None
 
     @property
-    def params(self) -> SamplingParams:
-        return self.sampling_params
+    def params(self) -> SamplingParams | None:
+        # Under CFG or DoLa the kept set is not the processors' on the model's logits.
+        guided = self.guidance_scale is not None or self.dola_layers is not None
+        return None if guided else self.sampling_params
 
-    def continuations(self, model, prompts, *, new_tokens, samples, seed, eos_id):
+    def decode(self, model, prompts, *, new_tokens, samples, seed, eos_id):
         P = len(prompts)
         rows = [p.tokens for _ in range(samples) for p in prompts]  # row j * P + i
+        dry = np.any(np.asarray(self.sampling_params.dry_multiplier) != 0)
+        options = DecodeOptions(
+            eos_ids=[eos_id], tokenizer=self.tokenizer if dry else None,
+            guidance_scale=self.guidance_scale, dola_layers=self.dola_layers,
+            negative_prompts=None if self.guidance_scale is None else [[] for _ in rows])
         out = generate(model, rows, self.sampling_params, new_tokens, seed=seed,
-                       options=DecodeOptions(eos_ids=[eos_id]))
+                       options=options)
         lists = out.token_lists()
-        return [[lists[j * P + i] for j in range(samples)] for i in range(P)]
+        logprobs = [out.logprobs[b, :len(tokens)].astype(np.float64).tolist()
+                    for b, tokens in enumerate(lists)]
+        return _by_prompt(lists, P, samples), _by_prompt(logprobs, P, samples)
+
+
+@dataclasses.dataclass(frozen=True)
+class Contrastive(Strategy):
+    """``contrastive_search`` (deterministic: run once, its continuation stands for every
+    sample)."""
+
+    penalty_alpha: float
+    top_k: int
+
+    def decode(self, model, prompts, *, new_tokens, samples, seed, eos_id):
+        del seed  # deterministic
+        out = contrastive_search(model, [p.tokens for p in prompts], self.penalty_alpha,
+                                 self.top_k, new_tokens, options=DecodeOptions(eos_ids=[eos_id]))
+        return [[tokens] * samples for tokens in out.token_lists()], None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,21 +173,21 @@ class Beam(Strategy):
     length_penalty: float
     min_new_tokens: int = 0
 
-    def continuations(self, model, prompts, *, new_tokens, samples, seed, eos_id):
+    def decode(self, model, prompts, *, new_tokens, samples, seed, eos_id):
         del seed  # deterministic
         out = beam_search(model, [p.tokens for p in prompts], self.width, new_tokens,
                           length_penalty=self.length_penalty,
                           options=BeamOptions(num_return=1, eos_ids=[eos_id],
                                               min_new_tokens=self.min_new_tokens))
-        return [[best] * samples for best in out.best()]
+        return [[best] * samples for best in out.best()], None
 
 
 @dataclasses.dataclass(frozen=True)
 class Human(Strategy):
     """The true continuation: one sample per prompt."""
 
-    def continuations(self, model, prompts, *, new_tokens, samples, seed, eos_id):
-        return [[list(p.reference)] for p in prompts]
+    def decode(self, model, prompts, *, new_tokens, samples, seed, eos_id):
+        return [[list(p.reference)] for p in prompts], None
 
 
 # --- Token statistics under the generating model --------------------------------------------------
@@ -221,14 +265,20 @@ def token_stats(model: nnx.Module, prompts: Sequence[Sequence[int]],
 def quality_row(prompts: Sequence[HeldOutPrompt], samples: Sequence[Sequence[Sequence[int]]], *,
                 tokenizer: Any, generator: nnx.Module, scorer: nnx.Module | None = None,
                 params: SamplingParams | None = None, improbable_below: float = 0.01,
-                batch_size: int = 32) -> dict[str, float | int | None]:
+                batch_size: int = 32,
+                logprobs: Sequence[Sequence[Sequence[float]]] | None = None
+                ) -> dict[str, float | int | None]:
     """The metrics of ``samples[i][j]`` (sample j of prompt i; see ``metrics``): perplexity under
     the generator and the scorer, distinct-1/2/3, repetition of 4-grams, self-BLEU (mean over
     prompts with at least 2 samples; None without) and the share of such prompts whose samples
     are all the same tokens, Zipf coefficient, mean length, EOS rate, and
     the generator's token statistics (``token_stats``): top-1 rate, share of tokens below
     ``improbable_below`` probability, and the 10th / 50th / 90th percentile and mean of the number
-    of candidates (with ``params``).
+    of candidates (with ``params``); the mean surprise in bits of the tokens under the generator
+    (``surprise_generator``) and, with ``logprobs`` (``logprobs[i][j]``: each token's
+    log-probability under the distribution sample j of prompt i was drawn from, as
+    ``Strategy.decode`` gives it), under the distributions drawn from (``surprise_sampled``: what
+    Mirostat steers to its tau).
 
     ``per_prompt`` holds, for each prompt in order, the sums the pooled metrics are ratios of, so
     that a bootstrap over prompts can recompute them (``decodelab.measure.stats``): ``samples``,
@@ -236,12 +286,16 @@ def quality_row(prompts: Sequence[HeldOutPrompt], samples: Sequence[Sequence[Seq
     prompt's sample tokens), ``top1`` and ``improbable`` (token counts), ``distinct_n`` (sum over
     the prompt's samples of their distinct-n ratio) and ``ngram_samples_n`` (how many samples have
     an n-gram) for n = 1..4, and, where the prompt has several samples, ``self_bleu`` and
-    ``identical`` (1 if they are all the same tokens). Each metric of the row is its ratio of these
+    ``identical`` (1 if they are all the same tokens), and with ``logprobs``, ``surprise`` (bits
+    over the prompt's sample tokens, under the distributions drawn from). Each metric of the row is its ratio of these
     sums over all prompts (``mean_length`` = tokens / samples, ``repetition_4`` = 1 - the distinct-4
     ratio)."""
     if len(samples) != len(prompts):
         raise ValueError(f"samples must hold one list per prompt, got {len(samples)} for "
                          f"{len(prompts)} prompts")
+    if logprobs is not None and [[len(lp) for lp in group] for group in logprobs] != [
+            [len(s) for s in group] for group in samples]:
+        raise ValueError("logprobs must hold one value per token of samples, in their shape")
     if not 0 < improbable_below < 1:
         raise ValueError(f"improbable_below must be in (0, 1), got {improbable_below!r}")
     contexts = [p.tokens for p, group in zip(prompts, samples) for _ in group]
@@ -281,6 +335,9 @@ def quality_row(prompts: Sequence[HeldOutPrompt], samples: Sequence[Sequence[Seq
     identical = [float(all(list(s) == list(g[0]) for s in g)) for g in samples if len(g) > 1]
     if groups and len(groups) == len(samples):
         per_prompt.update(self_bleu=bleu, identical=identical)
+    if logprobs is not None:
+        bits = np.array([-sum(lp) / math.log(2) for group in logprobs for lp in group])
+        per_prompt["surprise"] = by_prompt(bits)
 
     def pooled_perplexity(name: str) -> float:
         loss = sum(nll[name]) / sum(tokens)
@@ -292,6 +349,9 @@ def quality_row(prompts: Sequence[HeldOutPrompt], samples: Sequence[Sequence[Seq
         "eos_rate": metrics.eos_rate(flat, tokenizer.eos_id),
         "ppl_generator": pooled_perplexity("generator"),
         "ppl_scorer": pooled_perplexity("scorer") if scorer is not None else None,
+        "surprise_generator": sum(nll["generator"]) / sum(tokens) / math.log(2),
+        "surprise_sampled": (sum(per_prompt["surprise"]) / sum(tokens)
+                             if logprobs is not None else None),
         "distinct_1": metrics.distinct_n(flat, 1),
         "distinct_2": metrics.distinct_n(flat, 2),
         "distinct_3": metrics.distinct_n(flat, 3),

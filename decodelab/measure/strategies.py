@@ -2,7 +2,9 @@
 and one row of quality metrics (``quality.quality_row``) with what the page needs besides.
 
 A strategy is named by a decode section (``configs/sampling.py``'s ``decode``: ``method`` is
-"sample", "beam" or "human", with the SamplingParams and beam_search fields beside it); the
+"sample", "beam", "contrastive" or "human", with the fields of ``SamplingParams``, ``generate``'s
+guidance (``guidance_scale``, 1: off; ``dola_layers``, "": off), ``beam_search`` and
+``contrastive_search`` beside it); the
 generator and the scorer come as ``EvaluatedModel`` (a model, its tokenizer and its validation
 perplexity), so the row says which models produced and judged the text.
 
@@ -15,6 +17,7 @@ candidate percentiles and the Zipf exponent are pooled over prompts and have no 
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -28,9 +31,14 @@ from decodelab.sampling.params import SamplingParams
 # The programs whose compilations a row counts: jitted function name -> metric name.
 PROGRAMS = {"prefill": "compiles_generate_prefill", "_decode_loop": "compiles_generate_loop",
             "beam_prefill": "compiles_beam_prefill", "_beam_loop": "compiles_beam_loop",
-            "_target_logprobs": "compiles_scoring", "_token_stats": "compiles_token_stats"}
+            "_target_logprobs": "compiles_scoring", "_token_stats": "compiles_token_stats",
+            "contrastive_prefill": "compiles_contrastive_prefill",
+            "_contrastive_loop": "compiles_contrastive_loop"}
 
-METHODS = ("sample", "beam", "human")
+METHODS = ("sample", "beam", "contrastive", "human")
+# The SamplingParams fields a decode section may set (those it holds are passed; the rest keep
+# their defaults).
+SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,16 +50,21 @@ class EvaluatedModel:
     val_ppl: float
 
 
-def strategy(decode: Any) -> quality.Strategy:
-    """The strategy a decode section names (its ``method`` and that method's fields)."""
+def strategy(decode: Any, tokenizer: Any = None) -> quality.Strategy:
+    """The strategy a decode section names (its ``method`` and that method's fields);
+    ``tokenizer``: for DRY's string breakers."""
     if decode.method == "human":
         return quality.Human()
     if decode.method == "beam":
         return quality.Beam(decode.beam_width, decode.length_penalty, decode.min_new_tokens)
+    if decode.method == "contrastive":
+        return quality.Contrastive(decode.penalty_alpha, decode.top_k)
     if decode.method == "sample":
-        return quality.Sampled(SamplingParams(
-            temperature=decode.temperature, top_k=decode.top_k, top_p=decode.top_p,
-            min_p=decode.min_p, typical_p=decode.typical_p, min_new_tokens=decode.min_new_tokens))
+        fields = {name: decode[name] for name in SAMPLING_FIELDS if name in decode}
+        scale, dola = decode.get("guidance_scale", 1.0), decode.get("dola_layers", "")
+        return quality.Sampled(SamplingParams(**fields),
+                               guidance_scale=None if scale == 1.0 else scale,
+                               dola_layers=dola or None, tokenizer=tokenizer)
     raise ValueError(f"decode.method must be one of {METHODS}, got {decode.method!r}")
 
 
@@ -77,16 +90,17 @@ def strategy_row(decode: Any, prompts_cfg: Any, generator: EvaluatedModel,
     prompts = quality.held_out_prompts(tokenizer, per_document=p.per_play,
                                        prompt_tokens=p.prompt_tokens, new_tokens=p.new_tokens,
                                        instruction=p.get("instruction"))
-    method = strategy(decode)
+    method = strategy(decode, tokenizer)
     status("decode")
     start = time.perf_counter()
-    samples = method.continuations(generator.model, prompts, new_tokens=p.new_tokens,
-                                   samples=p.samples, seed=seed, eos_id=tokenizer.eos_id)
+    samples, logprobs = method.decode(generator.model, prompts, new_tokens=p.new_tokens,
+                                      samples=p.samples, seed=seed, eos_id=tokenizer.eos_id)
     decode_s = time.perf_counter() - start
     status("score")
     row = quality.quality_row(prompts, samples, tokenizer=tokenizer, generator=generator.model,
                               scorer=scorer.model, params=method.params,
-                              improbable_below=improbable_below, batch_size=batch_size)
+                              improbable_below=improbable_below, batch_size=batch_size,
+                              logprobs=logprobs)
     return {"strategy": decode.name, **row, "decode_s": decode_s, "prompts": len(prompts),
             "generator_val_ppl": generator.val_ppl, "scorer_val_ppl": scorer.val_ppl,
             "generator_params": generator.model.config.num_params(),
@@ -102,11 +116,17 @@ def one_minus_ratio(numerator: np.ndarray, denominator: np.ndarray) -> np.ndarra
     return 1.0 - stats.ratio_of_sums(numerator, denominator)
 
 
+def bits_per_token(nats: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    return stats.ratio_of_sums(nats, tokens) / math.log(2)
+
+
 # How each metric is recomputed from a row's per-prompt sums (quality.quality_row): metric ->
 # (statistic, the per_prompt columns it takes).
 RESAMPLED = {
     "ppl_generator": (stats.perplexity, ("nll_generator", "tokens")),
     "ppl_scorer": (stats.perplexity, ("nll_scorer", "tokens")),
+    "surprise_generator": (bits_per_token, ("nll_generator", "tokens")),
+    "surprise_sampled": (stats.ratio_of_sums, ("surprise", "tokens")),
     **{f"distinct_{n}": (stats.ratio_of_sums, (f"distinct_{n}", f"ngram_samples_{n}"))
        for n in (1, 2, 3)},
     "repetition_4": (one_minus_ratio, ("distinct_4", "ngram_samples_4")),

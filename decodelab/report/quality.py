@@ -32,13 +32,14 @@ COLUMNS = {"ppl_scorer": "ppl (scorer)", "distinct_2": "distinct-2", "repetition
            "ppl_generator": "ppl (generator)", "distinct_1": "distinct-1",
            "distinct_3": "distinct-3", "identical_samples": "identical", "zipf": "Zipf",
            "candidates_p10": "cand. p10", "candidates_median": "cand. median",
-           "candidates_p90": "cand. p90", "mean_length": "length", "eos_rate": "EOS"}
+           "candidates_p90": "cand. p90", "mean_length": "length", "eos_rate": "EOS",
+           "surprise_generator": "surprise (bits)", "surprise_sampled": "surprise drawn (bits)"}
 MAIN = list(COLUMNS)[:6]
 # The order of today's CSV (every metric the page reads, then the decoding time).
 CSV_ORDER = ["ppl_generator", "ppl_scorer", "distinct_1", "distinct_2", "distinct_3",
              "repetition_4", "self_bleu", "identical_samples", "zipf", "top1_rate",
              "improbable_rate", "candidates_p10", "candidates_median", "candidates_p90",
-             "mean_length", "eos_rate"]
+             "mean_length", "eos_rate", "surprise_generator", "surprise_sampled"]
 
 NO_UNITS = ("the rows keep no per-prompt values (written by an earlier version of the study); "
             "rerun it for intervals")
@@ -126,7 +127,11 @@ def metrics_table(rows: Rows) -> Table:
 _SHORT = [(r"temperature (\S+)", r"t\1"), (r"^t (\S+)", r"t\1"), (r"top-k (\S+)", r"k\1"),
           (r"top-p (\S+)", r"p\1"), (r"min-p (\S+)", r"minp\1"), (r"typical (\S+)", r"typ\1"),
           (r" \+ ", "+"), (r"beam (\d+), no early EOS", r"beam\1 no-EOS"),
-          (r"beam (\d+)$", r"beam\1")]
+          (r"beam (\d+)$", r"beam\1"), (r"repetition (\S+)", r"rep\1"), (r"DRY (\S+)", r"dry\1"),
+          (r"XTC (\S+) / \S+", r"xtc\1"), (r"dynamic t (\S+) \+- (\S+)", r"dyn\1±\2"),
+          (r"Mirostat v(\d) tau (\S+)", r"miro\1 tau\2"),
+          (r"contrastive (\S+), k (\d+)", r"cs\1 k\2"), (r"DoLa high \(greedy\)", "dola"),
+          (r"CFG (\S+), t (\S+)", r"cfg\1 t\2")]
 
 
 def short_label(name: str) -> str:
@@ -262,9 +267,11 @@ def method(rows: Rows) -> list[str]:
     units = all(r["metrics"].get("per_prompt") for r in rows)
     compiled = {k: sum(r["metrics"].get(k, 0) for r in rows) for k in
                 ("compiles_generate_prefill", "compiles_generate_loop", "compiles_beam_prefill",
-                 "compiles_beam_loop", "compiles_scoring", "compiles_token_stats")}
+                 "compiles_beam_loop", "compiles_scoring", "compiles_token_stats",
+                 "compiles_contrastive_prefill", "compiles_contrastive_loop")}
     methods = [r["config"]["decode"]["method"] for r in rows]
-    return [
+    newer = any("mirostat" in r["config"]["decode"] for r in rows)  # the llama.cpp samplers' era
+    lines = [
         models,
         ("**human**: the same metrics on the true continuation of each prompt (one per prompt: no "
          f"self-BLEU). Beam search (width {c['decode']['beam_width']}, GNMT length penalty "
@@ -274,21 +281,32 @@ def method(rows: Rows) -> list[str]:
          "resamples, fixed seed; `decodelab.measure.stats`); two strategies are compared paired "
          "prompt by prompt. Zipf and the candidate percentiles, pooled over prompts, have none."
          if units else f"No intervals: {NO_UNITS}."),
+        ("llama.cpp's DRY, XTC, dynamic temperature and Mirostat at its definitions (their "
+         "order: `decodelab/sampling/processors.py`), DRY's breakers its default strings; "
+         "contrastive search (Su et al. 2022), DoLa over the upper layers (Chuang et al. 2023) and "
+         "classifier-free guidance against the prompt's last token, as transformers has them.")
+        if newer else None,
         ("Columns: perplexity under the scorer (tokens pooled); distinct-2, the share of distinct "
          "2-grams within a sample; rep-4, the share of a sample's 4-grams that repeat an earlier "
          "one; self-BLEU (sacrebleu, 0-100) of each sample against its prompt's other samples; "
          "top-1, the share of tokens that are the generator's argmax; p<1%, the share it gives "
          "under 1% probability. The generator's perplexity, distinct-1/3, identical samples, "
-         "Zipf, candidates kept per step, length and EOS: the CSVs."),
+         "Zipf, candidates kept per step, length" + (
+             ", EOS and the surprise in bits (under the model and under the distributions drawn "
+             "from): the CSVs." if newer else " and EOS: the CSVs.")),
         ("Compilations over the sweep (a `jax.monitoring` listener; from the rows): `generate`'s "
          f"prefill {compiled['compiles_generate_prefill']} and decode loop "
          f"{compiled['compiles_generate_loop']} for {methods.count('sample')} sampling "
          f"strategies; beam search's prefill {compiled['compiles_beam_prefill']} and loop "
-         f"{compiled['compiles_beam_loop']} for {methods.count('beam')}; the scoring pass "
+         f"{compiled['compiles_beam_loop']} for {methods.count('beam')}"
+         + (f"; contrastive search's prefill {compiled['compiles_contrastive_prefill']} and "
+            f"loop {compiled['compiles_contrastive_loop']} for {methods.count('contrastive')}"
+            if "contrastive" in methods else "") + "; the scoring pass "
          f"{compiled['compiles_scoring']} and the token statistics "
          f"{compiled['compiles_token_stats']}. Decoding took "
          f"{format_number(sum(r['metrics']['decode_s'] for r in rows))} s in all."),
     ]
+    return [line for line in lines if line is not None]
 
 
 def caveats(rows: Rows) -> list[str]:
@@ -342,6 +360,28 @@ def caveats(rows: Rows) -> list[str]:
             f"see the same in translation). Made to fill the budget, it repeats "
             f"{pct('beam 4, no early EOS', 'repetition_4')} of its 4-grams (greedy "
             f"{pct('greedy', 'repetition_4')}).")
+    penalties = [n for n in ("t 0.7 + DRY 0.8", "t 0.7 + XTC 0.5 / 0.1") if n in named]
+    if penalties and "t 0.7 + repetition 1.2" in named:
+        lines.append("Against repetition at t 0.7, rep-4 and the scorer's perplexity: " + "; ".join(
+            f"{n[8:]} {pct(n, 'repetition_4')}, {num(n, 'ppl_scorer')}"
+            for n in ["t 0.7 + repetition 1.2", *penalties]
+            + (["temperature 0.7"] if "temperature 0.7" in named else []))
+            + " (the last: no penalty). XTC removes top choices rather than repeats.")
+    mirostat = [n for n in named if n.startswith("Mirostat") and
+                named[n].get("surprise_sampled") is not None]
+    if mirostat:
+        lines.append("Mirostat's surprise in bits, under the distributions its tokens were drawn "
+                     "from (what it steers) and under the model's own: " + "; ".join(
+                         f"{n} {num(n, 'surprise_sampled')} and {num(n, 'surprise_generator')}"
+                         for n in mirostat) + ". Its mu starts at 2 tau and moves by eta 0.1 a "
+                     "token, so the first tokens of each sample draw above tau.")
+    searched = [n for n in ("contrastive 0.6, k 4", "DoLa high (greedy)", "CFG 1.5, t 0.7")
+                if n in named]
+    if searched and "greedy" in named:
+        lines.append("Where the search-style methods land (rep-4, distinct-2, the scorer's "
+                     "perplexity): " + "; ".join(
+                         f"{n} {pct(n, 'repetition_4')}, {num(n, 'distinct_2')}, "
+                         f"{num(n, 'ppl_scorer')}" for n in ["greedy", *searched]) + ".")
     lines.append("An empty text scores self-BLEU 0, so beam search's copies of a hypothesis that "
                  "is only EOS lower it; the prompts sit mid-play, so the true continuations never "
                  "end (EOS 0). Candidates: temperature alone allows the whole vocabulary.")

@@ -289,3 +289,16 @@ def sampling_targets() -> tuple[Target, ...]:
                f"decodelab / transformers, both sampling with {labels['all']}",
                over_peer_sampled, 2.0, study="sampling",
                covers=lambda m: m["preset"] in ("small", "medium") and m["batch_size"] >= 8))
+
+
+def sampler_targets() -> tuple[Target, ...]:
+    """The samplers study's targets: each of llama.cpp's samplers within 25% of greedy on every
+    row; contrastive search, a forward of k candidates per row, within k greedy steps."""
+    labels, k = sampling_cost.LABELS, sampling_cost.CONTRASTIVE["top_k"]
+    return tuple(
+        Target(f"{labels[name]} step within 25% of greedy", f"{labels[name]} step / greedy step",
+               setting_over_greedy(name), 1.25, at_least=False, study="samplers")
+        for name in sampling_cost.SAMPLERS) + (
+        Target(f"contrastive search step within {k} greedy steps (its k)",
+               f"{labels['contrastive']} step / greedy step", setting_over_greedy("contrastive"),
+               float(k), at_least=False, study="samplers"),)

@@ -8,6 +8,7 @@ speed and ratio cells are Intervals where the rows keep their repetitions
 
 from __future__ import annotations
 
+import functools
 import pathlib
 import statistics
 from collections.abc import Mapping, Sequence
@@ -159,8 +160,9 @@ def csv_tables(rows: Rows) -> dict:
         tables["max_len"] = max_len_table
     if speed.metric_rows(rows, "breakdown"):
         tables["breakdown"] = breakdown_table
-    if speed.metric_rows(rows, "sampling"):
-        tables["sampling"] = sampling_table
+    for study in ("sampling", "samplers"):
+        if speed.metric_rows(rows, study):
+            tables[study] = functools.partial(settings_table, study=study)
     if speed.metric_rows(rows, "constrained"):
         tables["constrained"] = constrained_table
     if speed.metric_rows(rows, "weights"):
@@ -175,16 +177,19 @@ def constrained_table(rows: Rows) -> Table:
                    constrained.step_ratio(m)] for m in speed.metric_rows(rows, "constrained")])
 
 
-def sampling_table(rows: Rows) -> Table:
-    """Each sampling setting's step over the greedy step of the same row (the sampling study),
-    with the greedy step and decodelab / transformers with the same processors."""
-    settings = list(sampling_cost.SETTINGS)
+def settings_table(rows: Rows, study: str = "sampling") -> Table:
+    """Each setting's step over the greedy step of the same row: the sampling study's settings,
+    with decodelab / transformers with the same processors, or the samplers study's."""
+    sampling = study == "sampling"
+    settings = list(sampling_cost.SETTINGS if sampling else
+                    [*sampling_cost.SAMPLERS, "contrastive"])
     columns = ["preset", "batch", "greedy step ms",
                *[f"{sampling_cost.LABELS[name]} / greedy" for name in settings],
-               "decodelab / transformers (both sampling)"]
+               *(["decodelab / transformers (both sampling)"] if sampling else [])]
     body = [[m["preset"], m["batch_size"], m["step_ms"],
              *[speed.setting_over_greedy(name)(m) for name in settings],
-             speed.over_peer_sampled(m)] for m in speed.metric_rows(rows, "sampling")]
+             *([speed.over_peer_sampled(m)] if sampling else [])]
+            for m in speed.metric_rows(rows, study)]
     return Table(columns, body)
 
 
@@ -337,7 +342,7 @@ def caveats(rows: Rows) -> list[str]:
     """What qualifies the numbers: the machine's load, the point estimates, the breakdown."""
     metrics = speed_metrics(rows)
     every = [m for study in ("speed", "max_len", "breakdown", "sampling", "constrained",
-                             "weights") for m in speed.metric_rows(rows, study)]
+                             "weights", "samplers") for m in speed.metric_rows(rows, study)]
     lines = [timing.load_reading(every, other_cores(rows))]
     commits = {}
     for r in rows:

@@ -1,7 +1,7 @@
 """The decode-speed page's targets, as data: what is measured, on which rows, the threshold and
 the comparison (``speed.Target``). The thresholds are the open issues' (decode step at the
 roofline, capacity that costs nothing, ahead of llama.cpp; sampling at the cost of greedy;
-constrained steps; 16-bit weights).
+llama.cpp's samplers and contrastive search; constrained steps; 16-bit weights).
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ TARGETS = (
     speed.Target("constrained step within 15% of a free one",
                  "constrained step / free step (regex, greedy)", constrained.step_ratio, 1.15,
                  at_least=False, study="constrained"),
-) + speed.sampling_targets() + tuple(
+) + speed.sampling_targets() + speed.sampler_targets() + tuple(
     speed.Target(f"{name} weights no slower than float32",
                  f"step with {name} weights / with float32 weights (greedy)",
                  storage_over_float32(name), 1.0, at_least=False, study="weights")
