@@ -359,6 +359,9 @@ def test_padding_rows_and_columns_change_no_row(tiny, mixed_batch):
     each row's tokens and log-probabilities are the unpadded batch's, for per-request seeds and
     for one seed (row r draws from fold_in(key(seed), r) whatever the padding)."""
     rows = [0, 1, 2]
+    # The mixed batch's programs again: compiled anew if the worker dropped them since the
+    # fixture ran (``compiles.release_near_map_limit``), otherwise read from the in-process cache.
+    run(tiny, PROMPTS, 8, MIXED, seed=SEEDS, options=TOP_2)
     with compiles.count_compiles() as counts:
         out = run(tiny, PROMPTS[:3], 5, _row(MIXED, rows), seed=SEEDS[:3], options=TOP_2)
     assert counts["_decode_loop"] == 0 and counts["prefill"] == 0

@@ -254,19 +254,20 @@ def test_a_drawn_strategy_reports_the_surprise_of_what_it_drew_and_a_search_its_
     prompts = [quality.HeldOutPrompt("x", [5, 6, 7], [8, 9, 10, 11]),
                quality.HeldOutPrompt("y", [20], [21, 22, 23, 24])]
     mirostat = quality.Sampled(dl.SamplingParams(mirostat=2, mirostat_tau=3.0))
-    samples, logprobs = mirostat.decode(tiny, prompts, new_tokens=5, samples=2, seed=0,
-                                        eos_id=0)
+    drawn = mirostat.decode(tiny, prompts, new_tokens=5, samples=2, seed=0, eos_id=0)
+    samples, logprobs = drawn
     assert [[len(lp) for lp in g] for g in logprobs] == [[len(s) for s in g] for g in samples]
-    row = quality.quality_row(prompts, samples, tokenizer=Chars(), generator=tiny,
-                              params=mirostat.params, batch_size=4, logprobs=logprobs)
+    row = quality.quality_row(prompts, drawn, tokenizer=Chars(), generator=tiny,
+                              params=mirostat.params, batch_size=4)
     bits = -sum(sum(lp) for g in logprobs for lp in g) / math.log(2)
     tokens = sum(len(s) for g in samples for s in g)
     assert row["surprise_sampled"] == pytest.approx(bits / tokens, rel=1e-9)
     assert row["surprise_generator"] == pytest.approx(math.log2(row["ppl_generator"]), rel=1e-9)
     assert row["candidates_median"] is None  # Mirostat's kept set depends on its mu
-    with pytest.raises(ValueError, match="logprobs must hold one value per token"):
-        quality.quality_row(prompts, samples, tokenizer=Chars(), generator=tiny,
-                            logprobs=[[lp[:-1] for lp in g] for g in logprobs])
+    with pytest.raises(ValueError, match="samples.logprobs must hold one value per token"):
+        quality.quality_row(prompts, quality.Drawn(samples, [[lp[:-1] for lp in g]
+                                                             for g in logprobs]),
+                            tokenizer=Chars(), generator=tiny)
     contrastive = quality.Contrastive(0.6, 3)
     texts, none = contrastive.decode(tiny, prompts, new_tokens=4, samples=3, seed=0, eos_id=0)
     assert none is None and all(len(g) == 3 and g[0] == g[1] == g[2] for g in texts)

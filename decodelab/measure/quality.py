@@ -26,7 +26,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -88,22 +88,29 @@ def held_out_prompts(tokenizer: Any, *, per_document: int, prompt_tokens: int, n
 # --- Strategies -----------------------------------------------------------------------------------
 
 
+class Drawn(NamedTuple):
+    """What a strategy made: ``tokens[i][j]``, sample j of prompt i, and where the strategy draws
+    its tokens, ``logprobs[i][j]``, each token's log-probability (nats) under the distribution it
+    was drawn from (else None)."""
+
+    tokens: list[list[list[int]]]
+    logprobs: list[list[list[float]]] | None = None
+
+
 class Strategy(abc.ABC):
     """How the continuations of a set of prompts are made."""
 
     @abc.abstractmethod
     def decode(self, model: nnx.Module, prompts: Sequence[HeldOutPrompt], *, new_tokens: int,
-               samples: int, seed: int, eos_id: int
-               ) -> tuple[list[list[list[int]]], list[list[list[float]]] | None]:
-        """``[prompt][sample]`` token lists, and where the strategy draws them, each token's
-        log-probability (nats) under the distribution it was drawn from (else None)."""
+               samples: int, seed: int, eos_id: int) -> Drawn:
+        """The ``[prompt][sample]`` token lists, with what they were drawn from (``Drawn``)."""
 
     def continuations(self, model: nnx.Module, prompts: Sequence[HeldOutPrompt], *,
                       new_tokens: int, samples: int, seed: int,
                       eos_id: int) -> list[list[list[int]]]:
         """``[prompt][sample]`` token lists."""
         return self.decode(model, prompts, new_tokens=new_tokens, samples=samples, seed=seed,
-                           eos_id=eos_id)[0]
+                           eos_id=eos_id).tokens
 
     @property
     def params(self) -> SamplingParams | None:
@@ -147,7 +154,7 @@ class Sampled(Strategy):
         lists = out.token_lists()
         logprobs = [out.logprobs[b, :len(tokens)].astype(np.float64).tolist()
                     for b, tokens in enumerate(lists)]
-        return _by_prompt(lists, P, samples), _by_prompt(logprobs, P, samples)
+        return Drawn(_by_prompt(lists, P, samples), _by_prompt(logprobs, P, samples))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,7 +169,7 @@ class Contrastive(Strategy):
         del seed  # deterministic
         out = contrastive_search(model, [p.tokens for p in prompts], self.penalty_alpha,
                                  self.top_k, new_tokens, options=DecodeOptions(eos_ids=[eos_id]))
-        return [[tokens] * samples for tokens in out.token_lists()], None
+        return Drawn([[tokens] * samples for tokens in out.token_lists()])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,7 +186,7 @@ class Beam(Strategy):
                           length_penalty=self.length_penalty,
                           options=BeamOptions(num_return=1, eos_ids=[eos_id],
                                               min_new_tokens=self.min_new_tokens))
-        return [[best] * samples for best in out.best()], None
+        return Drawn([[best] * samples for best in out.best()])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,7 +194,7 @@ class Human(Strategy):
     """The true continuation: one sample per prompt."""
 
     def decode(self, model, prompts, *, new_tokens, samples, seed, eos_id):
-        return [[list(p.reference)] for p in prompts], None
+        return Drawn([[list(p.reference)] for p in prompts])
 
 
 # --- Token statistics under the generating model --------------------------------------------------
@@ -262,22 +269,20 @@ def token_stats(model: nnx.Module, prompts: Sequence[Sequence[int]],
 # --- The row --------------------------------------------------------------------------------------
 
 
-def quality_row(prompts: Sequence[HeldOutPrompt], samples: Sequence[Sequence[Sequence[int]]], *,
-                tokenizer: Any, generator: nnx.Module, scorer: nnx.Module | None = None,
+def quality_row(prompts: Sequence[HeldOutPrompt],
+                samples: Sequence[Sequence[Sequence[int]]] | Drawn, *, tokenizer: Any,
+                generator: nnx.Module, scorer: nnx.Module | None = None,
                 params: SamplingParams | None = None, improbable_below: float = 0.01,
-                batch_size: int = 32,
-                logprobs: Sequence[Sequence[Sequence[float]]] | None = None
-                ) -> dict[str, float | int | None]:
-    """The metrics of ``samples[i][j]`` (sample j of prompt i; see ``metrics``): perplexity under
+                batch_size: int = 32) -> dict[str, float | int | None]:
+    """The metrics of ``samples[i][j]`` (sample j of prompt i; see ``metrics``; or a ``Drawn``): perplexity under
     the generator and the scorer, distinct-1/2/3, repetition of 4-grams, self-BLEU (mean over
     prompts with at least 2 samples; None without) and the share of such prompts whose samples
     are all the same tokens, Zipf coefficient, mean length, EOS rate, and
     the generator's token statistics (``token_stats``): top-1 rate, share of tokens below
     ``improbable_below`` probability, and the 10th / 50th / 90th percentile and mean of the number
     of candidates (with ``params``); the mean surprise in bits of the tokens under the generator
-    (``surprise_generator``) and, with ``logprobs`` (``logprobs[i][j]``: each token's
-    log-probability under the distribution sample j of prompt i was drawn from, as
-    ``Strategy.decode`` gives it), under the distributions drawn from (``surprise_sampled``: what
+    (``surprise_generator``) and, where ``samples`` is a ``Drawn`` with its ``logprobs``
+    (``Strategy.decode`` gives it), under the distributions drawn from (``surprise_sampled``: what
     Mirostat steers to its tau).
 
     ``per_prompt`` holds, for each prompt in order, the sums the pooled metrics are ratios of, so
@@ -287,15 +292,17 @@ def quality_row(prompts: Sequence[HeldOutPrompt], samples: Sequence[Sequence[Seq
     the prompt's samples of their distinct-n ratio) and ``ngram_samples_n`` (how many samples have
     an n-gram) for n = 1..4, and, where the prompt has several samples, ``self_bleu`` and
     ``identical`` (1 if they are all the same tokens), and with ``logprobs``, ``surprise`` (bits
-    over the prompt's sample tokens, under the distributions drawn from). Each metric of the row is its ratio of these
-    sums over all prompts (``mean_length`` = tokens / samples, ``repetition_4`` = 1 - the distinct-4
-    ratio)."""
+    over the prompt's sample tokens, under the distributions drawn from). Each metric of the row
+    is its ratio of these sums over all prompts (``mean_length`` = tokens / samples,
+    ``repetition_4`` = 1 - the distinct-4 ratio)."""
+    samples, logprobs = samples if isinstance(samples, Drawn) else (samples, None)
     if len(samples) != len(prompts):
         raise ValueError(f"samples must hold one list per prompt, got {len(samples)} for "
                          f"{len(prompts)} prompts")
     if logprobs is not None and [[len(lp) for lp in group] for group in logprobs] != [
             [len(s) for s in group] for group in samples]:
-        raise ValueError("logprobs must hold one value per token of samples, in their shape")
+        raise ValueError("samples.logprobs must hold one value per token of samples.tokens, in "
+                         "their shape")
     if not 0 < improbable_below < 1:
         raise ValueError(f"improbable_below must be in (0, 1), got {improbable_below!r}")
     contexts = [p.tokens for p, group in zip(prompts, samples) for _ in group]

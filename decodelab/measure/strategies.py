@@ -93,20 +93,19 @@ def strategy_row(decode: Any, prompts_cfg: Any, generator: EvaluatedModel,
     method = strategy(decode, tokenizer)
     status("decode")
     start = time.perf_counter()
-    samples, logprobs = method.decode(generator.model, prompts, new_tokens=p.new_tokens,
-                                      samples=p.samples, seed=seed, eos_id=tokenizer.eos_id)
+    drawn = method.decode(generator.model, prompts, new_tokens=p.new_tokens, samples=p.samples,
+                          seed=seed, eos_id=tokenizer.eos_id)
     decode_s = time.perf_counter() - start
     status("score")
-    row = quality.quality_row(prompts, samples, tokenizer=tokenizer, generator=generator.model,
+    row = quality.quality_row(prompts, drawn, tokenizer=tokenizer, generator=generator.model,
                               scorer=scorer.model, params=method.params,
-                              improbable_below=improbable_below, batch_size=batch_size,
-                              logprobs=logprobs)
+                              improbable_below=improbable_below, batch_size=batch_size)
     return {"strategy": decode.name, **row, "decode_s": decode_s, "prompts": len(prompts),
             "generator_val_ppl": generator.val_ppl, "scorer_val_ppl": scorer.val_ppl,
             "generator_params": generator.model.config.num_params(),
             "scorer_params": scorer.model.config.num_params(),
             "example_prompt": tokenizer.decode(prompts[0].tokens),
-            "example": tokenizer.decode(samples[0][0])}
+            "example": tokenizer.decode(drawn.tokens[0][0])}
 
 
 # --- Intervals over prompts, from a row's per-prompt sums -----------------------------------------
