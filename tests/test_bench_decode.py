@@ -352,13 +352,14 @@ def test_every_target_of_the_kept_run_is_judged_in_the_verdict_table(kept_page):
     # transformers, tiny and small against 2x (1.5x at batch 32), every preset at batch 32 against
     # 1.5x, llama.cpp, the cache size (step and whole call), the KV cache, and the sampling
     # study's claims: five settings on each of its 12 rows and history at smollm2-135m batch 8
-    # (the "/ greedy step" claims), transformers sampling on 4 rows; the weights study's two
-    # 16-bit formats on 4 rows.
+    # (the "/ greedy step" claims), transformers sampling on 4 rows; the samplers study's XTC,
+    # DRY, Mirostat v2, dynamic temperature and contrastive search on its 4 rows (also "/ greedy
+    # step"); the weights study's two 16-bit formats on 4 rows.
     assert [sum(text.endswith(suffix) for text in claims) for suffix in (
         ": decodelab / roofline", ": decodelab / transformers", "the 2x target (1.5x at batch 32)",
         "decodelab / transformers at batch 32", "(pretrained, batch 1)", "(the same live tokens)",
         "(prefill and cache set-up included)", "/ greedy step", "over recompute, the lowest row",
-        "with float32 weights (greedy)")] == [10, 11, 6, 3, 1, 1, 1, 5 * 12 + 1 + 5, 1, 8]
+        "with float32 weights (greedy)")] == [10, 11, 6, 3, 1, 1, 1, 5 * 12 + 1 + 5 * 4, 1, 8]
     assert sum("both sampling with" in text for text in claims) == 4
     for line in [
             "| small batch 1: decodelab / roofline | 0.815 [0.765, 0.918] | >= 0.500 | met |",
@@ -382,12 +383,16 @@ def test_every_target_of_the_kept_run_is_judged_in_the_verdict_table(kept_page):
             "| medium batch 1: step with bfloat16 weights / with float32 weights (greedy) | "
             "0.919x [0.870, 0.945] | <= 1.00x | met |",
             "| KV cache speed-up over recompute, the lowest row | 8.52x | >= 10.0x | not met "
-            "(point estimate, no interval) |"]:
+            "(point estimate, no interval) |",
+            "| smollm2-135m batch 8: XTC 0.5 / 0.1 step / greedy step | 0.977x [0.921, 1.09] | "
+            "<= 1.25x | met |",
+            "| small batch 1: contrastive search k 4 step / greedy step | 7.70x [7.03, 8.08] | "
+            "<= 4.00x | not met |"]:
         assert line in page
     assert sum(text.endswith("constrained step / free step (regex, greedy)")
                for text in claims) == 2  # smollm2-135m at batch 1 and 8
     assert page.splitlines()[2].startswith(
-        "55 of 114 claims met, 33 not met, 26 undecided or not measured")
+        "67 of 129 claims met, 35 not met, 27 undecided or not measured")
 
 
 def test_the_kept_page_follows_the_form_and_keeps_every_column_of_its_csvs(kept_page):
