@@ -209,12 +209,14 @@ def test_named_dola_layers_map_as_transformers_did(n_layers, tied, named, expect
     assert dola_candidates(named, n_layers, tied) == expected
 
 
-def full_forward_dola(model, sequence: list[int], layers: tuple[int, ...]):
-    """The DoLa scores after ``sequence`` from a full forward without a cache (taps, then the
-    model's head on each tap at the last position), and the layer chosen."""
+def full_forward_dola(model, sequence: list[int], layers: tuple[int, ...], positions: range):
+    """The DoLa scores after each prefix ``sequence[:p + 1]``, ``p`` in ``positions``, from one
+    full forward without a cache (taps, then the model's head on each tap at that position; the
+    model is causal, so position p sees only that prefix), each with the layer chosen."""
     logits, taps = model(np.asarray([sequence], np.int32), taps=layers)
-    early = np.asarray(model.head(taps[None, :, 0, -1]))[0]  # [1, n, D] -> [n, V]
-    return reference_contrast(np.asarray(logits[0, -1]), early)
+    return [reference_contrast(np.asarray(logits[0, p]),
+                               np.asarray(model.head(taps[None, :, 0, p]))[0])  # [n, V]
+            for p in positions]
 
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
@@ -229,8 +231,9 @@ def test_dola_decoding_is_the_full_forward_reference_at_every_step(deep, sampled
     chosen = set()
     for row, prompt in enumerate(PROMPTS):
         output = out.tokens[row].tolist()
-        for i in range(8):
-            scores, j = full_forward_dola(deep, prompt + output[:i], layers)
+        P = len(prompt)
+        steps = full_forward_dola(deep, prompt + output[:7], layers, range(P - 1, P + 7))
+        for i, (scores, j) in enumerate(steps):
             chosen.add(j)
             if sampled:
                 logp = scores - np.logaddexp.reduce(scores)

@@ -219,8 +219,11 @@ def teacher_forced(model, prompt, tokens, params: dl.SamplingParams, mu) -> np.n
     history = sampling.History(tokens=jnp.zeros((T, 1), jnp.int32), prompt_lengths=zeros,
                                lengths=zeros, eos_mask=jnp.zeros((logits.shape[-1],), bool),
                                mirostat_mu=jnp.asarray(mu, jnp.float32))
-    return np.asarray(sampling.processed_logprobs(logits, params.per_row(T, logits.shape[-1]),
-                                                  history))
+    return np.asarray(PROCESSED_LOGPROBS(logits, params.per_row(T, logits.shape[-1]), history))
+
+
+# One compiled chain of processors (op by op it dispatches hundreds of small programs).
+PROCESSED_LOGPROBS = jax.jit(sampling.processed_logprobs)
 
 
 def test_generate_carries_each_rows_mu(tiny):
@@ -272,7 +275,7 @@ def test_a_slot_starts_each_request_afresh_and_equals_generate_alone(tiny):
 def test_a_preempted_request_resumes_with_its_own_mu(tiny):
     """Paged memory too small for its 4 slots: requests are preempted and recomputed from
     prompt + tokens, resuming with the mu they had (handed to the host with each call's
-    tokens); each ends with ``generate``'s tokens alone."""
+    tokens); each ends with ``generate``'s tokens."""
     rng = np.random.default_rng(1)
     requests = [Request(id=i, prompt=rng.integers(0, 512, int(rng.integers(1, 20))).tolist(),
                         max_new_tokens=int(rng.integers(10, 30)), seed=1000 + 7 * i,
@@ -289,7 +292,12 @@ def test_a_preempted_request_resumes_with_its_own_mu(tiny):
         queue[:0] = result.preempted
         done |= {c.request_id: c for c in result.finished}
     assert preemptions >= 3
+    # generate's rows are independent (test_decode), so one call holds every reference: each
+    # row's seed and Mirostat version, cut at its own budget.
+    params = dl.SamplingParams(temperature=0.5, mirostat=[1 + i % 2 for i in range(8)],
+                               mirostat_tau=3.0, mirostat_eta=0.5)
+    ref = dl.generate(tiny, [list(r.prompt) for r in requests], params,
+                      max(r.max_new_tokens for r in requests), seed=[r.seed for r in requests],
+                      options=dl.DecodeOptions(max_len=64)).token_lists()
     for request in requests:
-        ref = dl.generate(tiny, [list(request.prompt)], request.params, request.max_new_tokens,
-                          seed=[request.seed], options=dl.DecodeOptions(max_len=64))
-        assert done[request.id].tokens == ref.token_lists()[0], request.id
+        assert done[request.id].tokens == ref[request.id][:request.max_new_tokens], request.id
