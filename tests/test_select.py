@@ -398,3 +398,38 @@ def test_a_token_of_probability_zero_is_never_drawn_where_block_sums_round():
     rows[:, 0], rows[:, 17] = x0[[j for _, j in hits]], 0.0
     keys = jax.vmap(jax.random.key)(jnp.asarray([s for s, _ in hits], jnp.uint32))
     np.testing.assert_array_equal(np.asarray(_draw(jnp.asarray(rows), keys)), 17)
+
+
+# --- A few largest entries without a sort ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_largest_is_lax_top_k_ties_and_infinities_included(k):
+    """Descending values, ties to the lower id, ``-inf`` entries after every finite one (in id
+    order) when a row has fewer than k finite entries: ``lax.top_k``'s result on every row but
+    one, where ``-0.0`` and ``0.0`` tie as in ``argmax`` (``lax.top_k`` orders them)."""
+    rng = np.random.default_rng(k)
+    x = rng.integers(-3, 4, (64, 40)).astype(np.float32)  # many ties
+    x[::3] = rng.normal(size=(22, 40)).astype(np.float32)
+    x[1, :] = -np.inf
+    x[2, 5:] = -np.inf  # 5 finite entries
+    x[4, 10] = np.inf
+    x[5, :] = 0.0
+    x[5, ::2] = -0.0  # -0.0 and 0.0 tie: the lower id first
+    values, ids = select.largest(jnp.asarray(x), k)
+    want_values, want_ids = map(np.array, jax.lax.top_k(jnp.asarray(x), k))
+    want_ids[5] = np.arange(k)  # the zeros of either sign, in id order
+    np.testing.assert_array_equal(np.asarray(ids), want_ids)
+    assert int(ids[5, 0]) == int(jnp.argmax(jnp.asarray(x[5])))
+    np.testing.assert_array_equal(np.asarray(values), np.asarray(want_values))
+    assert ids.dtype == jnp.int32 and values.shape == (64, k)
+
+
+def test_largest_compiles_to_no_sort_and_refuses_k_out_of_range():
+    import programs
+
+    found = programs.primitives(lambda x: select.largest(x, 4), jnp.zeros((2, 4096)))
+    assert not {"sort", "top_k"} & set(found), found
+    for k in (0, 41):
+        with pytest.raises(ValueError, match=rf"k must be in \[1, 40\].*got {k}"):
+            select.largest(jnp.zeros((2, 40)), k)

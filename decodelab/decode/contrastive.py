@@ -68,6 +68,7 @@ from decodelab.decode.request import (BAD_LOGITS, EOS, LENGTH, NO_ALLOWED_TOKEN,
 from decodelab.decode.shapes import batch_shapes, prompt_block, prompt_width
 from decodelab.decode.state import RowState
 from decodelab.model.parts import split
+from decodelab.sampling import select
 from decodelab.sampling.params import SamplingParams
 from decodelab.sharding import data_size
 
@@ -134,8 +135,9 @@ def _step(model: nnx.Module, state: ContrastiveState) -> ContrastiveState:
     K, N, V = state.top_k, state.max_new_tokens, state.logits.shape[-1]
     logits = jnp.where(state.usable[None, :], state.logits, -jnp.inf)
     logp = jax.nn.log_softmax(logits, axis=-1)  # [B, V]
-    # Descending logits, ties to the lower id: with alpha 0 the first is greedy's argmax.
-    top, candidates = jax.lax.top_k(logits, K)  # [B, k]
+    # Descending logits, ties to the lower id: with alpha 0 the first is greedy's argmax. No
+    # sort of the vocabulary: k argmax passes (lax.top_k in a loop sorts each row on CPU).
+    top, candidates = select.largest(logits, K)  # [B, k]
     bad = sampling.bad_logits(state.logits)
     none = ~(top[:, 0] > -jnp.inf)
     write = ~state.done & ~bad & ~none  # [B]

@@ -14,6 +14,9 @@ order is float order, ties map to one integer), each pass one masked sum over ``
 - a row stops when its bracket holds one token or one tied group, so the cut is a key of the
   row, found exactly, ties included; the loop ends when every row has stopped.
 
+``largest`` is ``lax.top_k`` for a few candidates (contrastive search's k): k argmax passes, no
+sort of the row.
+
 ``draw`` samples from ``[..., V]`` log-probabilities with one uniform per row: the inverse of the
 distribution function in token-id order, summed in two levels (blocks, then within one block), so
 a draw reads the row twice and never generates ``V`` random numbers.
@@ -141,6 +144,27 @@ def keep_exactly(keys: jax.Array, k: jax.Array, active: jax.Array) -> jax.Array:
 
     fits = jax.lax.cond(jnp.any(crowded), lowest_tied, lambda: tied)
     return above | fits | ~active[:, None]
+
+
+def largest(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """``lax.top_k(x, k)`` without a sort: ``(values, ids)`` ``[..., k]`` of the ``k`` largest
+    entries of each row of ``x [..., V]``, in descending order, ties to the lower id (``-0.0``
+    and ``0.0`` tie, as in ``argmax``; ``lax.top_k`` puts ``0.0`` first), by ``k``
+    passes of an argmax over ``sortable`` keys (each pass then rules its winner out). For the
+    few candidates of a search step (``k`` static and small: the passes grow with k, a sort
+    does not): XLA on CPU lowers ``lax.top_k`` inside a loop to a sort of the whole row. Rows must hold no NaN (their order is then unspecified, as ``sortable``'s is)."""
+    V = x.shape[-1]
+    if not 1 <= k <= V:
+        raise ValueError(f"k must be in [1, {V}] (the rows' length), got {k!r}")
+    keys = sortable(x)
+    ids = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
+    found = []
+    for _ in range(k):
+        best = jnp.argmax(keys, axis=-1).astype(jnp.int32)  # the first (lowest id) of a tie
+        found.append(best)
+        keys = jnp.where(ids == best[..., None], _INT_MIN, keys)  # below every float's key
+    chosen = jnp.stack(found, axis=-1)
+    return jnp.take_along_axis(x, chosen, axis=-1), chosen
 
 
 def keep_top_weight(keys: jax.Array, weights: jax.Array, target: jax.Array,
