@@ -192,7 +192,8 @@ def test_the_kept_rows_render_the_smollm2_page_with_their_numbers(study, tmp_pat
         "sampling_smollm2-135m.md", "sampling_smollm2-135m.csv", "sampling_smollm2-135m.png",
         "sampling_smollm2-135m_all.csv", "sampling_smollm2-135m_points.csv"}
     lines = page.splitlines()
-    assert lines[2].startswith("On `smollm2-135m`, 8 of 16 claims met, 8 undecided or not measured")
+    assert lines[2].startswith(
+        "On `smollm2-135m`, 12 of 16 claims met, 3 not met, 1 undecided or not measured")
     assert ("| Greedy is repetitive: its rep-4 over human text's, paired by prompt | "
             "40.4x [15.2, 576] | >= 2.00x | met |") in lines
     assert any(line.startswith("| Low temperature is almost greedy") and
@@ -201,7 +202,7 @@ def test_the_kept_rows_render_the_smollm2_page_with_their_numbers(study, tmp_pat
                "| -1.56 [-2.31, -1.04] | <= 0 | met |" in line for line in lines)
     assert "| greedy | 2.09 [1.86, 2.37] | 0.522 [0.405, 0.634] | 0.442 [0.321, 0.571] |" in page
     assert "| temperature 1.5 | 8,090 [7,240, 8,930] |" in page
-    assert "decode loop 11 for 16 sampling strategies" in page
+    assert "decode loop 14 for 25 sampling strategies" in page
 
 
 def test_an_unknown_config_argument_is_refused():

@@ -224,10 +224,16 @@ def answer(judged: Sequence[Judged], rows: Rows, tally: str) -> str:
     """The claims by verdict (each claim's words before its colon) and the strategy closest to
     human text, in one sentence."""
     groups: dict[str, list[str]] = {"met": [], "undecided": [], "not met": []}
+    sides: dict[str, set] = {}
+    for j in judged:
+        sides.setdefault(j.claim.text.split(":")[0], set()).add(j.verdict.side)
     for j in judged:
         side = {1: "met", 0: "undecided", -1: "not met"}[j.verdict.side]
         name = j.claim.text.split(":")[0]
-        name = name[0].lower() + name[1:]
+        if len(sides[name]) > 1:  # one name, verdicts apart: each claim's last clause tells them
+            name += f" ({j.claim.text.rsplit(', ', 1)[-1]})"
+        if not name[1:2].isupper():  # "DRY" and "XTC" keep their capitals
+            name = name[0].lower() + name[1:]
         if name not in groups[side]:
             groups[side].append(name)
     listed = "; ".join(f"{side}: {', '.join(names)}" for side, names in groups.items() if names)
