@@ -136,7 +136,7 @@ def _step(model: nnx.Module, state: ContrastiveState) -> ContrastiveState:
     logits = jnp.where(state.usable[None, :], state.logits, -jnp.inf)
     logp = jax.nn.log_softmax(logits, axis=-1)  # [B, V]
     # Descending logits, ties to the lower id: with alpha 0 the first is greedy's argmax. No
-    # sort of the vocabulary: k argmax passes (lax.top_k in a loop sorts each row on CPU).
+    # sort of the vocabulary: k argmax passes (here XLA on CPU compiled lax.top_k to a sort).
     top, candidates = select.largest(logits, K)  # [B, k]
     bad = sampling.bad_logits(state.logits)
     none = ~(top[:, 0] > -jnp.inf)

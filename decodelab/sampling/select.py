@@ -152,7 +152,8 @@ def largest(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
     and ``0.0`` tie, as in ``argmax``; ``lax.top_k`` puts ``0.0`` first), by ``k``
     passes of an argmax over ``sortable`` keys (each pass then rules its winner out). For the
     few candidates of a search step (``k`` static and small: the passes grow with k, a sort
-    does not): XLA on CPU lowers ``lax.top_k`` inside a loop to a sort of the whole row. Rows must hold no NaN (their order is then unspecified, as ``sortable``'s is)."""
+    does not). In contrastive search's loop XLA on CPU compiled ``lax.top_k`` to a sort of each
+    row's whole vocabulary (elsewhere, beam search's loop among them, to its TopK call). Rows must hold no NaN (their order is then unspecified, as ``sortable``'s is)."""
     V = x.shape[-1]
     if not 1 <= k <= V:
         raise ValueError(f"k must be in [1, {V}] (the rows' length), got {k!r}")
