@@ -153,9 +153,10 @@ def largest(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
     passes of an argmax over ``sortable`` keys (each pass then rules its winner out). For the
     few candidates of a search step (``k`` static and small: the passes grow with k, a sort
     does not). In contrastive search's loop XLA on CPU compiled ``lax.top_k`` to a sort of each
-    row's whole vocabulary (elsewhere, beam search's loop among them, to its TopK call). Rows must hold no NaN (their order is then unspecified, as ``sortable``'s is)."""
+    row's whole vocabulary (elsewhere, beam search's loop among them, to its TopK call). Rows
+    must hold no NaN (their order is then unspecified, as ``sortable``'s is)."""
     V = x.shape[-1]
-    if not 1 <= k <= V:
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= V:
         raise ValueError(f"k must be in [1, {V}] (the rows' length), got {k!r}")
     keys = sortable(x)
     ids = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
