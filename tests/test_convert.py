@@ -585,3 +585,19 @@ def test_chat_template_needs_a_template_and_role_content_messages():
     templated = plain_tokenizer(chat_template="{{ messages[0]['content'] }}")
     with pytest.raises(ValueError, match=r"^messages must be a list of \{'role': ..., 'content'"):
         templated.apply_chat_template(["hi"])
+
+
+def test_a_gguf_file_is_parsed_once_until_it_changes(tmp_path, monkeypatch):
+    gguf = gguf_module()
+    parsed = []
+    reader = gguf.GGUFReader
+    monkeypatch.setattr(gguf, "GGUFReader", lambda path: parsed.append(path) or reader(path))
+    path = tmp_path / "model.gguf"
+    write_llama_gguf(path, tiny_llama("default"))
+    first, _ = dl.load_gguf(path)
+    again, _ = dl.load_gguf(path, dequantize=False)
+    assert dl.convert.gguf_model_config(path) == first.config and len(parsed) == 1
+    write_llama_gguf(path, tiny_llama("default"), ff_length=96)  # the file changes on disk
+    with pytest.raises(ValueError, match="must have shape"):
+        dl.load_gguf(path)
+    assert len(parsed) == 2

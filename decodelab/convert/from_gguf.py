@@ -11,6 +11,7 @@ its own RoPE layout; decodelab rotates halves, so the loader undoes that reorder
 
 from __future__ import annotations
 
+import functools
 import os
 import pathlib
 from collections.abc import Mapping
@@ -95,11 +96,21 @@ def gguf_config(meta: Mapping[str, Any], tensor_names: set[str], source: str) ->
 
 
 def _read_gguf(path: pathlib.Path):
-    gguf = require("gguf")
+    """The file's ``gguf.GGUFReader``, parsed once per process while the file is unchanged (its
+    path, size and modification time are the key): the reader builds a numpy view per metadata
+    string, seconds for a 49,152-token vocabulary, and the file is opened read-only."""
+    require("gguf")
+    stat = path.stat()
     try:
-        return gguf.GGUFReader(path)
+        return _parsed_gguf(path.resolve(), stat.st_size, stat.st_mtime_ns, stat.st_ino)
     except (ValueError, OSError, IndexError) as e:
         raise ValueError(f"path must be a GGUF file, got {str(path)!r} ({e})") from None
+
+
+@functools.lru_cache(maxsize=2)
+def _parsed_gguf(path: pathlib.Path, size: int, mtime_ns: int, inode: int):
+    del size, mtime_ns, inode  # the cache key only
+    return require("gguf").GGUFReader(path)
 
 
 def read_metadata(path: str | os.PathLike, *, tokenizer: bool = True
