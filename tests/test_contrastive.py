@@ -6,13 +6,15 @@ traced."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import programs
 import pytest
 from flax import nnx
 from standins import Pieces
 
 import decodelab as dl
-from decodelab import experiment
+from decodelab import experiment, sampling
 from decodelab.decode import contrastive
+from decodelab.decode.request import OutputSpec, RowInputs
 
 PROMPTS = [[5, 17, 300, 2], [9], list(range(40, 60))]  # row 2 alone is in bucket 32
 N = 6
@@ -135,6 +137,26 @@ def test_alphas_and_prompt_lengths_compile_once_and_k_is_static(tiny):
         assert counts["_contrastive_loop"] == 1 and counts["contrastive_prefill"] == 1
         dl.contrastive_search(tiny, [[1], [2, 3]], 0.5, 3, 4)
         assert counts["_contrastive_loop"] == 2
+
+
+def test_the_loop_picks_its_candidates_without_a_sort(tiny):
+    """The k candidates come from k argmax passes (``select.largest``): the loop's jaxpr holds no
+    ``top_k`` and no ``sort``, which XLA on CPU compiled into a sort of every row's vocabulary
+    at every step."""
+    B, V, K = 2, tiny.config.vocab_size, 4
+    graphdef, weights = nnx.split(tiny)
+    rows = RowInputs(prompt_lengths=np.asarray([3, 1], np.int32), keys=sampling.batch_keys(0, B),
+                     params=dl.SamplingParams.greedy().per_row(B, V),
+                     eos_mask=np.zeros((V,), bool), stop_ids=np.zeros((0, 1), np.int32))
+    inputs = contrastive.ContrastiveInputs(rows=rows, alpha=np.full((B,), 0.5, np.float32),
+                                           usable=np.ones((V,), bool))
+    state = contrastive.contrastive_prefill(
+        weights, np.ones((B, 8), np.int32), inputs, graphdef=graphdef, top_k=K, max_len=16,
+        outputs=OutputSpec(4, 0, False))
+    found = programs.primitives(contrastive.CONTRASTIVE_LOOP.loop, weights, state,
+                                graphdef=graphdef)
+    assert found["while"] >= 1 and found["argmax"] >= K
+    assert found["sort"] == found["top_k"] == 0
 
 
 def test_a_padded_vocabulary_is_never_a_candidate_with_its_tokenizer(tiny):
