@@ -148,7 +148,7 @@ def _common_suffixes(tokens: jax.Array, lengths: jax.Array, limits: jax.Array,
     """``[B, S]`` int32: at slot j, the length of the longest common suffix of ``tokens[b, :j]``
     and ``tokens[b, :lengths[b]]``, at most ``limits[b]`` and never reaching back to the row's
     last breaker (``suffix_rules``); undefined at or past ``lengths``. One gather of the buffer
-    per suffix position: for the start of a loop, not for its steps."""
+    per position of the longest such suffix: for the start of a loop, not for its steps."""
     B, S = tokens.shape
     slot = jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32)[None, :], (B, S))
     if breakers is not None:  # the tokens since the last breaker bound every suffix
@@ -156,17 +156,19 @@ def _common_suffixes(tokens: jax.Array, lengths: jax.Array, limits: jax.Array,
                        axis=1)
         limits = jnp.minimum(limits, lengths - 1 - last)
 
-    def grow(k, carry):  # the k-th token before slot j against the k-th last
-        alive, total = carry
+    def grow(carry):  # the k-th token before slot j against the k-th last
+        k, alive, total = carry
         before = jnp.take_along_axis(tokens, jnp.maximum(slot - k, 0), axis=1)
         last = jnp.take_along_axis(tokens, jnp.maximum(lengths - k, 0)[:, None], axis=1)
         alive = alive & (slot >= k) & (k <= limits[:, None]) & (before == last)
-        return alive, total + alive.astype(jnp.int32)
+        return k + 1, alive, total + alive.astype(jnp.int32)
 
-    # No common suffix of a slot below S is longer than S - 1 (and a loop to 2**31 - 1 never ends).
+    # No common suffix of a slot below S is longer than S - 1 (and a loop to 2**31 - 1 never ends);
+    # the loop stops at the longest suffix below the lengths, not at the limit (``O(B S)`` a pass;
+    # slot ``lengths`` would match all the way, being the row's own suffix).
     end = jnp.minimum(jnp.max(limits, initial=0), S - 1) + 1
-    start = (jnp.ones((B, S), bool), jnp.zeros((B, S), jnp.int32))
-    return jax.lax.fori_loop(1, end, grow, start)[1]
+    start = (jnp.int32(1), slot < lengths[:, None], jnp.zeros((B, S), jnp.int32))
+    return jax.lax.while_loop(lambda c: (c[0] < end) & jnp.any(c[1]), grow, start)[2]
 
 
 def _extend_suffixes(suffixes: jax.Array, tokens: jax.Array, token: jax.Array,
