@@ -16,7 +16,9 @@ import os
 import pathlib
 import sys
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+# LLVM at -O0 as in the rest of the suite (tests/conftest.py): cheaper compiles.
+os.environ["XLA_FLAGS"] = ("--xla_force_host_platform_device_count=4 "
+                           "--xla_backend_optimization_level=0")
 
 import jax  # noqa: E402  (after XLA_FLAGS)
 import numpy as np  # noqa: E402
