@@ -215,5 +215,11 @@ class Xtc(LogitsProcessor):
         spared = jnp.max(jnp.where(top & (p == least), ids, -1), axis=-1, keepdims=True)
         cut = top & (ids != spared) & (jnp.sum(top, axis=-1, keepdims=True) >= 2)
         chance = params.xtc_probability[:, None]
-        return jnp.logaddexp(jnp.log(chance) + jax.nn.log_softmax(remove(logits, ~cut), axis=-1),
-                             jnp.log1p(-chance) + jax.nn.log_softmax(logits, axis=-1))
+        # The mixture in one elementwise pass: a cut token keeps (1 - chance) of its probability,
+        # every other token is scaled by one factor per row, (1 - chance) + chance * (the whole
+        # mass / the mass XTC keeps), as log-sum-exps so that a kept mass that underflows stays
+        # exact (two log-softmaxes and a logaddexp of [B, V] before).
+        whole = jax.nn.logsumexp(logits, axis=-1, keepdims=True)
+        kept = jax.nn.logsumexp(remove(logits, ~cut), axis=-1, keepdims=True)
+        spared_factor = jnp.logaddexp(jnp.log(chance) + whole - kept, jnp.log1p(-chance))
+        return logits - whole + jnp.where(cut, jnp.log1p(-chance), spared_factor)
