@@ -82,10 +82,10 @@ class Dry(LogitsProcessor):
     how far the tokens before j agree with the row's end, never reaching back across the last
     sequence breaker (so a repeat counts only the tokens since it). Here they are cut to the
     window of the last ``dry_penalty_last_n`` tokens (-1: the whole row, prompt and output; the
-    earlier copy lies inside the window), and ``tokens[j]`` takes the longest over its slots: one
-    scatter-max. A breaker token itself is never penalised. Exponents are clamped where
-    llama.cpp clamps them (``base ** exponent`` within float32), and the penalty at
-    ``DRY_PENALTY_CAP``. The breakers are a ``[B, V]`` table in ``RowParams`` (``breakers``)."""
+    earlier copy lies inside the window), and ``tokens[j]`` takes the largest penalty over its
+    slots, that of its longest repeat: one scatter-max. A breaker token itself is never
+    penalised. Exponents are clamped where llama.cpp clamps them (``base ** exponent`` within
+    float32), and the penalty at ``DRY_PENALTY_CAP``. The breakers are a ``[B, V]`` table in ``RowParams`` (``breakers``)."""
 
     reads_history = True
     parameter = Parameter(
@@ -117,16 +117,20 @@ class Dry(LogitsProcessor):
         start = jnp.where(last_n > 0, jnp.maximum(length - last_n, 0), 0)  # the window's first
         allowed = params.dry_allowed_length[:, None]
         n = jnp.minimum(history.suffixes(params, "dry_suffixes"), slot - start)
-        n = jnp.where((slot < length) & (n >= allowed), n, 0)
-        rows = jnp.broadcast_to(jnp.arange(B)[:, None], (B, S))
-        longest = jnp.zeros(logits.shape, jnp.int32).at[rows, history.tokens].max(n, mode="drop")
+        counted = (slot < length) & (n >= allowed)
         base = params.dry_base[:, None]
         # The clamp; a base within 1e-6 of 1 has none (its bound is past any row's length).
         bound = jnp.floor(_LOG_FLOAT32_MAX / jnp.log(base))  # inf at base 1
-        exponent = jnp.minimum((longest - allowed).astype(jnp.float32), bound)
+        exponent = jnp.minimum((n - allowed).astype(jnp.float32), bound)
         penalty = jnp.minimum(params.dry_multiplier[:, None] * base ** exponent, DRY_PENALTY_CAP)
-        hit = (longest >= allowed) & ~params.dry_breakers
-        return jnp.where(hit, logits - penalty, logits)
+        # The penalty grows with n (base >= 1), so the largest over a token's slots is the
+        # penalty of its longest repeat: priced per slot ([B, S]) and scattered, not per token.
+        penalty = jnp.where(counted, penalty, 0.0)
+        rows = jnp.broadcast_to(jnp.arange(B)[:, None], (B, S))
+        token_penalty = jnp.zeros(logits.shape, jnp.float32).at[rows, history.tokens].max(
+            penalty, mode="drop")
+        hit = (token_penalty > 0) & ~params.dry_breakers
+        return jnp.where(hit, logits - token_penalty, logits)
 
 
 @dataclasses.dataclass(frozen=True)
