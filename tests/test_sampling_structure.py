@@ -261,6 +261,22 @@ def test_no_repeat_ngram_reads_carried_suffixes_and_gathers_nothing_of_the_buffe
     assert named(inside, "while") == [] and named(inside, "gather") == []
 
 
+@pytest.mark.parametrize("name, params, absent", [
+    ("dry_multiplier", S(temperature=0.7, dry_multiplier=0.8, dry_sequence_breakers=[3]),
+     {"pow", "exp", "exp2", "log"}),
+    ("xtc_probability", S(temperature=0.7, xtc_probability=0.5), {"pow", "log", "log1p"})])
+def test_dry_and_xtc_price_their_cuts_without_a_transcendental_per_token(tiny, name, params,
+                                                                        absent):
+    """DRY prices each slot's repeat (``[B, S]``) and scatters the penalties: no power of a
+    ``[B, V]`` array. XTC's mixture is log p plus a per-row factor: no logarithm of one (its
+    softmax's and log-sum-exps' exponentials are what it reads the row with)."""
+    found = step_equations(tiny, params)
+    inside = [e for e in found if (processor_conds(found, 0)[name], 1) in e.branches]
+    V = tiny.config.vocab_size
+    assert inside and not [e.primitive for e in inside if e.primitive in absent
+                           and e.output_types[0].shape[-1:] == (V,)]
+
+
 # --- What the loop records ------------------------------------------------------------------------
 
 
