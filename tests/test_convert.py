@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 
+import jax
 import numpy as np
 import pytest
 import requires
@@ -601,3 +602,25 @@ def test_a_gguf_file_is_parsed_once_until_it_changes(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="must have shape"):
         dl.load_gguf(path)
     assert len(parsed) == 2
+
+
+def test_two_loads_of_one_architecture_share_its_shapes_not_their_weights(tmp_path):
+    """The abstract model of a config is built once per process (``abstract_transformer``); two
+    files of that config still load into two models with their own weights, and the shared
+    abstract state keeps no values."""
+    from decodelab.model import abstract_transformer
+
+    first_path, second_path = tmp_path / "first.gguf", tmp_path / "second.gguf"
+    write_llama_gguf(first_path, tiny_llama("default"))
+    other = tiny_llama("default")
+    for weight in other.parameters():
+        weight.data.mul_(2.0)
+    write_llama_gguf(second_path, other)
+    first, _ = dl.load_gguf(first_path)
+    built = abstract_transformer.cache_info().misses
+    second, _ = dl.load_gguf(second_path)
+    assert first.config == second.config and abstract_transformer.cache_info().misses == built
+    _, abstract = abstract_transformer(first.config)
+    assert all(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(abstract))
+    np.testing.assert_array_equal(np.asarray(second.embed.embedding[...]),
+                                  2 * np.asarray(first.embed.embedding[...]))

@@ -16,7 +16,7 @@ import numpy as np
 from flax import nnx
 
 from decodelab.config import ModelConfig
-from decodelab.model import Transformer
+from decodelab.model import Transformer, abstract_transformer
 
 
 class TensorSource:
@@ -60,7 +60,7 @@ class TensorSource:
 def build_transformer(cfg: ModelConfig, params: Mapping[str, np.ndarray]) -> Transformer:
     """A Transformer of ``cfg`` with ``params`` (dotted parameter paths such as
     ``blocks.0.attn.q.kernel`` -> float32 arrays in decodelab's layout), all of them given."""
-    graphdef, state = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))
+    graphdef, state = abstract_transformer(cfg)
     flat = nnx.to_flat_state(state)
     expected = {".".join(map(str, path)): variable for path, variable in flat}
     missing = sorted(set(expected) - set(params))

@@ -2,7 +2,8 @@
 
 from decodelab.model.parts import split
 from decodelab.model.positions import POSITION_ENCODINGS, PositionEncoding
-from decodelab.model.transformer import Transformer, param_count, with_config
+from decodelab.model.transformer import (Transformer, abstract_transformer, param_count,
+                                         with_config)
 
-__all__ = ["POSITION_ENCODINGS", "PositionEncoding", "Transformer", "param_count", "split",
-           "with_config"]
+__all__ = ["POSITION_ENCODINGS", "PositionEncoding", "Transformer", "abstract_transformer",
+           "param_count", "split", "with_config"]
