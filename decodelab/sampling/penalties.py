@@ -85,7 +85,8 @@ class Dry(LogitsProcessor):
     earlier copy lies inside the window), and ``tokens[j]`` takes the largest penalty over its
     slots, that of its longest repeat: one scatter-max. A breaker token itself is never
     penalised. Exponents are clamped where llama.cpp clamps them (``base ** exponent`` within
-    float32), and the penalty at ``DRY_PENALTY_CAP``. The breakers are a ``[B, V]`` table in ``RowParams`` (``breakers``)."""
+    float32), and the penalty at ``DRY_PENALTY_CAP``. The breakers are a ``[B, V]`` table in
+    ``RowParams`` (``breakers``)."""
 
     reads_history = True
     parameter = Parameter(
