@@ -221,5 +221,6 @@ class Xtc(LogitsProcessor):
         # exact (two log-softmaxes and a logaddexp of [B, V] before).
         whole = jax.nn.logsumexp(logits, axis=-1, keepdims=True)
         kept = jax.nn.logsumexp(remove(logits, ~cut), axis=-1, keepdims=True)
-        spared_factor = jnp.logaddexp(jnp.log(chance) + whole - kept, jnp.log1p(-chance))
-        return logits - whole + jnp.where(cut, jnp.log1p(-chance), spared_factor)
+        passed = jnp.log1p(-chance)  # the coin did not remove the top choices
+        spared_factor = jnp.logaddexp(jnp.log(chance) + whole - kept, passed)
+        return logits - whole + jnp.where(cut, passed, spared_factor)
