@@ -3,19 +3,18 @@ models, tokenizers and configs themselves are in ``standins``).
 
 Rank promotion raises, so a silent broadcast between arrays of different rank fails a test instead
 of computing something unintended; x64 stays off, so everything runs in float32 / int32 as on an
-accelerator; XLA compiles with its LLVM backend at -O0 (below).
+accelerator; XLA compiles with the flags of ``xla_flags`` (cheaper compiles).
 """
 
 import os
 import sys
 import tempfile
 
-# XLA's LLVM backend at -O0 (set before the CPU backend starts; subprocesses inherit it): the
-# suite compiles hundreds of tiny programs and runs each a few times, so LLVM's optimisation
-# passes cost more than they save. The optimised HLO (fusion, layout) is the same at every
-# level; float results differ from -O2's by rounding only (a few ulps).
-os.environ["XLA_FLAGS"] = " ".join(
-    f for f in ("--xla_backend_optimization_level=0", os.environ.get("XLA_FLAGS")) if f)
+from xla_flags import set_xla_flags
+
+# The suite's XLA flags (xla_flags.py), set before the CPU backend starts; subprocesses inherit
+# them.
+set_xla_flags()
 
 # One persistent compilation cache for every process of a run (pytest-xdist's workers and the
 # subprocesses tests start inherit the variable): a program compiled in one process is read, not

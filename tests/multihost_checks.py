@@ -12,13 +12,14 @@ object on its last line: what this process saw.
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import sys
 
-# LLVM at -O0 as in the rest of the suite (tests/conftest.py): cheaper compiles.
-os.environ["XLA_FLAGS"] = ("--xla_force_host_platform_device_count=4 "
-                           "--xla_backend_optimization_level=0")
+from xla_flags import set_xla_flags  # tests/, the script's folder
+
+# The suite's XLA flags (xla_flags.py: cheaper compiles) and the fake devices; the environment's
+# flags are dropped.
+set_xla_flags("--xla_force_host_platform_device_count=4", keep_environment=False)
 
 import jax  # noqa: E402  (after XLA_FLAGS)
 import numpy as np  # noqa: E402

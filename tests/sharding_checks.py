@@ -18,12 +18,13 @@ import tempfile
 import time
 import warnings
 
+from xla_flags import set_xla_flags  # tests/, the script's folder
+
 MODE = sys.argv[1]
 DEVICES = 4 if MODE == "process" else 8
-# LLVM at -O0 as in the rest of the suite (tests/conftest.py): the same optimised HLO, cheaper
-# compiles.
-os.environ["XLA_FLAGS"] = (f"--xla_force_host_platform_device_count={DEVICES} "
-                           "--xla_backend_optimization_level=0")
+# The suite's XLA flags (xla_flags.py: cheaper compiles) and the fake devices; the environment's
+# flags are dropped.
+set_xla_flags(f"--xla_force_host_platform_device_count={DEVICES}", keep_environment=False)
 
 import jax  # noqa: E402  (after XLA_FLAGS)
 
