@@ -139,66 +139,71 @@ def named(found: list[programs.Equation], primitive: str) -> list[programs.Equat
     return [e for e in found if e.primitive == primitive]
 
 
-def choice(found: list[programs.Equation]) -> int:
-    """The number of the step's one top-level cond: the choice between the sampled draw (branch
-    0) and the argmax (branch 1, taken when every running row is greedy). (The carried common
-    suffixes' extensions, each a cond of its own giving one ``[B, S]`` array, aside.)"""
-    (number,) = [n for n, c in enumerate(programs.conds(found)) if not c.branches
-                 and [t.shape for t in c.output_types] != [(B, MAX_LEN)]]
+def top_conds(found: list[programs.Equation]) -> list[int]:
+    """The numbers of the step's top-level conds, the carried common suffixes' extensions (each
+    a cond of its own giving one ``[B, S]`` array) aside."""
+    return [n for n, c in enumerate(programs.conds(found)) if not c.branches
+            and [t.shape for t in c.output_types] != [(B, MAX_LEN)]]
+
+
+def group(found: list[programs.Equation]) -> int:
+    """The number of the cond of the processors before temperature (``sampling.score``, run once
+    for both paths): its branch 1 runs them when some row enables one; it gives the ``[B, V]``
+    scores and their ``[B]`` max."""
+    (number,) = [n for n in top_conds(found) if len(programs.conds(found)[n].output_types) == 2
+                 and programs.conds(found)[n].output_types[0].shape[0] == B
+                 and len(programs.conds(found)[n].output_types[0].shape) == 2]
     return number
 
 
-def processors_scope(found: list[programs.Equation], branch: int) -> tuple[tuple[int, int], ...]:
-    """Where the processors' conds sit in a branch of the step's choice: straight under the
-    sampled branch (0); in the argmax branch (1), under its one group cond's branch 1 (the
-    processors before temperature, run only when some row enables one of them)."""
-    top = choice(found)
-    if branch == 0:
-        return ((top, 0),)
-    numbers = {id(c): n for n, c in enumerate(programs.conds(found))}
-    (group,) = [numbers[id(c)] for c in programs.conds(found) if c.branches == ((top, 1),)]
-    return ((top, 1), (group, 1))
+def choice(found: list[programs.Equation]) -> int:
+    """The number of the step's choice between the sampled draw (branch 0) and the argmax
+    (branch 1, taken when every running row is greedy)."""
+    (number,) = [n for n in top_conds(found) if n != group(found)]
+    return number
 
 
-def processor_conds(found: list[programs.Equation], branch: int) -> dict[str, int]:
-    """The number of each processor's cond in a branch of the step's choice, by name: they are
-    met in pipeline order."""
-    scope = processors_scope(found, branch)
-    numbers = [n for n, c in enumerate(programs.conds(found)) if c.branches == scope]
-    return {p.name: n for p, n in zip(processors.PROCESSORS, numbers)}
+def processor_conds(found: list[programs.Equation]) -> dict[str, int]:
+    """The number of each processor's cond, by name: those before temperature under the group's
+    branch 1, the others under the sampled branch, met in pipeline order."""
+    conds = programs.conds(found)
+    before = [n for n, c in enumerate(conds) if c.branches == ((group(found), 1),)]
+    after = [n for n, c in enumerate(conds) if c.branches == ((choice(found), 0),)]
+    return {p.name: n for p, n in zip(processors.PROCESSORS, before + after)}
 
 
-def test_every_processor_is_in_the_step_under_a_cond_that_skips_it(tiny):
-    """Under the sampled branch, one cond per processor whose branch 0 (no row enables it) has
-    no equation; every search (a while loop) sits in a branch 1. The argmax branch holds one
-    group cond, and under its branch 1 one such cond per processor before temperature (what
-    greedy takes the argmax of); its branch 0 (none enabled) holds no processor."""
+def test_every_processor_is_in_the_step_once_under_a_cond_that_skips_it(tiny):
+    """The processors before temperature (what greedy takes the argmax of) sit once, under the
+    group cond's branch 1, before the choice between the draw and the argmax; the others under
+    the sampled branch. Each has a cond whose branch 0 (no row enables it) has no equation;
+    every search (a while loop) sits in a branch 1. The group's branch 0 (none enabled) and the
+    argmax branch hold no processor."""
     found = step_equations(tiny, dl.SamplingParams.greedy())
     conds = programs.conds(found)
-    for branch, count in ((0, len(processors.PROCESSORS)), (1, BEFORE_TEMPERATURE)):
-        skips = [c for c in conds if c.branches == processors_scope(found, branch)]
+    top, before = choice(found), group(found)
+    for scope, count in ((((top, 0),), len(processors.PROCESSORS) - BEFORE_TEMPERATURE),
+                         (((before, 1),), BEFORE_TEMPERATURE)):
+        skips = [c for c in conds if c.branches == scope]
         assert len(skips) == count
         assert all(len(c.params["branches"][0].jaxpr.eqns) == 0 for c in skips)
-    plain = processors_scope(found, 1)[:1] + ((processors_scope(found, 1)[1][0], 0),)
-    assert not [c for c in conds if c.branches[:2] == plain]
-    numbers = {id(c): n for n, c in enumerate(conds)}
-    skipping = {numbers[id(c)] for c in conds if c.branches in
-                (processors_scope(found, 0), processors_scope(found, 1))}
+    assert not [c for c in conds if c.branches[:1] in (((before, 0),), ((top, 1),))]
+    skipping = set(processor_conds(found).values())
+    assert len(skipping) == len(processors.PROCESSORS)
     for search in named(found, "while"):
         assert any((n, 1) in search.branches for n in skipping), search.branches
 
 
 def test_the_argmax_branch_reduces_the_vocabulary_for_the_argmax_alone(tiny):
-    """When no processor before temperature is on, the greedy branch reduces ``[B, V]`` arrays
+    """When no processor before temperature is on, the greedy path reduces ``[B, V]`` arrays
     only for the argmax (a max and the min of the ids holding it; the NaN check's max of the raw
     logits is that same max), and draws no random numbers: the logit bias's flag is set once,
     when the parameters are made, not every step."""
     found = step_equations(tiny, dl.SamplingParams.greedy())
-    top, group = processors_scope(found, 1)
-    plain = [e for e in found if e.branches in ((top,), (top, (group[0], 0)))]
+    top, before = choice(found), group(found)
+    plain = [e for e in found if e.branches in ((), ((top, 1),), ((before, 0),))]
     assert programs.reductions_over(plain, tiny.config.vocab_size) == [
         ("reduce_max", "float32"), ("reduce_min", "int32")]
-    greedy = [e for e in found if e.branches[:1] == (top,)]
+    greedy = [e for e in found if e.branches[:1] == ((top, 1),)]
     assert named(greedy, "random_bits") == []
 
 
@@ -238,8 +243,7 @@ def test_a_penalised_step_updates_the_carried_counts_by_one_token_per_row(tiny):
     into_counts = [e for e in found
                    if e.primitive.startswith("scatter") and e.input_types[0].shape == (B, V)]
     assert {programs.elements(e.input_types[2]) for e in into_counts if not e.branches} == {B}
-    ngram = {processor_conds(found, branch)[name] for branch in (0, 1)
-             for name in ("no_repeat_ngram_size", "dry_multiplier")}
+    ngram = {processor_conds(found)[name] for name in ("no_repeat_ngram_size", "dry_multiplier")}
     inside = [e for e in into_counts if e.branches]
     assert inside and all(any((n, 1) in e.branches for n in ngram) for e in inside)
 
@@ -255,7 +259,7 @@ def test_no_repeat_ngram_reads_carried_suffixes_and_gathers_nothing_of_the_buffe
     found = step_equations(tiny, params)
     assert not [e for e in named(found, "gather")
                 if e.output_types[0].shape == e.input_types[0].shape == (B, MAX_LEN)]
-    ngram = processor_conds(found, 0)[name]
+    ngram = processor_conds(found)[name]
     inside = [e for e in found if (ngram, 1) in e.branches]
     assert named(inside, "scatter-max") or named(inside, "scatter_max")
     assert named(inside, "while") == [] and named(inside, "gather") == []
@@ -271,7 +275,7 @@ def test_dry_and_xtc_price_their_cuts_without_a_transcendental_per_token(tiny, n
     ``[B, V]`` array. XTC's mixture is log p plus a per-row factor: no logarithm of one (its
     softmax's and log-sum-exps' exponentials are what it reads the row with)."""
     found = step_equations(tiny, params)
-    inside = [e for e in found if (processor_conds(found, 0)[name], 1) in e.branches]
+    inside = [e for e in found if (processor_conds(found)[name], 1) in e.branches]
     V = tiny.config.vocab_size
     assert inside and not [e.primitive for e in inside if e.primitive in absent
                            and e.output_types[0].shape[-1:] == (V,)]

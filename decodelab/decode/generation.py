@@ -46,7 +46,6 @@ in ``output``, shared with beam search, speculative decoding and the serving eng
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 
 import jax
@@ -96,14 +95,15 @@ def _choose(state: DecodeState, with_distribution: bool):
     logits = state.constrained(state.logits)
     B, V = logits.shape
     vocab = jnp.arange(V, dtype=jnp.int32)[None, :]  # [1, V]
+    scored = sampling.score(logits, params, history)  # the processors before temperature, once
 
     def greedy():
-        token, bad, none = sampling.greedy_choice(logits, params, history)
+        token, bad, none = sampling.greedy_choice(logits, params, history, scored)
         one_hot = jnp.where(vocab == token[:, None], 0.0, -jnp.inf) if with_distribution else None
         return token, jnp.zeros((B,), jnp.float32), bad, none, one_hot
 
     def sampled():
-        logprobs = sampling.processed_logprobs(logits, params, history)  # [B, V]
+        logprobs = sampling.processed_logprobs(logits, params, history, scored)  # [B, V]
         token = sampling.draw(logprobs, sampling.row_keys(state.keys, state.lengths))
         chosen = jnp.take_along_axis(logprobs, token[:, None], axis=-1)[:, 0]
         return (token, chosen, sampling.bad_logits(logits),

@@ -45,7 +45,14 @@ def no_model(self, tokens, *, cache=None, num_valid=None, reach=None):
 
 
 def no_processors(logits, params, history):
-    """No sampling processors: the logits are the scores (greedy) or log-probabilities."""
+    """No processors before temperature: the scores are the logits."""
+    flat = logits.reshape(-1, logits.shape[-1]).astype(jnp.float32)
+    best = jnp.max(flat, axis=-1)
+    return sampling.Scored(scores=flat, best=best, raw=best)
+
+
+def no_distribution(logits, params, history, scored=None):
+    """No processors from temperature on and no softmax: the logits are the log-probabilities."""
     return logits
 
 
@@ -64,7 +71,7 @@ ABLATIONS = (
     ("no_model", "the rest of the model (MLP, projections, norms, embeddings, cache write)",
      ((Transformer, "__call__", no_model),)),
     ("no_sampling", "the sampling processors and the random draw",
-     ((sampling, "greedy_scores", no_processors), (sampling, "processed_logprobs", no_processors),
+     ((sampling, "score", no_processors), (sampling, "processed_logprobs", no_distribution),
       (sampling, "draw", draw_argmax))),
 )
 # Each part's cost: the step time of one level minus the next (the last level's is the loop).

@@ -1,4 +1,5 @@
-"""Sampling: per-row parameters, the distribution each row samples from, and exact draws.
+"""Sampling: per-row parameters, their keys and exact draws (the distribution a row samples from
+is ``distribution``'s).
 
 Conventions (every caller relies on them):
 
@@ -10,8 +11,6 @@ Conventions (every caller relies on them):
   ``[B, V]`` bias) with nothing static: a sweep over any settings, processors switched on and
   off and greedy against sampled included, is a sweep over array contents and compiles one
   program (see ``processors``).
-- ``processed_logprobs`` is the distribution that is sampled from, reported as the token's logprob,
-  and used by speculative decoding's accept/reject test: one function, so the three never disagree.
 - ``draw`` samples exactly from a row's processed distribution with one uniform per row (the
   inverse of its distribution function in token-id order, ``select.draw``): no sort and no
   vocabulary of random numbers. A greedy row's distribution is one token, which it draws.
@@ -26,7 +25,6 @@ Conventions (every caller relies on them):
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -36,19 +34,15 @@ import numpy as np
 
 from decodelab.checks import check_number, is_int
 from decodelab.sampling import select
-from decodelab.sampling.base import argmax
 from decodelab.sampling.breakers import breaker_table, check_breakers
 from decodelab.sampling.constraint import ConstraintTable
-from decodelab.sampling.inputs import MAX_SHIFT, History
+from decodelab.sampling.inputs import MAX_SHIFT
 from decodelab.sampling.patterns import check_patterns, pattern_table
-from decodelab.sampling.processors import PARAMETERS, PROCESSORS, RowParams
+from decodelab.sampling.processors import PARAMETERS, RowParams
 
-__all__ = ["SamplingParams", "all_greedy", "bad_logits", "batch_keys", "draw", "greedy_choice",
-           "greedy_scores", "indexed_sample_keys", "process_logits", "processed_logprobs",
-           "row_keys", "sample_keys", "seed_keys", "usable"]
+__all__ = ["SamplingParams", "batch_keys", "draw", "indexed_sample_keys", "row_keys",
+           "sample_keys", "seed_keys"]
 
-# The processors before temperature: what a greedy row's argmax is taken over.
-_BEFORE_TEMPERATURE = PROCESSORS[:[p.name for p in PROCESSORS].index("temperature")]
 
 # --- Parameters -----------------------------------------------------------------------------------
 
@@ -245,42 +239,7 @@ class SamplingParams:
         return bias
 
 
-# --- The distribution and the draw ----------------------------------------------------------------
-
-
-def process_logits(logits: jax.Array, params: RowParams, history: History) -> jax.Array:
-    """``[B, V]`` model logits -> processed logits, through every processor in pipeline order
-    (each skipped at run time when no row enables it)."""
-    logits = logits.astype(jnp.float32)
-    for processor in PROCESSORS:
-        logits = processor(logits, params, history)
-    return logits
-
-
-def greedy_scores(logits: jax.Array, params: RowParams, history: History) -> jax.Array:
-    """``[B, V]`` model logits -> the scores a greedy row takes the argmax of: the logits through
-    the processors before temperature (penalties, bans, min-new-tokens). A greedy row's
-    processed distribution is that argmax alone, with log-probability 0."""
-    logits = logits.astype(jnp.float32)
-    for processor in _BEFORE_TEMPERATURE:
-        logits = processor(logits, params, history)
-    return logits
-
-
-def all_greedy(params: RowParams, skip: jax.Array | None = None) -> jax.Array:
-    """``[]`` bool: every row (but those in ``skip``, ``[B]`` bool) has temperature 0, so a
-    decode step can take the argmax path (``greedy_choice``) at run time, in the same program."""
-    greedy = params.temperature == 0.0
-    return jnp.all(greedy if skip is None else greedy | skip)
-
-
-def processed_logprobs(logits: jax.Array, params: RowParams, history: History) -> jax.Array:
-    """``[B, V]`` log-probabilities of the distribution each row samples from (``-inf`` = never).
-
-    A row whose logits hold NaN, or whose processors left no token, comes back NaN / all ``-inf``;
-    the decode loop checks for both and never samples such a row.
-    """
-    return jax.nn.log_softmax(process_logits(logits, params, history), axis=-1)
+# --- Keys and the draw --------------------------------------------------------------------------
 
 
 @jax.jit
@@ -341,41 +300,3 @@ def draw(logprobs: jax.Array, keys: jax.Array) -> jax.Array:
     draws, exactly from them (``select.draw``: one uniform per row, no sort). A row's draw reads
     only its own distribution and key, never its batch-mates."""
     return select.draw(logprobs, keys)
-
-
-# --- Greedy choices and usable rows (the decode loops and the drafters share them) ----------
-
-
-def bad_logits(logits: jax.Array) -> jax.Array:
-    """``[...]`` bool: the ``[..., V]`` logits hold NaN or +inf, so nothing can be sampled."""
-    return jnp.any(jnp.isnan(logits) | (logits == jnp.inf), axis=-1)
-
-
-def greedy_choice(logits: jax.Array, params: RowParams,
-                  history: History) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """``[..., V]`` logits of greedy rows -> ``([...] argmax, [...] bad logits, [...] no
-    allowed token)``: the argmax of the scores before temperature (``greedy_scores``), with no
-    softmax; a row is usable where neither flag is set."""
-    shape, V = logits.shape[:-1], logits.shape[-1]
-    flat = logits.reshape(-1, V)
-    raw = jnp.max(flat, axis=-1)  # NaN if the row holds NaN (a ban may hide it in the scores)
-
-    def plain():  # no processor before temperature is on: the scores are the logits
-        return argmax(flat, raw), raw
-
-    def processed():
-        scores = greedy_scores(flat, params, history)  # [B', V]
-        return argmax(scores), jnp.max(scores, axis=-1)
-
-    # One run-time check for the whole group, so a plain greedy step pays for one cond.
-    on = functools.reduce(jnp.logical_or, [jnp.any(p.enabled(params))
-                                           for p in _BEFORE_TEMPERATURE])
-    token, best = jax.lax.cond(on, processed, plain)
-    bad = jnp.isnan(raw) | (raw == jnp.inf)
-    return token.reshape(shape), bad.reshape(shape), ~(best > -jnp.inf).reshape(shape)
-
-
-def usable(logits: jax.Array, log_normaliser: jax.Array) -> jax.Array:
-    """``[...]`` bool: finite logits that leave at least one allowed token (``log_normaliser``:
-    the logsumexp of the processed logits, -inf when none is allowed)."""
-    return ~bad_logits(logits) & (log_normaliser > -jnp.inf)

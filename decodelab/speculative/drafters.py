@@ -96,12 +96,14 @@ class ModelDrafter(Drafter):
             # Under a constraint, masked by the state advanced along the draft so far.
             logits = state.constrained(carry["logits"], carry.get("constraint_states"))
 
+            scored = sampling.score(logits, state.params, history)  # once for both paths
+
             def greedy():
-                token, bad, none = sampling.greedy_choice(logits, state.params, history)
+                token, bad, none = sampling.greedy_choice(logits, state.params, history, scored)
                 return token, jnp.zeros((B,), jnp.float32), ~bad & ~none
 
             def sampled():
-                scores = sampling.process_logits(logits, state.params, history)
+                scores = sampling.process_scores(scored, state.params, history)
                 normaliser = jax.nn.logsumexp(scores, axis=-1)  # [B]
                 token = sampling.draw(scores - normaliser[:, None],
                                       stream_keys(state.keys, L + j, DRAFT_STREAM))

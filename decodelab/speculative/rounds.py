@@ -100,14 +100,15 @@ def _wants_rows(state: SpecState) -> bool:
     return bool(state.top_logprobs.shape[-1] or state.entropy.shape[-1])
 
 
-def _judge_greedy(state: SpecState, proposal: Proposal, logits: jax.Array) -> Verdict:
+def _judge_greedy(state: SpecState, proposal: Proposal, logits: jax.Array,
+                  scored: sampling.Scored) -> Verdict:
     """Every row greedy: a proposal is accepted iff it is the target's argmax there (under the
-    processors before temperature), and the next token is the argmax after the last accepted
-    one. No softmax: every distribution is one token with log-probability 0."""
+    processors before temperature, ``scored``), and the next token is the argmax after the last
+    accepted one. No softmax: every distribution is one token with log-probability 0."""
     B, T, V = logits.shape
     params, history = _per_position(state, proposal, T)
     choice, bad_logits, no_token = (x.reshape(B, T) for x in sampling.greedy_choice(
-        logits.reshape(B * T, V), params, history))
+        logits.reshape(B * T, V), params, history, scored))
     usable = ~bad_logits & ~no_token
     proposed = jnp.arange(T - 1)[None, :] < proposal.count[:, None]  # [B, gamma]
     n = _count_accepted(proposed & usable[:, :-1] & (proposal.tokens == choice[:, :-1]))
@@ -121,15 +122,16 @@ def _judge_greedy(state: SpecState, proposal: Proposal, logits: jax.Array) -> Ve
 
 
 def _judge_sampled(drafter: Drafter, draft_weights: Any, draft_cache: KVCache | None,
-                   state: SpecState, proposal: Proposal, logits: jax.Array
-                   ) -> tuple[Verdict, KVCache | None]:
+                   state: SpecState, proposal: Proposal, logits: jax.Array,
+                   scored: sampling.Scored) -> tuple[Verdict, KVCache | None]:
     """The rejection rule: accept ``d_j`` iff ``u_j q_j(d_j) < p_j(d_j)`` while every earlier one
     was; then draw the next token from ``normalise(max(0, p_n - q_n))`` (``p_n`` where no
-    proposal was rejected), asking the drafter for the ``q`` row of the rejected proposal."""
+    proposal was rejected), asking the drafter for the ``q`` row of the rejected proposal.
+    ``scored``: the logits through the processors before temperature."""
     B, T, V = logits.shape
     gamma, L = T - 1, state.lengths
     params, history = _per_position(state, proposal, T)
-    scores = sampling.process_logits(logits.reshape(B * T, V), params, history).reshape(B, T, V)
+    scores = sampling.process_scores(scored, params, history).reshape(B, T, V)
     normaliser = jax.nn.logsumexp(scores, axis=-1)  # [B, T]
     bad_logits = sampling.bad_logits(logits)  # [B, T]
     usable = ~bad_logits & (normaliser > -jnp.inf)
@@ -256,10 +258,14 @@ def speculative_round(target: nnx.Module, drafter: Drafter, draft_weights: Any,
     proposal = _under_constraint(state, proposal)
     raw, target_cache = verify(target, state, proposal)
     logits = state.constrained(raw, proposal.constraint_states)
+    B, T, V = logits.shape
+    # The processors before temperature once, for both judges.
+    scored = sampling.score(logits.reshape(B * T, V), *_per_position(state, proposal, T))
     verdict, draft_cache = jax.lax.cond(
         sampling.all_greedy(state.params, skip=state.done),
-        lambda cache: (_judge_greedy(state, proposal, logits), cache),
-        lambda cache: _judge_sampled(drafter, draft_weights, cache, state, proposal, logits),
+        lambda cache: (_judge_greedy(state, proposal, logits, scored), cache),
+        lambda cache: _judge_sampled(drafter, draft_weights, cache, state, proposal, logits,
+                                     scored),
         draft_cache)
     if state.constraint is not None:  # a NaN the mask hid is still the model's failure
         bad = sampling.bad_logits(raw)
