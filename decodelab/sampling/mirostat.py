@@ -78,13 +78,19 @@ def _zipf_exponent(logits: jax.Array, active: jax.Array) -> jax.Array:
     B, V = logits.shape
     m = min(M, V)
     logp = jax.nn.log_softmax(logits, axis=-1)
-    top = select.keep_exactly(select.sortable(logits), jnp.full((B,), m, jnp.int32), active)
-    top = top & (logits > -jnp.inf)
-    # The m tokens side by side (in id order), then each one's rank among them (ties by id).
+    # The m largest: those above the m-th largest value (the cut), side by side in id order,
+    # then copies of the cut's own value for the room left. Tied tokens share one value, so
+    # which of them fill the room (what ``keep_exactly`` decides by id, with a second search)
+    # changes nothing here. Then each one's rank among them (ties by slot).
+    keys = select.sortable(logits)
+    cut, _ = select.largest_cut(keys, None, jnp.full((B,), m, jnp.float32), active)
+    top = (keys > cut[:, None]) & (logits > -jnp.inf)
     slot = jnp.where(top, jnp.cumsum(top, axis=-1) - 1, m)  # [B, V]; m: dropped
     rows = jnp.arange(B)[:, None]
     values = jnp.full((B, m), -jnp.inf).at[rows, slot].set(logp, mode="drop")  # [B, m]
+    at_cut = jnp.max(jnp.where(keys == cut[:, None], logp, -jnp.inf), axis=-1)  # [B]
     j = jnp.arange(m)
+    values = jnp.where(j[None, :] >= jnp.sum(top, axis=-1)[:, None], at_cut[:, None], values)
     ahead = (values[:, None, :] > values[:, :, None]) | (
         (values[:, None, :] == values[:, :, None]) & (j[None, None, :] < j[None, :, None]))
     rank = jnp.sum(ahead, axis=-1)  # [B, m]
