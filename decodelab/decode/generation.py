@@ -106,7 +106,7 @@ def _choose(state: DecodeState, with_distribution: bool):
         logprobs = sampling.processed_logprobs(logits, params, history, scored)  # [B, V]
         token = sampling.draw(logprobs, sampling.row_keys(state.keys, state.lengths))
         chosen = jnp.take_along_axis(logprobs, token[:, None], axis=-1)[:, 0]
-        return (token, chosen, sampling.bad_logits(logits),
+        return (token, chosen, scored.bad(),
                 ~jnp.any(logprobs > -jnp.inf, axis=-1), logprobs if with_distribution else None)
 
     token, chosen, bad, none, distribution = jax.lax.cond(

@@ -85,6 +85,10 @@ class Scored(struct.PyTreeNode):
     best: jax.Array  # [B'] their max (-inf: no token allowed)
     raw: jax.Array  # [B'] the max of the model's own logits (NaN or +inf: bad logits)
 
+    def bad(self) -> jax.Array:
+        """``[B']`` bool: the row's logits hold NaN or +inf (``bad_logits``, from their max)."""
+        return jnp.isnan(self.raw) | (self.raw == jnp.inf)
+
 
 def score(logits: jax.Array, params: RowParams, history: History) -> Scored:
     """``[..., V]`` logits -> ``Scored`` of their ``[B', V]`` rows. One run-time check for the
@@ -124,8 +128,8 @@ def greedy_choice(logits: jax.Array, params: RowParams, history: History,
     shape = logits.shape[:-1]
     scored = score(logits, params, history) if scored is None else scored
     token = argmax(scored.scores, scored.best)
-    bad = jnp.isnan(scored.raw) | (scored.raw == jnp.inf)
-    return token.reshape(shape), bad.reshape(shape), ~(scored.best > -jnp.inf).reshape(shape)
+    return (token.reshape(shape), scored.bad().reshape(shape),
+            ~(scored.best > -jnp.inf).reshape(shape))
 
 
 def usable(logits: jax.Array, log_normaliser: jax.Array) -> jax.Array:
