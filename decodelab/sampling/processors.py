@@ -13,7 +13,7 @@ Conventions (every processor relies on them):
   enables is skipped at run time (a ``lax.cond`` on its enabled flags), one that some rows enable
   is applied and its rows selected with ``where``. The decode loops choose between the argmax
   (every running row greedy) and the sampled draw the same way, at run time, after running the
-  processors before temperature once for both (``params.score``): a program holds each
+  processors before temperature once for both (``distribution.score``): a program holds each
   processor once per place that samples, which keeps its compile time down.
 - Top-k, top-p and typical-p find their cut without sorting the vocabulary (``select``: a
   bounded search of masked sums over the integer image of the float32 values), exactly the set
