@@ -89,6 +89,10 @@ class Scored(struct.PyTreeNode):
         """``[B']`` bool: the row's logits hold NaN or +inf (``bad_logits``, from their max)."""
         return jnp.isnan(self.raw) | (self.raw == jnp.inf)
 
+    def greedy(self) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """``([B'] argmax of the scores, [B'] bad logits, [B'] no allowed token)``."""
+        return argmax(self.scores, self.best), self.bad(), ~(self.best > -jnp.inf)
+
 
 def score(logits: jax.Array, params: RowParams, history: History) -> Scored:
     """``[..., V]`` logits -> ``Scored`` of their ``[B', V]`` rows. One run-time check for the
@@ -125,11 +129,8 @@ def greedy_choice(logits: jax.Array, params: RowParams, history: History,
     allowed token)``: the argmax of the scores before temperature (``greedy_scores``), with no
     softmax; a row is usable where neither flag is set. ``scored``: ``score``'s, when the caller
     has them already."""
-    shape = logits.shape[:-1]
     scored = score(logits, params, history) if scored is None else scored
-    token = argmax(scored.scores, scored.best)
-    return (token.reshape(shape), scored.bad().reshape(shape),
-            ~(scored.best > -jnp.inf).reshape(shape))
+    return tuple(x.reshape(logits.shape[:-1]) for x in scored.greedy())
 
 
 def usable(logits: jax.Array, log_normaliser: jax.Array) -> jax.Array:

@@ -106,9 +106,7 @@ def _judge_greedy(state: SpecState, proposal: Proposal, logits: jax.Array,
     processors before temperature, ``scored``), and the next token is the argmax after the last
     accepted one. No softmax: every distribution is one token with log-probability 0."""
     B, T, V = logits.shape
-    params, history = _per_position(state, proposal, T)
-    choice, bad_logits, no_token = (x.reshape(B, T) for x in sampling.greedy_choice(
-        logits.reshape(B * T, V), params, history, scored))
+    choice, bad_logits, no_token = (x.reshape(B, T) for x in scored.greedy())
     usable = ~bad_logits & ~no_token
     proposed = jnp.arange(T - 1)[None, :] < proposal.count[:, None]  # [B, gamma]
     n = _count_accepted(proposed & usable[:, :-1] & (proposal.tokens == choice[:, :-1]))
@@ -123,15 +121,16 @@ def _judge_greedy(state: SpecState, proposal: Proposal, logits: jax.Array,
 
 def _judge_sampled(drafter: Drafter, draft_weights: Any, draft_cache: KVCache | None,
                    state: SpecState, proposal: Proposal, logits: jax.Array,
-                   scored: sampling.Scored) -> tuple[Verdict, KVCache | None]:
+                   scored: sampling.Scored, positions: tuple[Any, Any]
+                   ) -> tuple[Verdict, KVCache | None]:
     """The rejection rule: accept ``d_j`` iff ``u_j q_j(d_j) < p_j(d_j)`` while every earlier one
     was; then draw the next token from ``normalise(max(0, p_n - q_n))`` (``p_n`` where no
     proposal was rejected), asking the drafter for the ``q`` row of the rejected proposal.
-    ``scored``: the logits through the processors before temperature."""
+    ``scored``: the logits through the processors before temperature; ``positions``: the
+    parameters and histories of the ``B * T`` positions (``_per_position``)."""
     B, T, V = logits.shape
     gamma, L = T - 1, state.lengths
-    params, history = _per_position(state, proposal, T)
-    scores = sampling.process_scores(scored, params, history).reshape(B, T, V)
+    scores = sampling.process_scores(scored, *positions).reshape(B, T, V)
     normaliser = jax.nn.logsumexp(scores, axis=-1)  # [B, T]
     bad_logits = scored.bad().reshape(B, T)  # the model's own logits hold NaN or +inf
     usable = ~bad_logits & (normaliser > -jnp.inf)
@@ -260,12 +259,13 @@ def speculative_round(target: nnx.Module, drafter: Drafter, draft_weights: Any,
     logits = state.constrained(raw, proposal.constraint_states)
     B, T, V = logits.shape
     # The processors before temperature once, for both judges.
-    scored = sampling.score(logits.reshape(B * T, V), *_per_position(state, proposal, T))
+    positions = _per_position(state, proposal, T)
+    scored = sampling.score(logits.reshape(B * T, V), *positions)
     verdict, draft_cache = jax.lax.cond(
         sampling.all_greedy(state.params, skip=state.done),
         lambda cache: (_judge_greedy(state, proposal, logits, scored), cache),
         lambda cache: _judge_sampled(drafter, draft_weights, cache, state, proposal, logits,
-                                     scored),
+                                     scored, positions),
         draft_cache)
     if state.constraint is not None:  # a NaN the mask hid is still the model's failure
         bad = sampling.bad_logits(raw)
