@@ -275,7 +275,8 @@ def test_dry_and_xtc_price_their_cuts_without_a_transcendental_per_token(tiny, n
     ``[B, V]`` array. XTC's mixture is log p plus a per-row factor: no logarithm of one (its
     softmax's and log-sum-exps' exponentials are what it reads the row with)."""
     found = step_equations(tiny, params)
-    inside = [e for e in found if (processor_conds(found)[name], 1) in e.branches]
+    cond = processor_conds(found)[name]
+    inside = [e for e in found if (cond, 1) in e.branches]
     V = tiny.config.vocab_size
     assert inside and not [e.primitive for e in inside if e.primitive in absent
                            and e.output_types[0].shape[-1:] == (V,)]
