@@ -37,13 +37,18 @@ from standins import TINY, HandBuiltAutomata  # noqa: E402  (after the config up
 from decodelab.config import ModelConfig  # noqa: E402
 from decodelab.measure import compiles  # noqa: E402
 
-# The longest files first: pytest-xdist hands files to its workers in collection order, so a long
-# file collected last would run alone while the other worker waits (longest-first balances the
-# two). The rest keep their order.
-LONGEST_FIRST = ("test_sharding.py", "test_convert.py", "test_speculative.py", "test_experiment.py",
-                 "test_model.py", "test_decode.py", "test_kvquant.py", "test_serving_engine.py",
-                 "test_quantize.py", "test_train.py", "test_multihost.py", "test_pipeline.py",
-                 "test_serving_prefill.py", "test_sampling_structure.py", "test_bench_decode.py")
+# The longest files first, by their time on a run with an empty compilation cache (as on CI):
+# pytest-xdist hands files to its workers in collection order, so a long file collected last would
+# run alone while the other worker waits (longest-first balances the two). The rest keep their
+# order.
+LONGEST_FIRST = ("test_sharding.py", "test_speculative.py", "test_serving_paged.py",
+                 "test_paged_study.py", "test_quantize.py", "test_decode.py", "test_model.py",
+                 "test_kvquant.py", "test_constrained.py", "test_speculation_measure.py",
+                 "test_convert.py", "test_sampling_structure.py", "test_pruning_study.py",
+                 "test_guide.py", "test_experiment.py", "test_history.py", "test_samples.py",
+                 "test_serving_engine.py", "test_mirostat.py", "test_pipeline.py",
+                 "test_half_precision.py", "test_request.py", "test_multihost.py",
+                 "test_serving_prefill.py", "test_train.py", "test_bench_decode.py")
 
 
 def pytest_collection_modifyitems(items):
