@@ -150,25 +150,27 @@ def group(found: list[programs.Equation]) -> int:
     """The number of the cond of the processors before temperature (``sampling.score``, run once
     for both paths): its branch 1 runs them when some row enables one; it gives the ``[B, V]``
     scores and their ``[B]`` max."""
-    (number,) = [n for n in top_conds(found) if len(programs.conds(found)[n].output_types) == 2
-                 and programs.conds(found)[n].output_types[0].shape[0] == B
-                 and len(programs.conds(found)[n].output_types[0].shape) == 2]
+    conds = programs.conds(found)
+    (number,) = [n for n in top_conds(found) if len(conds[n].output_types) == 2
+                 and conds[n].output_types[0].shape[0] == B
+                 and len(conds[n].output_types[0].shape) == 2]
     return number
 
 
 def choice(found: list[programs.Equation]) -> int:
     """The number of the step's choice between the sampled draw (branch 0) and the argmax
     (branch 1, taken when every running row is greedy)."""
-    (number,) = [n for n in top_conds(found) if n != group(found)]
+    before = group(found)
+    (number,) = [n for n in top_conds(found) if n != before]
     return number
 
 
 def processor_conds(found: list[programs.Equation]) -> dict[str, int]:
     """The number of each processor's cond, by name: those before temperature under the group's
     branch 1, the others under the sampled branch, met in pipeline order."""
-    conds = programs.conds(found)
-    before = [n for n, c in enumerate(conds) if c.branches == ((group(found), 1),)]
-    after = [n for n, c in enumerate(conds) if c.branches == ((choice(found), 0),)]
+    conds, before_scope, after_scope = programs.conds(found), group(found), choice(found)
+    before = [n for n, c in enumerate(conds) if c.branches == ((before_scope, 1),)]
+    after = [n for n, c in enumerate(conds) if c.branches == ((after_scope, 0),)]
     return {p.name: n for p, n in zip(processors.PROCESSORS, before + after)}
 
 
@@ -211,7 +213,8 @@ def test_the_argmax_branch_of_a_stand_in_model_has_no_exponential():
     """A stand-in model (a one-hot of its cache: no exponential or logarithm of its own): its
     greedy branch, processors aside, has no softmax: the argmax needs none."""
     found = step_equations(NextToken(), dl.SamplingParams.greedy())
-    greedy = [e for e in found if e.branches == ((choice(found), 1),)]
+    top = choice(found)
+    greedy = [e for e in found if e.branches == ((top, 1),)]
     assert {"exp", "exp2", "log", "log1p", "logistic"}.isdisjoint(e.primitive for e in greedy)
 
 
