@@ -229,7 +229,7 @@ def adversarial_keys(V: int) -> list[np.ndarray]:
         sortable64(np.round(rng.normal(size=V) * 2)),  # ties everywhere
         sortable64(np.exp(rng.normal(size=V) * 20)),  # spacing uneven by many binades
         rng.integers(-2**31, 2**31 - 1, V, endpoint=True).astype(np.int32),  # any int32
-        -np.arange(V, dtype=np.int32),  # the ids keep_exactly searches over
+        -np.arange(V, dtype=np.int32),  # distinct, evenly spaced integers
     ]
 
 

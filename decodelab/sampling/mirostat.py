@@ -80,7 +80,7 @@ def _zipf_exponent(logits: jax.Array, active: jax.Array) -> jax.Array:
     logp = jax.nn.log_softmax(logits, axis=-1)
     # The m largest: those above the m-th largest value (the cut), side by side in id order,
     # then copies of the cut's own value for the room left. Tied tokens share one value, so
-    # which of them fill the room (what ``keep_exactly`` decides by id, with a second search)
+    # which of them fill the room (what ``keep_exactly`` decides by id, with a running count)
     # changes nothing here. Then each one's rank among them (ties by slot).
     keys = select.sortable(logits)
     cut, _ = select.largest_cut(keys, None, jnp.full((B,), m, jnp.float32), active)

@@ -127,20 +127,18 @@ def largest_cut(keys: jax.Array, weights: jax.Array | None, target: jax.Array,
 
 def keep_exactly(keys: jax.Array, k: jax.Array, active: jax.Array) -> jax.Array:
     """``[B, V]`` bool: the ``k[b]`` largest keys of each active row, the lowest ids among those
-    tied with the k-th largest (all True in an inactive row). ``k`` in ``[1, V]``."""
-    V = keys.shape[-1]
+    tied with the k-th largest (all True in an inactive row). ``k`` in ``[1, V]``.
+
+    One search finds the k-th largest key; the tokens tied with it that still fit are the first
+    ones in id order, by a running count of the tie (run only when some row's tie overflows)."""
     cut, _ = largest_cut(keys, None, k.astype(jnp.float32), active)
     above = keys > cut[:, None]
     tied = keys == cut[:, None]
     room = k - jnp.sum(above, axis=-1)  # [B], how many tied tokens still fit, >= 1
-    ids = jnp.arange(V, dtype=jnp.int32)[None, :]
-
     crowded = active & (jnp.sum(tied, axis=-1) > room)
 
-    def lowest_tied():  # the room-th smallest tied id: a cut over -id, counting tied tokens
-        last, _ = largest_cut(jnp.broadcast_to(-ids, keys.shape), tied.astype(jnp.float32),
-                              room.astype(jnp.float32), crowded)
-        return tied & ((-ids >= last[:, None]) | ~crowded[:, None])
+    def lowest_tied():  # the first `room` tied ids (a row whose tie fits keeps all of it)
+        return tied & (jnp.cumsum(tied, axis=-1, dtype=jnp.int32) <= room[:, None])
 
     fits = jax.lax.cond(jnp.any(crowded), lowest_tied, lambda: tied)
     return above | fits | ~active[:, None]
