@@ -25,7 +25,7 @@ from decodelab.sampling.inputs import History
 from decodelab.sampling.processors import PROCESSORS, RowParams
 
 __all__ = ["Scored", "all_greedy", "bad_logits", "greedy_choice", "greedy_scores",
-           "process_logits", "process_scores", "processed_logprobs", "score", "usable"]
+           "process_logits", "process_scores", "processed_logprobs", "score"]
 
 # The processors before temperature: what a greedy row's argmax is taken over.
 _BEFORE_TEMPERATURE = PROCESSORS[:[p.name for p in PROCESSORS].index("temperature")]
@@ -89,6 +89,11 @@ class Scored(struct.PyTreeNode):
         """``[B']`` bool: the row's logits hold NaN or +inf (``bad_logits``, from their max)."""
         return jnp.isnan(self.raw) | (self.raw == jnp.inf)
 
+    def usable(self, log_normaliser: jax.Array) -> jax.Array:
+        """``[B']`` bool: finite logits that leave at least one allowed token (``log_normaliser``:
+        the logsumexp of the processed logits, -inf when none is allowed)."""
+        return ~self.bad() & (log_normaliser > -jnp.inf)
+
     def greedy(self) -> tuple[jax.Array, jax.Array, jax.Array]:
         """``([B'] argmax of the scores, [B'] bad logits, [B'] no allowed token)``."""
         return argmax(self.scores, self.best), self.bad(), ~(self.best > -jnp.inf)
@@ -131,9 +136,3 @@ def greedy_choice(logits: jax.Array, params: RowParams, history: History,
     has them already."""
     scored = score(logits, params, history) if scored is None else scored
     return tuple(x.reshape(logits.shape[:-1]) for x in scored.greedy())
-
-
-def usable(logits: jax.Array, log_normaliser: jax.Array) -> jax.Array:
-    """``[...]`` bool: finite logits that leave at least one allowed token (``log_normaliser``:
-    the logsumexp of the processed logits, -inf when none is allowed)."""
-    return ~bad_logits(logits) & (log_normaliser > -jnp.inf)

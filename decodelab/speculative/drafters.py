@@ -108,7 +108,7 @@ class ModelDrafter(Drafter):
                 token = sampling.draw(scores - normaliser[:, None],
                                       stream_keys(state.keys, L + j, DRAFT_STREAM))
                 logq = jnp.take_along_axis(scores, token[:, None], axis=1)[:, 0] - normaliser
-                return token, logq, ~scored.bad() & (normaliser > -jnp.inf)  # usable
+                return token, logq, scored.usable(normaliser)
 
             token, logq, ok = jax.lax.cond(sampling.all_greedy(state.params, skip=state.done),
                                            greedy, sampled)

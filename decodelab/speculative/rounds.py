@@ -133,7 +133,7 @@ def _judge_sampled(drafter: Drafter, draft_weights: Any, draft_cache: KVCache | 
     scores = sampling.process_scores(scored, *positions).reshape(B, T, V)
     normaliser = jax.nn.logsumexp(scores, axis=-1)  # [B, T]
     bad_logits = scored.bad().reshape(B, T)  # the model's own logits hold NaN or +inf
-    usable = ~bad_logits & (normaliser > -jnp.inf)
+    usable = scored.usable(normaliser.reshape(B * T)).reshape(B, T)
     # Each position's proposal (the bonus position's is a stand-in), gathered from all T rows.
     block = jnp.pad(proposal.tokens, ((0, 0), (0, 1)))  # [B, T]
     logp_block = jnp.take_along_axis(scores, block[..., None], axis=-1)[..., 0] - normaliser
