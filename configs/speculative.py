@@ -25,10 +25,12 @@ costs far more than the draft's own step, so DISTILL_STEPS = 300 steps are used 
 recipe otherwise, checkpointed every 100). Timed over 10 steps (after 2 that compile) on the 2 CPU
 cores: 3.8 s a step under a 1-minute load average of ~13 (other work running), i.e. ~19 minutes
 for the 300 steps on that busy machine (9.5 minutes on a quiet one); the `draft` preset's own 800
-steps take a few minutes. The sweep: 72 `medium` points, measured at 60-110 s each (median ~85
-s) at batch 1 and 8 on a quiet machine (3 paired repetitions of 8 prompts x 128 tokens, 5
-round-robin repetitions of the costs, and compiles), so ~1.7 hours (measured: 1 h 22 min of
-point wall time), and 36 `small` points (measured: 26 minutes, with their models' training).
+steps take a few minutes. The sweep: 80 `medium` points (72 plus 8 with a second training
+seed), measured at 74-185 s each (median 137 s; 3 paired repetitions of 8 prompts x 128 tokens, 5
+round-robin repetitions of the costs, and compiles: a model-drafter point spends ~40 s in warm-up
+and its first compile, ~40 s timing and ~70 s on the costs, a prompt-lookup point ~110 s) on 2
+quiet CPU cores, 3 h 08 min of point wall time with the seed-1 models' training; and 36 `small`
+points (54 minutes, with their models' training). The whole sweep: 4 h 01 min of point wall time.
 The points are ordered batch 1 greedy, batch 1 sampled, batch 8 greedy, then 8 points with a
 second training seed of each model drafter (for the distillation claim; ~13 minutes of training),
 then batch 8 sampled: the run is resumable, so it can be done in parts (finished points are kept).
