@@ -121,7 +121,8 @@ def form(target: str, rows, targets: list[str]) -> report.Form:
         caveats=prose.caveats(here, MEASURED_COSTS_TARGET, reseeded, compared),
         plot=prose.speedup_plot(page), plot_caption="speed-up against gamma, measured (bars: "
         "95% interval), theory (dashed) and with measured costs (dotted)", csvs=csvs,
-        command=COMMAND)
+        command=COMMAND, own_rows=lambda r: [row for row in r if drafts.target_name(row)
+                                             in (target, *compared)])
 
 
 def forms(rows) -> list[report.Form]:

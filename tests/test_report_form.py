@@ -89,6 +89,19 @@ def test_a_page_follows_the_form(tmp_path):
     assert (tmp_path / "toy.csv").read_text().startswith("preset,speed-up,speed-up_low")
 
 
+def test_a_page_s_provenance_counts_its_own_rows_only(tmp_path):
+    """Two pages rendered from one workdir: each names its own points and wall time, not the
+    workdir's (the claims and tables still see every row)."""
+    text = report.render(form(), ROWS, tmp_path).page.read_text()
+    assert "2 points run" in text and "4.0 s of point wall time" in text
+    tiny = form(own_rows=lambda rows: [r for r in rows if r["config_hash"] == "tiny"])
+    text = report.render(tiny, ROWS, tmp_path).page.read_text()
+    assert "1 points run" in text and "2.0 s of point wall time" in text
+    assert "| small | 1.20 [0.900, 1.60] |" in text
+    with pytest.raises(ValueError, match="own_rows of 'toy' must select some of the 2 rows"):
+        report.render(form(own_rows=lambda rows: []), ROWS, tmp_path)
+
+
 def test_a_page_refuses_a_main_table_of_more_than_7_columns_and_a_long_method(tmp_path):
     wide = form(table=lambda rows: report.Table([f"c{i}" for i in range(8)], [list(range(8))]))
     with pytest.raises(ValueError, match="at most 7 columns, got 8"):

@@ -268,5 +268,5 @@ def model_forms(study: str, rows: Rows, targets: Callable[[Rows], Sequence[Targe
             caveats=tables.caveats(group), plot=scoped(tables.plot, pretrained),
             plot_caption=plot_caption,
             csvs={key: scoped(make, pretrained) for key, make in csvs(group).items()},
-            command=COMMAND))
+            command=COMMAND, own_rows=scoped(list, pretrained)))
     return pages

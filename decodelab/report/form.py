@@ -45,7 +45,10 @@ class Form:
     the one-sentence answer under the title; ``table``: the rows -> the main table;
     ``plot``: (rows, path) -> writes the one PNG there (None: no plot); ``method`` and
     ``caveats``: lines of markdown; ``csvs``: further tables written as ``<name>_<key>.csv`` so
-    that every column is somewhere; ``command``: the command that regenerates the page.
+    that every column is somewhere; ``command``: the command that regenerates the page;
+    ``own_rows``: the rows -> the rows this page reports, whose points, commit, machine, wall
+    time and load its provenance lines count (None: every row rendered). Several pages rendered
+    from one workdir each give theirs, so a page does not claim its neighbours' points.
     """
 
     name: str
@@ -59,6 +62,7 @@ class Form:
     plot: Callable[[Rows, pathlib.Path], Any] | None = None
     plot_caption: str = ""
     csvs: Mapping[str, Callable[[Rows], Table]] = dataclasses.field(default_factory=dict)
+    own_rows: Callable[[Rows], Rows] | None = None
 
     def __post_init__(self):
         if not self.name or "/" in self.name:
@@ -118,6 +122,10 @@ def render(form: Form, rows: Rows, out_dir: str | os.PathLike) -> Rendered:
     """Write ``<out_dir>/<form.name>.md`` with its CSVs and plot, from ``rows`` alone."""
     if not rows:
         raise ValueError(f"rows must not be empty to render {form.name!r}, got none")
+    own = rows if form.own_rows is None else form.own_rows(rows)
+    if not own:
+        raise ValueError(f"own_rows of {form.name!r} must select some of the {len(rows)} rows, "
+                         f"got none")
     out_dir = pathlib.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     judged = tuple(claim.judge(rows) for claim in form.claims)
@@ -150,7 +158,7 @@ def render(form: Form, rows: Rows, out_dir: str | os.PathLike) -> Rendered:
                  for key, make in form.csvs.items()]
         parts += ["Every column: " + ", ".join(links) + ".", ""]
     parts += ["## Provenance", "", *[f"- {line}" for line in
-                                     provenance_lines(rows, form.command)], ""]
+                                     provenance_lines(own, form.command)], ""]
     page = out_dir / f"{form.name}.md"
     page.write_text("\n".join(parts), encoding="utf-8")
     return Rendered(page, form.question, judged, (page, *written))
