@@ -255,6 +255,36 @@ def test_a_row_records_the_cpu_time_other_processes_took(tmp_path, monkeypatch):
         "it over 0.5 s or more (at most 0.50).")
 
 
+def test_points_run_on_a_shared_machine_are_named_and_run_again_on_request(tmp_path,
+                                                                         monkeypatch):
+    from decodelab.experiment import runner
+
+    def slow(config, ctx):  # long enough (0.5 s) for a reading of the other processes' CPU time
+        time.sleep(0.5)
+        return measure(config, ctx)
+
+    # (machine, own) CPU seconds: point 0 sees other processes take a core for 0.5 s or more
+    # (shared), point 1 sees none; on the rerun point 0 is quiet.
+    readings = iter([(100.0, 10.0), (101.0, 10.0), (200.0, 20.0), (200.5, 20.5),
+                     (300.0, 30.0), (300.0, 30.0)])
+    monkeypatch.setattr(runner, "cpu_seconds", lambda: next(readings))
+    sweep = experiment.product({"eval.length": [8, 16]})
+    with pytest.warns(UserWarning, match=r"1 of 2 points ran while other processes kept 0.25 "
+                      r"cores or more busy.*point 0 \(\d.\d\d cores\); run the same command "
+                      r"with --rerun_shared"):
+        first = experiment.run(toy_config(), sweep, slow, tmp_path, progress=False)
+    assert runner.shared(first[0]) >= 1.0 and runner.shared(first[1]) is None
+    with pytest.warns(UserWarning, match="1 of 2 points ran while"):  # kept, and still named
+        again = experiment.run(toy_config(), sweep, slow, tmp_path, progress=False)
+    assert again == first
+    rerun = experiment.run(toy_config(), sweep, slow, tmp_path, progress=False,
+                           options=runner.SweepOptions(rerun_shared=True))
+    assert rerun[0]["other_cpu_s"] == 0.0 and rerun[0]["start_time"] >= first[0]["start_time"]
+    assert rerun[1] == first[1]  # only the shared point ran again
+    assert lines_of(tmp_path) == [json.dumps(r) for r in rerun]  # in the old row's place
+    assert next(readings, None) is None
+
+
 def test_git_state_outside_a_repository_is_unknown(tmp_path):
     assert experiment.git_state(tmp_path) == ("unknown", None)
 

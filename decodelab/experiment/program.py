@@ -32,6 +32,7 @@ class ExperimentFlags:
     workdir: flags.FlagHolder
     sweep_shard: flags.FlagHolder
     extend_sweep: flags.FlagHolder
+    rerun_shared: flags.FlagHolder
     flag_values: flags.FlagValues
 
 
@@ -57,14 +58,15 @@ def define_config_file(name: str, default: str | None, help_text: str,
 def define_flags(default_config: str | None = None) -> ExperimentFlags:
     """Define ``--config`` (a locked config file, so a misspelt override fails by name; see
     ``define_config_file``), ``--workdir`` (default ``runs/<experiment>``), ``--sweep_shard``
-    (``i/n``, default ``0/1``), ``--extend_sweep`` (see ``SweepOptions.extend``) and the
+    (``i/n``, default ``0/1``), ``--extend_sweep`` (see ``SweepOptions.extend``),
+    ``--rerun_shared`` (``SweepOptions.rerun_shared``) and the
     multi-process flags (``sharding.define_flags``; not for an imported program).
 
     When the global flags are already parsed or these names are taken, the module is being imported
     by another program (e.g. ``experiments.report`` reading its ``report`` function): the flags then
     go to a private FlagValues, so the import neither clashes with nor changes the program's flags.
     """
-    names = ("config", "workdir", "sweep_shard", "extend_sweep")
+    names = ("config", "workdir", "sweep_shard", "extend_sweep", "rerun_shared")
     shared = flags.FLAGS
     flag_values = (flags.FlagValues() if shared.is_parsed() or any(n in shared for n in names)
                    else shared)
@@ -84,6 +86,10 @@ def define_flags(default_config: str | None = None) -> ExperimentFlags:
             "extend_sweep", False, "Add this run's points to a --workdir whose rows of this sweep "
             "ran with other settings (without it such a run is refused, naming the fields that "
             "differ).", flag_values=flag_values),
+        rerun_shared=flags.DEFINE_bool(
+            "rerun_shared", False, "Measure again the points whose row says other processes kept "
+            "the machine's cores busy while they ran (the run ends with a warning naming them), "
+            "replacing their rows.", flag_values=flag_values),
         flag_values=flag_values,
     )
 
@@ -125,7 +131,8 @@ def run_from_flags(experiment_flags: ExperimentFlags,
     shard_index, shard_count = parse_shard(experiment_flags.sweep_shard.value)
     workdir = pathlib.Path(experiment_flags.workdir.value or f"runs/{config.experiment}")
     options = SweepOptions(shard_index, shard_count, name=pathlib.Path(filename).name,
-                           extend=experiment_flags.extend_sweep.value)
+                           extend=experiment_flags.extend_sweep.value,
+                           rerun_shared=experiment_flags.rerun_shared.value)
     try:
         rows = run(config, sweep, point_fn, workdir, options=options)
     except KeyboardInterrupt:

@@ -14,6 +14,7 @@ import numbers
 import os
 import pathlib
 import time
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -24,6 +25,8 @@ from tqdm.auto import tqdm
 from decodelab.experiment.provenance import cpu_seconds, provenance
 from decodelab.experiment.sweep import Point, expand, shard
 from decodelab.measure.compiles import release_near_map_limit
+from decodelab.measure.timing import SHARED_CORES
+from decodelab.report.pages import other_cores
 from decodelab.report.rows import (add_rows, as_workdir, check_writable, config_differences,
                                    json_dumps, read_rows)
 
@@ -128,6 +131,10 @@ class SweepOptions:
     # Add this run's points to a workdir whose sweep of the same name ran with other settings
     # (``--extend_sweep``); without it such a run is refused before any point runs.
     extend: bool = False
+    # Run again the points whose row says the machine was shared while they ran (``shared``:
+    # other processes kept ``measure.timing.SHARED_CORES`` cores or more busy on average), and
+    # put the new row in the old one's place (``--rerun_shared``).
+    rerun_shared: bool = False
 
 
 def _key(overrides: Mapping[str, Any]) -> str:
@@ -143,6 +150,27 @@ def _describe_changes(stale: list[dict], by_overrides: Mapping[str, Point]) -> s
     return "; ".join(f"{key} was {' / '.join(sorted(o for o, _ in pairs))}, now "
                      f"{' / '.join(sorted({n for _, n in pairs}))}"
                      for key, pairs in list(changes.items())[:6])
+
+
+def shared(row: Mapping[str, Any]) -> float | None:
+    """The cores other processes kept busy on average during ``row``'s point
+    (``report.other_cores``) where that reaches ``SHARED_CORES``: its timings are not of a quiet
+    machine. None for a quiet point, or one that recorded no reading."""
+    busy = other_cores([row])
+    return busy[0] if busy and busy[0] >= SHARED_CORES else None
+
+
+def _warn_shared(rows: Sequence[Mapping[str, Any]], options: SweepOptions) -> None:
+    busy = [row for row in rows if shared(row) is not None]
+    if not busy:
+        return
+    named = "; ".join(f"point {row['sweep_index']} ({shared(row):.2f} cores)" for row in busy[:5])
+    more = f" and {len(busy) - 5} more" if len(busy) > 5 else ""
+    again = ("" if options.rerun_shared else "; run the same command with --rerun_shared once the "
+             "machine is quiet to measure them again")
+    warnings.warn(f"{len(busy)} of {len(rows)} points ran while other processes kept "
+                  f"{SHARED_CORES} cores or more busy, so their timings are not of a quiet machine: "
+                  f"{named}{more}{again}", stacklevel=3)
 
 
 def check_one_sweep(existing: Sequence[Mapping[str, Any]], points: Sequence[Point],
@@ -176,6 +204,9 @@ def run(
     """Run the points of shard ``options.shard_index/shard_count`` of ``sweep`` that have no row in
     ``workdir``, appending a row after each. Returns the rows of this shard's points, in sweep order.
 
+    A point whose row says the machine was shared (``shared``) is named in a warning at the end,
+    and with ``options.rerun_shared`` runs again on the next run.
+
     Everything is checked before the first point runs: the sweep (unknown keys, duplicates), the
     shard, the workdir (a folder this process can write: its lock file is created and a rows file
     written on trial) and its rows (all of ``config.experiment``, and none of this sweep run with
@@ -194,7 +225,8 @@ def run(
     check_one_sweep(existing, points, options, workdir)
     check_writable(workdir)
     rows = {row["config_hash"]: row for row in existing}
-    todo = [p for p in mine if p.config_hash not in rows]
+    todo = [p for p in mine if p.config_hash not in rows
+            or (options.rerun_shared and shared(rows[p.config_hash]) is not None)]
     fields = provenance(command)
 
     label = config.experiment + (f" {shard_index}/{shard_count}" if shard_count > 1 else "")
@@ -223,8 +255,10 @@ def run(
                 row["other_cpu_s"] = max(0.0, (cpu_end[0] - cpu_start[0])
                                          - (cpu_end[1] - cpu_start[1]))
             if jax.process_index() == 0:  # one row per point of a multi-process run
-                add_rows(workdir, [row])
-            rows.setdefault(point.config_hash, row)
+                add_rows(workdir, [row], replace=point.config_hash in rows)
+            rows[point.config_hash] = row
             bar.update(1)
             release_near_map_limit()  # a long sweep would otherwise crash compiling (see there)
-    return [rows[p.config_hash] for p in mine]
+    mine_rows = [rows[p.config_hash] for p in mine]
+    _warn_shared(mine_rows, options)
+    return mine_rows

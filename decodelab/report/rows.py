@@ -204,9 +204,11 @@ def write_rows(workdir: str | os.PathLike, rows: Iterable[Mapping[str, Any]]) ->
     return workdir / ROWS_FILE
 
 
-def add_rows(workdir: str | os.PathLike, rows: Iterable[Mapping[str, Any]]) -> int:
+def add_rows(workdir: str | os.PathLike, rows: Iterable[Mapping[str, Any]], *,
+             replace: bool = False) -> int:
     """Add ``rows`` to ``<workdir>/rows.jsonl`` (created if needed) in one atomic write; rows whose
-    config hash is already there are skipped. Returns how many were added.
+    config hash is already there are skipped, or with ``replace`` take the old row's place (a
+    point measured again). Returns how many rows were added or replaced.
 
     Merging shards' workdirs into one: ``add_rows(dest, merge_rows(read_rows(a), read_rows(b)))``.
     """
@@ -216,7 +218,14 @@ def add_rows(workdir: str | os.PathLike, rows: Iterable[Mapping[str, Any]]) -> i
     _check_fields(rows)
     with _locked(workdir):
         existing = read_rows(workdir)
-        merged = merge_rows(existing, rows)
-        if len(merged) > len(existing):
+        if replace:
+            new = {row["config_hash"]: dict(row) for row in rows}
+            merged = merge_rows([new.pop(row["config_hash"], row) for row in existing],
+                                new.values())
+            changed = len({row["config_hash"] for row in rows})
+        else:
+            merged = merge_rows(existing, rows)
+            changed = len(merged) - len(existing)
+        if changed:
             _replace_rows(workdir, merged)
-    return len(merged) - len(existing)
+    return changed
