@@ -10,14 +10,19 @@ most of its time:
 - ``--xla_cpu_use_fusion_emitters=false``: XLA's older elemental emitters for loop fusions, which
   compile faster than its MLIR fusion emitters (on a cold compilation cache the whole suite took
   1659 s against 2186 s on 2 cores).
+- ``--xla_cpu_parallel_codegen_split_count=1``: each program's LLVM code is one module instead
+  of up to 32 parts compiled on a thread pool; the parts' overhead outweighs the parallelism on
+  2 cores already busy with 2 workers (a distribution test's compiles: 9.8-10.3 s against
+  11.3-12.8 s, one process, empty compilation cache).
 
-Neither changes the optimised HLO (fusion, layout, aliasing), which the structure tests read;
+None of them changes the optimised HLO (fusion, layout, aliasing), which the structure tests read;
 float results differ from the defaults' by rounding only (a few ulps).
 """
 
 import os
 
-FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
+FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false",
+         "--xla_cpu_parallel_codegen_split_count=1")
 
 
 def set_xla_flags(*extra: str, keep_environment: bool = True) -> None:

@@ -32,6 +32,10 @@ _BEFORE_TEMPERATURE = PROCESSORS[:[p.name for p in PROCESSORS].index("temperatur
 _FROM_TEMPERATURE = PROCESSORS[len(_BEFORE_TEMPERATURE):]
 
 
+# process_logits and processed_logprobs are compiled as one program each when called outside a
+# traced function (a reference distribution, a quality metric): op by op, every processor's
+# lax.cond would compile on its own at every call. Inside a traced function they are inlined.
+@jax.jit
 def process_logits(logits: jax.Array, params: RowParams, history: History) -> jax.Array:
     """``[B, V]`` model logits -> processed logits, through every processor in pipeline order
     (each skipped at run time when no row enables it)."""
@@ -58,6 +62,7 @@ def all_greedy(params: RowParams, skip: jax.Array | None = None) -> jax.Array:
     return jnp.all(greedy if skip is None else greedy | skip)
 
 
+@jax.jit
 def processed_logprobs(logits: jax.Array, params: RowParams, history: History,
                        scored: Scored | None = None) -> jax.Array:
     """``[B, V]`` log-probabilities of the distribution each row samples from (``-inf`` = never);
