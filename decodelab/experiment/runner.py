@@ -161,10 +161,10 @@ def shared(row: Mapping[str, Any]) -> float | None:
 
 
 def _warn_shared(rows: Sequence[Mapping[str, Any]], options: SweepOptions) -> None:
-    busy = [row for row in rows if shared(row) is not None]
+    busy = [(row["sweep_index"], cores) for row in rows if (cores := shared(row)) is not None]
     if not busy:
         return
-    named = "; ".join(f"point {row['sweep_index']} ({shared(row):.2f} cores)" for row in busy[:5])
+    named = "; ".join(f"point {index} ({cores:.2f} cores)" for index, cores in busy[:5])
     more = f" and {len(busy) - 5} more" if len(busy) > 5 else ""
     again = ("" if options.rerun_shared else "; run the same command with --rerun_shared once the "
              "machine is quiet to measure them again")
