@@ -58,7 +58,8 @@ def forms(rows) -> list[report.Form]:
         name="constrained" + (f"_{model}" if model != "tiny" else ""),
         question=f"How much does per-token masking distort `{model}`'s distribution, and when?",
         claims=claims(rows), answer=page.answer, table=page.task_table,
-        method=page.method(rows), caveats=page.caveats(rows),
+        method=page.method(rows), caveats=page.caveats(rows), plot=page.plot,
+        plot_caption="total variation and both KLs of masked from exact, per task",
         csvs={"automata": page.automaton_table, "outputs": page.outputs_table,
               "points": report.points_table},
         command="python -m experiments.report --all")]

@@ -89,6 +89,15 @@ def test_the_page_tables_and_claims_from_synthetic_rows():
     assert [c.threshold for c in form.claims] == [study.CLOSE_TV] * 2
 
 
+def test_the_page_plots_the_distances_of_the_judged_tasks(tmp_path):
+    rows = [automaton_row(), task_row("apart", np.log(P / Q)[[0, 1] * 20]),
+            task_row("short", [0.0, 0.0, 0.0], complete=[1.0, 0.0, 0.0])]
+    (form,) = study.forms(rows)
+    assert form.plot is page.plot
+    page.plot(rows, tmp_path / "constrained.png")  # "short" has no distances and no point
+    assert (tmp_path / "constrained.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_a_task_with_too_few_complete_outputs_is_not_judged():
     row = task_row("short", [0.0, 0.0, 0.0], complete=[1.0, 0.0, 0.0])
     assert measure.distances(row["metrics"]) == {"tv": None, "kl": None, "kl_reverse": None}

@@ -13,6 +13,7 @@ from decodelab.measure import constrained as measure
 from decodelab.measure.stats import Interval
 from decodelab.report.claims import Judged, Quantity
 from decodelab.report.form import tally, value_text
+from decodelab.report.plots import Axes, line_plot
 from decodelab.report.tables import Table
 
 Rows = Sequence[Mapping[str, Any]]
@@ -63,6 +64,22 @@ def task_table(rows: Rows) -> Table:
     return Table(["task", "TV", "KL(exact‖masked)", "KL(masked‖exact)",
                   "P(match): weighted / measured", "effective outputs",
                   "perplexity: masked / exact"], lines)
+
+
+# The distances the plot draws per task: key of ``measure.distances`` -> its label.
+PLOTTED = {"tv": "total variation", "kl": "KL(exact‖masked), nats",
+           "kl_reverse": "KL(masked‖exact), nats"}
+
+
+def plot(rows: Rows, path) -> None:
+    """Per task, the three distances of masked from exact constrained sampling with their
+    intervals, on a log scale (a task too short of complete outputs has none)."""
+    points = [{"task": task, "distance": label, "value": value}
+              for task in task_names(rows) for key, label in PLOTTED.items()
+              if (value := task_value(task, key)(rows)) is not None]
+    line_plot(points, path, x="task", y="value", group="distance",
+              axes=Axes(logy=True, title=f"Masked against exact constrained sampling, "
+                                          f"`{model_name(rows)}`"))
 
 
 def outputs_table(rows: Rows) -> Table:
