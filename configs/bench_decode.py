@@ -80,7 +80,7 @@ PRETRAINED_BATCH_SIZES = (1, 8)
 # Cache slots of the max_len sweep (288 = prompt_len + new_tokens, the default) on small, batch 8.
 MAX_LENS = (288, 1024, 4096)
 # Timed runs of each cache size and of the smallest beside it (interleaved).
-MAX_LEN_REPEATS = 64
+MAX_LEN_REPEATS = 128
 # What the config argument names besides a preset: a sweep with its own rows.
 STUDIES = ("max_len", "breakdown", "sampling", "constrained", "weights", "samplers")
 # The weights study's preset (a random model) and batch sizes.
