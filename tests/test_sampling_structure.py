@@ -218,6 +218,21 @@ def test_the_argmax_branch_of_a_stand_in_model_has_no_exponential():
     assert {"exp", "exp2", "log", "log1p", "logistic"}.isdisjoint(e.primitive for e in greedy)
 
 
+def test_the_sampled_branch_takes_its_normaliser_from_the_draw(tiny):
+    """Processors aside, the sampled branch exponentiates the ``[B, V]`` scores once (for the
+    draw, whose block sums also give each row's normaliser) and takes no logarithm over the
+    vocabulary: no log-softmax of ``[B, V]`` per step unless the caller records the
+    distribution."""
+    found = step_equations(tiny, dl.SamplingParams(temperature=1.0))
+    top, V = choice(found), tiny.config.vocab_size
+    sampled = [e for e in found if e.branches == ((top, 0),)]
+
+    def over_vocabulary(name):
+        return [e for e in sampled if e.primitive == name and e.input_types[0].shape[-1] == V]
+
+    assert len(over_vocabulary("exp")) == 1 and over_vocabulary("log") == []
+
+
 def test_nothing_in_the_step_sorts_and_a_draw_takes_one_uniform_per_row(tiny):
     found = step_equations(tiny, dl.SamplingParams(temperature=0.8, top_k=40, top_p=0.95))
     assert named(found, "sort") == [] and named(found, "top_k") == []

@@ -103,11 +103,14 @@ def _choose(state: DecodeState, with_distribution: bool):
         return token, jnp.zeros((B,), jnp.float32), bad, none, one_hot
 
     def sampled():
-        logprobs = sampling.processed_logprobs(logits, params, history, scored)  # [B, V]
-        token = sampling.draw(logprobs, sampling.row_keys(state.keys, state.lengths))
-        chosen = jnp.take_along_axis(logprobs, token[:, None], axis=-1)[:, 0]
-        return (token, chosen, scored.bad(),
-                ~jnp.any(logprobs > -jnp.inf, axis=-1), logprobs if with_distribution else None)
+        # The draw's own sums give each row's normaliser: no log-softmax of [B, V] unless the
+        # caller records the distribution (the draw reads the same scores either way).
+        scores = sampling.process_scores(scored, params, history)  # [B, V]
+        token, total = sampling.draw_with_total(scores, sampling.row_keys(state.keys,
+                                                                          state.lengths))
+        chosen = jnp.take_along_axis(scores, token[:, None], axis=-1)[:, 0] - total
+        logprobs = scores - total[:, None] if with_distribution else None
+        return token, chosen, scored.bad(), total == -jnp.inf, logprobs
 
     token, chosen, bad, none, distribution = jax.lax.cond(
         sampling.all_greedy(params, skip=state.done), greedy, sampled)

@@ -300,3 +300,10 @@ def draw(logprobs: jax.Array, keys: jax.Array) -> jax.Array:
     draws, exactly from them (``select.draw``: one uniform per row, no sort). A row's draw reads
     only its own distribution and key, never its batch-mates."""
     return select.draw(logprobs, keys)
+
+
+def draw_with_total(logits: jax.Array, keys: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``draw`` from ``[..., V]`` processed logits, and ``[...]`` each row's log total
+    (``logsumexp``, -inf where no token is allowed) from the draw's own sums: the drawn token's
+    log-probability is ``logits[token] - total``, without a log-softmax of the whole row."""
+    return select.draw_with_total(logits, keys)

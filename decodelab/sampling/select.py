@@ -205,13 +205,21 @@ def draw(logprobs: jax.Array, keys: jax.Array) -> jax.Array:
     probability, in id order, passes ``u`` times the total, ``u`` one uniform from the row's key.
     A token whose float32 probability is 0 is never drawn, however the sums round; a row with
     no allowed token gives 0 (the decode loops never keep it)."""
-    shape, V = logprobs.shape[:-1], logprobs.shape[-1]
-    flat = logprobs.reshape(-1, V)
+    return draw_with_total(logprobs, keys)[0]
+
+
+def draw_with_total(logits: jax.Array, keys: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``draw``'s tokens and ``[...]`` the log of each row's total, ``logsumexp(logits)`` (-inf
+    where no token is allowed), from the sums the draw forms anyway: the drawn token's
+    log-probability is ``logits[token] - total``, with no log-softmax over ``[..., V]``."""
+    shape, V = logits.shape[:-1], logits.shape[-1]
+    flat = logits.reshape(-1, V)
     R = flat.shape[0]
     G = _block_size(V)
     n_blocks = -(-V // G)
-    best = jnp.max(flat, axis=-1, keepdims=True)
-    p = jnp.exp(flat - jnp.where(best > -jnp.inf, best, 0.0))  # [R, V], in [0, 1]
+    best = jnp.max(flat, axis=-1)  # [R]
+    shift = jnp.where(best > -jnp.inf, best, 0.0)
+    p = jnp.exp(flat - shift[:, None])  # [R, V], in [0, 1]
     p = jnp.pad(p, ((0, 0), (0, n_blocks * G - V))).reshape(R, n_blocks, G)
     block_mass = jnp.sum(p, axis=-1)  # [R, n]
     through = jnp.cumsum(block_mass, axis=-1)  # [R, n], inclusive
@@ -226,4 +234,6 @@ def draw(logprobs: jax.Array, keys: jax.Array) -> jax.Array:
     inside = jnp.take_along_axis(p, block[:, None, None], axis=1)[:, 0]  # [R, G]
     offset = _first_passing(jnp.cumsum(inside, axis=-1) + before[:, None], inside, point)
     token = block * G + offset
-    return token.astype(jnp.int32).reshape(shape)
+    mass = through[:, -1]
+    total = jnp.where(mass > 0, shift + jnp.log(jnp.where(mass > 0, mass, 1.0)), -jnp.inf)
+    return token.astype(jnp.int32).reshape(shape), total.reshape(shape)

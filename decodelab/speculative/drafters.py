@@ -104,9 +104,8 @@ class ModelDrafter(Drafter):
 
             def sampled():
                 scores = sampling.process_scores(scored, state.params, history)
-                normaliser = jax.nn.logsumexp(scores, axis=-1)  # [B]
-                token = sampling.draw(scores - normaliser[:, None],
-                                      stream_keys(state.keys, L + j, DRAFT_STREAM))
+                token, normaliser = sampling.draw_with_total(  # [B], [B]
+                    scores, stream_keys(state.keys, L + j, DRAFT_STREAM))
                 logq = jnp.take_along_axis(scores, token[:, None], axis=1)[:, 0] - normaliser
                 return token, logq, scored.usable(normaliser)
 
