@@ -17,6 +17,7 @@ from decodelab.sampling.processors import HISTORY_PARAMETERS, PARAMETERS, PROCES
 
 __all__ = ["HISTORY_PARAMETERS", "History", "LogitsProcessor", "PARAMETERS", "PROCESSORS",
            "Parameter", "RowParams", "SamplingParams", "Scored", "all_greedy", "argmax",
-           "bad_logits", "batch_keys", "draw", "draw_with_total", "entropy", "greedy_choice", "greedy_scores",
-           "indexed_sample_keys", "logprob_entropy", "probs", "process_logits", "process_scores",
-           "processed_logprobs", "row_keys", "sample_keys", "score", "seed_keys"]
+           "bad_logits", "batch_keys", "draw", "draw_with_total", "entropy", "greedy_choice",
+           "greedy_scores", "indexed_sample_keys", "logprob_entropy", "probs", "process_logits",
+           "process_scores", "processed_logprobs", "row_keys", "sample_keys", "score",
+           "seed_keys"]
