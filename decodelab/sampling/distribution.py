@@ -2,9 +2,11 @@
 (``processors.PROCESSORS``, in pipeline order, each skipped at run time when no row enables it),
 and the greedy choice, which takes the argmax of the scores before temperature.
 
-``processed_logprobs`` is the distribution that is sampled from, reported as the token's
-logprob, and used by speculative decoding's accept/reject test: one function, so the three never
-disagree.
+``processed_logprobs`` is the distribution that is sampled from, and the one speculative
+decoding's accept/reject test reads. The decode loops draw from the same processed logits
+(``process_scores``) and report the token's logprob as its logit less the draw's log total
+(``params.draw_with_total``): the same distribution up to float32 rounding, without a
+log-softmax of the whole vocabulary per step.
 
 A decode step chooses between the argmax (every running row greedy) and the sampled draw at run
 time, in one program. ``score`` runs the processors before temperature once for both paths, and
