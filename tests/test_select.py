@@ -377,6 +377,28 @@ def test_a_rows_draw_depends_only_on_its_row_and_key():
     np.testing.assert_array_equal(np.asarray(grid).reshape(-1), together)
 
 
+def test_a_draw_s_total_is_the_rows_logsumexp_and_its_tokens_are_draw_s():
+    """``draw_with_total``: the tokens of ``draw`` (on the logits, or on their log-softmax up to
+    its rounding), and ``logsumexp`` of each row from the draw's own sums, -inf for a row that
+    allows no token; the drawn token's logprob is its logit less the total."""
+    rng, V = np.random.default_rng(9), 1000
+    logits = np.where(rng.random((12, V)) < 0.2, -np.inf,
+                      rng.normal(size=(12, V)) * rng.uniform(0.3, 30, size=(12, 1)) + 50.0)
+    logits[3] = -np.inf  # no allowed token
+    logits = jnp.asarray(logits, jnp.float32)
+    keys = jax.random.split(jax.random.key(10), 12)
+    token, total = map(np.asarray, jax.jit(sampling.draw_with_total)(logits, keys))
+    np.testing.assert_array_equal(token, np.asarray(_draw(logits, keys)))
+    assert total[3] == -np.inf
+    some = np.arange(12) != 3  # the rows with an allowed token
+    np.testing.assert_allclose(total[some], np.asarray(jax.nn.logsumexp(logits, axis=-1))[some],
+                               rtol=1e-6)
+    chosen = np.take_along_axis(np.asarray(logits), token[:, None], axis=1)[some, 0]
+    lp = np.asarray(jax.nn.log_softmax(logits, axis=-1))
+    reference = np.take_along_axis(lp, token[:, None], axis=1)[some, 0]
+    np.testing.assert_allclose(chosen - total[some], reference, atol=1e-4)
+
+
 def test_a_token_of_probability_zero_is_never_drawn_where_block_sums_round():
     """Blocks of 16: token 0 holds a < 1; block 1, banned token 16 and token 17 (holding 1).
     Where a + 1 rounds up, (a + 1) - 1 > a, and a draw that began block 1 at that difference
