@@ -204,7 +204,7 @@ def test_the_argmax_branch_reduces_the_vocabulary_for_the_argmax_alone(tiny):
     top, before = choice(found), group(found)
     plain = [e for e in found if e.branches in ((), ((top, 1),), ((before, 0),))]
     assert programs.reductions_over(plain, tiny.config.vocab_size) == [
-        ("reduce_max", "float32"), ("reduce_min", "int32")]
+        ("reduce_max", "float32"), ("reduce_min", "float32")]
     greedy = [e for e in found if e.branches[:1] == ((top, 1),)]
     assert named(greedy, "random_bits") == []
 

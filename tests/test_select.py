@@ -425,6 +425,23 @@ def test_a_token_of_probability_zero_is_never_drawn_where_block_sums_round():
 # --- A few largest entries without a sort ---------------------------------------------------------
 
 
+def test_argmax_is_jnp_argmax_ties_zeros_and_nan_rows_included():
+    """``sampling.argmax`` (float32 ids): the lowest index of the maximum, ``-0.0`` tied with
+    ``0.0``; a NaN row gives an index in range; an axis of 2^24 or more ids is refused (float32
+    holds every integer below it exactly)."""
+    rng = np.random.default_rng(11)
+    rows = np.round(rng.normal(size=(16, 4099)) * 2).astype(np.float32)  # ties everywhere
+    rows[3] = -np.inf
+    rows[4, [7, 9]] = np.inf
+    rows[5] = np.where(rng.random(4099) < 0.5, -0.0, 0.0) - 1.0 * (np.arange(4099) % 2)
+    got = np.asarray(jax.jit(sampling.argmax)(jnp.asarray(rows)))
+    np.testing.assert_array_equal(got, np.argmax(rows, axis=-1))
+    nan = np.asarray(jax.jit(sampling.argmax)(jnp.full((2, 5), jnp.nan)))
+    assert ((0 <= nan) & (nan < 5)).all()
+    with pytest.raises(ValueError, match="2\\^24"):
+        jax.eval_shape(sampling.argmax, jax.ShapeDtypeStruct((1, 1 << 24), jnp.float32))
+
+
 @pytest.mark.parametrize("k", [1, 3, 8])
 def test_largest_is_lax_top_k_ties_and_infinities_included(k):
     """Descending values, ties to the lower id, ``-inf`` entries after every finite one (in id
