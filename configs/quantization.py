@@ -10,7 +10,8 @@ Render the page with `python -m experiments.report --workdir=runs/quantization -
 
 On SmolLM2-135M-Instruct (reference: its GGUF file dequantized to float32), plus rows of
 llama.cpp's logits and decode speed from the same file as stored and from llama.cpp's own float32,
-Q8_0, Q4_0 and Q4_K_M conversions of it (where the `llamacpp` extra is installed):
+Q8_0, Q4_0 and Q4_K_M conversions of it (where the `llamacpp` extra is installed), and rows of
+decodelab's counterparts of those block formats (int8 and GPTQ int4 in blocks of 32):
 
     python -m experiments.quantization --config=configs/quantization.py:smollm2-135m \
         --workdir=runs/quantization_smollm2
@@ -46,6 +47,16 @@ WEIGHT_ROWS = (
     ("int4", 128, "absmax", "awq", ""),
     ("int8", 0, "absmax", "rtn", "int8"),
     ("int8", 0, "absmax", "rtn", "int8x2"),
+)
+# The counterparts of llama.cpp's block formats, on a pretrained model's page (where llama.cpp's
+# own quantizations of the same file are), read through the float32 KV cache: int8 in blocks of
+# 32 as Q8_0, with float inputs, with inputs rounded to int8 in the same blocks (as Q8_0's integer
+# dot) and as two int8 terms; int4 in blocks of 32 calibrated by GPTQ, set against Q4_0.
+BLOCK_ROWS = (
+    ("int8", 32, "absmax", "rtn", ""),
+    ("int8", 32, "absmax", "rtn", "int8"),
+    ("int8", 32, "absmax", "rtn", "int8x2"),
+    ("int4", 32, "absmax", "gptq", ""),
 )
 KV_CACHES = ("f32", "int8", "int4")
 SIXTEEN_BITS = ("bfloat16", "float16")
@@ -110,7 +121,7 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
 
 def get_sweep(arg: str | None = None) -> list[dict]:
     """Each weight row with each KV cache, then the self-draft speculative row (and, for a
-    pretrained model, the llama.cpp rows)."""
+    pretrained model, the llama.cpp rows and the block rows, ``BLOCK_ROWS``)."""
     big_group = 64 if arg in PRETRAINED_MODELS else 128
     points = []
     for weights, group, scheme, method, activations in WEIGHT_ROWS:
@@ -119,5 +130,9 @@ def get_sweep(arg: str | None = None) -> list[dict]:
         kv = ["f32"] if weights in SIXTEEN_BITS else list(KV_CACHES)
         points += product({"weights": [weights], "group_size": [group], "scheme": [scheme],
                            "method": [method], "kv_cache": kv, **extra})
-    peers = [{"peer": p} for p in PEERS] if arg in PRETRAINED_MODELS else []
-    return points + [{"self_draft": True}] + peers
+    pretrained = arg in PRETRAINED_MODELS
+    peers = [{"peer": p} for p in PEERS] if pretrained else []
+    blocks = [{"weights": weights, "group_size": group, "scheme": scheme, "method": method,
+               "kv_cache": "f32", **({"activations": activations} if activations else {})}
+              for weights, group, scheme, method, activations in BLOCK_ROWS if pretrained]
+    return points + [{"self_draft": True}] + peers + blocks

@@ -62,14 +62,19 @@ def render(study, rows, out_dir) -> dict[str, str]:
             for form in study.forms(rows)}
 
 
-def test_the_pretrained_sweep_adds_the_llama_cpp_rows_after_the_self_draft_row():
+def test_the_pretrained_sweep_adds_the_llama_cpp_rows_and_their_block_counterparts():
     module = config_module("quantization")
     trained, pretrained = module.get_sweep(), module.get_sweep("smollm2-135m")
-    assert len(trained) == 30 and len(pretrained) == 35
-    assert pretrained[-6:] == [{"self_draft": True}, {"peer": "llama.cpp"},
-                               {"peer": "llama.cpp-f32"}, {"peer": "llama.cpp-q8_0"},
-                               {"peer": "llama.cpp-q4_0"}, {"peer": "llama.cpp-q4_k_m"}]
+    assert len(trained) == 30 and len(pretrained) == 39
+    assert pretrained[-10:-4] == [{"self_draft": True}, {"peer": "llama.cpp"},
+                                  {"peer": "llama.cpp-f32"}, {"peer": "llama.cpp-q8_0"},
+                                  {"peer": "llama.cpp-q4_0"}, {"peer": "llama.cpp-q4_k_m"}]
     assert not any("peer" in point for point in trained)
+    points = experiment.expand(module.get_config("smollm2-135m"), pretrained)
+    blocks = [p.config for p in points[-4:]]
+    assert [candidates.quantization_label(c) for c in blocks] == [
+        "int8 g32", "int8 g32 W8A8", "int8 g32 W8A8x2", "int4 g32 GPTQ"]
+    assert {c.kv_cache for c in blocks} == {"f32"}
 
 
 def test_each_point_is_labelled_by_its_weights_method_and_activations():
@@ -87,6 +92,12 @@ def test_the_page_shows_the_llama_cpp_rows_beside_the_targets(study, tmp_path):
                            "pretrained `smollm2-135m`")
     # Judged by the interval over windows (here every window has the same value).
     assert "| int8 weights: mean KLD | 0.00100 [0.00100, 0.00100] | <= 0.00200 | met |" in page
+    # W8A8 is held to the 0.01 the issue asks of it; the block rows are judged on this page.
+    assert ("| int8 W8A8 (integer dot): mean KLD | 0.00100 [0.00100, 0.00100] | <= 0.0100 | "
+            "met |") in page
+    assert ("| int8 g32 weights (as Q8_0): mean KLD | 0.00100 [0.00100, 0.00100] | <= 0.00200 | "
+            "met |") in page
+    assert "| int4 g32 GPTQ | f32 |" in page
     assert "| int8 weights: same top | 98.0% [98.0, 98.0] | >= 97.0% | met |" in page
     assert ("| int8 weights: speed-up at batch 1 | 0.900x | >= 1.50x | not met (point "
             "estimate, no interval) |") in page
@@ -173,8 +184,10 @@ def test_int8_and_int4_are_judged_against_llama_cpps_own_quantizations(study, tm
             m["reps_s_b1"] = [2 * s for s in runs]
         elif m["label"] == "llama.cpp Q8_0":
             m["reps_s_b1"] = runs
-        elif m["label"] == "int4 g32":  # Q4_0's seconds, 90% same top, 1.1x its KL
-            m.update(reps_s_b1=runs, same_top_per_window=[90.0] * 16,
+        elif m["label"] == "int4 g32":  # Q4_0's seconds
+            m.update(reps_s_b1=runs)
+        elif m["label"] == "int4 g32 GPTQ":  # 90% same top, 1.1x Q4_0's KL
+            m.update(same_top_per_window=[90.0] * 16,
                      kl_per_window=[0.011 * (1 + i % 2) for i in range(16)])
         elif m["label"] == "llama.cpp Q4_0":
             m.update(reps_s_b1=runs, same_top_per_window=[92.0 - 2 * (i % 2) for i in range(16)],
@@ -185,10 +198,10 @@ def test_int8_and_int4_are_judged_against_llama_cpps_own_quantizations(study, tm
             ">= 0.800x | not met |") in page
     assert ("| int4 g32 weights: tok/s at batch 1 / llama.cpp Q4_0's | 1.00x [0.909, 1.10] | "
             ">= 0.800x | met |") in page
-    assert ("| int4 g32 weights: same top minus llama.cpp Q4_0's | -1.00% [-1.50, -0.500] | "
-            ">= 0% | not met |") in page
-    assert ("| int4 g32 weights: mean KLD / llama.cpp Q4_0's | 1.10x [1.10, 1.10] | <= 1.20x | "
-            "met |") in page
+    assert ("| int4 g32 GPTQ weights: same top minus llama.cpp Q4_0's | -1.00% [-1.50, -0.500] "
+            "| >= 0% | not met |") in page
+    assert ("| int4 g32 GPTQ weights: mean KLD / llama.cpp Q4_0's | 1.10x [1.10, 1.10] | "
+            "<= 1.20x | met |") in page
 
 
 def test_gptq_and_awq_are_judged_against_round_to_nearest_window_by_window(study, tmp_path):

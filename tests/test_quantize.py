@@ -255,17 +255,20 @@ def test_checkpoint_round_trip_keeps_integer_activations(tmp_path, w8a8, tokeniz
 
 
 def integer_activations_reference(module, x, terms=1):
-    """NumPy integer activations of one quantized module on ``x [R, In]`` (float64): each row
-    rounded to int8 with its own absmax scale, then (``terms=2``) the remainder rounded the same
-    way, the terms' sum times the dequantized kernel."""
-    rest, approx = np.asarray(x, np.float64), 0.0
+    """NumPy integer activations of one quantized module on ``x [R, In]`` (float64): each row's
+    inputs of one weight group (the whole row for one scale per output channel) rounded to int8
+    with their own absmax scale, then (``terms=2``) the remainder rounded the same way, the
+    terms' sum times the dequantized kernel."""
+    R, In = x.shape
+    G = module.scale.shape[0]
+    rest, approx = np.asarray(x, np.float64).reshape(R, G, In // G), 0.0
     for _ in range(terms):
-        absmax = np.abs(rest).max(axis=1, keepdims=True)
-        row_scale = np.where(absmax > 0, absmax / 127, 1.0)
-        term = np.clip(np.round(rest / row_scale), -127, 127) * row_scale
+        absmax = np.abs(rest).max(axis=2, keepdims=True)
+        group_scale = np.where(absmax > 0, absmax / 127, 1.0)
+        term = np.clip(np.round(rest / group_scale), -127, 127) * group_scale
         approx, rest = approx + term, rest - term
     kernel = np.asarray(module.kernel(), np.float64).reshape(module.qvalue.shape)
-    return approx @ kernel
+    return approx.reshape(R, In) @ kernel
 
 
 @pytest.fixture(scope="module")
@@ -280,13 +283,16 @@ def int8x2(model):
 
 @pytest.mark.parametrize("rows", [1, 3])
 @pytest.mark.parametrize("activations", ["int8", "int8x2"])
-def test_integer_activations_equal_rows_rounded_to_int8_times_the_kernel(model, request, rows,
-                                                                         activations):
+def test_integer_activations_equal_weight_groups_rounded_to_int8_times_the_kernel(
+        model, request, rows, activations):
+    """Each row's inputs of one weight group get their own int8 scale (the whole row for one
+    scale per output channel; 32 inputs for int8 in blocks of 32, as llama.cpp's Q8_0 x Q8_0)."""
     terms = qlinear.ACTIVATION_TERMS[activations]
     per_channel = request.getfixturevalue({"int8": "w8a8", "int8x2": "int8x2"}[activations])
+    blocks = dl.quantize(model, weights="int8", group_size=32, activations=activations)
     minmax = dl.quantize(model, weights="int4", group_size=32, scheme="minmax",
                          activations=activations)
-    for q in (per_channel, minmax):
+    for q in (per_channel, blocks, minmax):
         for path, module in quantized_modules(q).items():
             x = jax.random.normal(jax.random.key(rows), (rows, *module.in_dims), jnp.float32)
             got = nnx.jit(lambda m, x: m(x))(module, x).reshape(rows, -1)

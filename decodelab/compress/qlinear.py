@@ -34,29 +34,33 @@ and its int4 -> float convert is 3 to 4 times slower than int8's, so int4 decode
 int8 there.
 
 Integer activations (``activations="int8"``, W8A8). The one formulation that reads integer weights
-without a float copy on CPU is an integer dot: each row of the input (one token) is quantized to
-int8 with its own absmax scale, ``dot_general(int8, int8) -> int32`` runs on XLA's integer GEMM,
-and the row and weight scales multiply the result (per group: a dot batched over the groups; the
-min-max offsets add ``sum of the group's inputs x offset``). It adds the activations' rounding (as
-llama.cpp does for its integer dot products), so it is a different quantization, judged on the
-scoreboard of its own. On CPU, XLA runs a one-row integer dot on a slow path (~10x the two-row
-one), so a single row is padded to ``INT8_MIN_ROWS``; only int8 weights with one scale per output
-channel (``group_size=None``) gain speed: int4 is converted to an int8 copy first and the
-grouped dot is batched, both slower than the float32 dot.
+without a float copy on CPU is an integer dot: the input of each row (one token) is quantized to
+int8 in the weights' groups, each group of inputs with its own absmax scale (the whole row for one
+scale per output channel; 32 inputs for int8 in blocks of 32, as llama.cpp's Q8_0 x Q8_0 dot),
+``dot_general(int8, int8) -> int32`` sums each group on XLA's integer GEMM (per group: a dot
+batched over the groups), and the input and weight scales multiply the sums (the min-max offsets
+add ``sum of the group's inputs x offset``). It adds the activations' rounding (as llama.cpp does
+for its integer dot products), so it is a different quantization, judged on the scoreboard of its
+own. On CPU, XLA runs a one-row integer dot on a slow path (~10x the two-row one), so a single row
+is padded to ``INT8_MIN_ROWS``. Only one scale per output channel gains speed: int4 is converted to
+an int8 copy first, and the dot batched over blocks of 32 runs each block's ``[rows, 32] x [32,
+Out]`` product on its own (a SmolLM2-shaped stack of 30 layers at batch 1, 8 steps in a loop:
+W8A8 in blocks 2.0x float32's step, W8A8x2 in blocks 1.0x, W8A8x2 per output channel 0.52x).
+Rounding the inputs in the weights' blocks is what keeps W8A8 close: on SmolLM2's scoreboard (16
+windows of 128 tokens) int8 in blocks of 32 has mean KL 0.0055 with W8A8 (llama.cpp's Q8_0:
+0.0058), against 0.052 for int8 per output channel with each row rounded whole.
 
-Two int8 terms (``activations="int8x2"``): the fast int8 path. A row is rounded as above, then
-its remainder (at most half a step) is rounded the same way, and both terms go through one
+Two int8 terms (``activations="int8x2"``): the fast int8 path. The inputs are rounded as above,
+then their remainder (at most half a step) is rounded the same way, and both terms go through one
 integer dot of ``2 R`` rows: ``x @ W ~ s1 (q1 @ Q) + s2 (q2 @ Q)``. The activations' rounding
 is then ~127 times finer than W8A8's (about 15 bits), so the output is the weights' rounding
-alone: on SmolLM2 (4 windows of 128 tokens) the mean KL equals float activations' (0.0048 with
-int8 per output channel, against 0.059 for W8A8), and at batch 1 the second term fills the row
-W8A8 pads anyway. What else was measured there, and why it lost: Q8_0-style blocks of 32 (weights
-and activations) need one int32 partial sum per block, and XLA on CPU runs the block-batched
-``dot_general`` at 0.2x float32, an int16 multiply-and-reduce fusion at 1.5x at batch 1 but
-0.4x at batch 8 (it is compute-bound), and the float dot batched over blocks at 0.2x; its KL
-(0.006) was no better, since blocked activations round coarser than two terms. Weight-only
-blocks of 32 reach KL 0.0019 but only through those slow block sums. SmoothQuant's per-channel
-migration (``input_scale``, alpha 0.5) takes W8A8 from 0.059 to 0.020, not to 0.01.
+alone: on SmolLM2 the mean KL equals float activations' (0.0046 with int8 per output channel,
+0.0019 in blocks of 32), and at batch 1 the second term fills the row W8A8 pads anyway. What
+else was measured, and why it lost: an int16 multiply-and-reduce fusion for the block sums (1.5x
+float32 at batch 1 but 0.4x at batch 8: it is compute-bound) and the float dot batched over blocks
+(0.2x). SmoothQuant's per-channel migration (``input_scale``, alpha 0.5) takes per-channel W8A8
+from 0.059 to 0.020, not to 0.01; GPTQ takes per-channel int8 from 0.0046 to 0.0022 (16 or 64
+calibration windows alike), not to 0.002.
 """
 
 from __future__ import annotations
@@ -212,54 +216,55 @@ class QuantizedEinsum(nnx.Module):
         return jnp.moveaxis(y, 0, 1).reshape(-1, Out)
 
     def _integer_matmul(self, x: jax.Array) -> jax.Array:
-        """``x [R, In] @ kernel -> [R, Out]`` with ``x`` quantized per row (module docstring):
-        int8 rows (``"int8"``, padded to ``INT8_MIN_ROWS``) or two int8 terms (``"int8x2"``),
-        an int8 x int8 dot accumulated in int32, then the scales."""
-        terms = activation_terms(x, ACTIVATION_TERMS[self.activations])  # [rows, In], [rows, 1]
-        xq = jnp.concatenate([q for q, _ in terms])  # [terms * rows, In]
+        """``x [R, In] @ kernel -> [R, Out]`` with ``x`` quantized per row and weight group
+        (module docstring): int8 terms (``"int8"``: one, padded to ``INT8_MIN_ROWS``;
+        ``"int8x2"``: two), an int8 x int8 dot accumulated in int32 per group, then the scales."""
+        G, Out = self.scale.shape
+        terms = activation_terms(x, ACTIVATION_TERMS[self.activations], G)
         rows = terms[0][0].shape[0]
-        y = self._integer_dot(xq)  # [terms * rows, Out]
-        y = sum(y[t * rows:(t + 1) * rows] * s for t, (_, s) in enumerate(terms))
+        xq = jnp.concatenate([q for q, _ in terms])  # [terms * rows, G, g] int8
+        xs = jnp.concatenate([s for _, s in terms])  # [terms * rows, G]
+        acc = self._integer_dot(xq)  # [G, terms * rows, Out] int32
+        y = (acc.astype(self.dtype) * xs.T[:, :, None]
+             * self.scale[...].astype(self.dtype)[:, None, :]).sum(0)  # [terms * rows, Out]
+        y = y.reshape(len(terms), rows, Out).sum(0)
         if self.offset is not None:
-            G = self.scale.shape[0]
-            xd = sum(q.astype(self.dtype) * s for q, s in terms)  # [rows, In]
-            y = y + xd.reshape(rows, G, -1).sum(-1) @ self.offset[...].astype(self.dtype)
+            group_sums = sum(q.astype(self.dtype).sum(-1) * s for q, s in terms)  # [rows, G]
+            y = y + group_sums @ self.offset[...].astype(self.dtype)
         return y[:x.shape[0]]
 
     def _integer_dot(self, xq: jax.Array) -> jax.Array:
-        """``xq [rows, In] int8`` times the integer kernel in int32, times the weight scales:
-        ``[rows, Out]`` float (per group: a dot batched over the groups)."""
-        rows = xq.shape[0]
-        G, Out = self.scale.shape
+        """``xq [rows, G, g] int8`` times the integer kernel, summed in int32 within each group:
+        ``[G, rows, Out]`` (one scale per output channel: one plain dot, ``G = 1``)."""
+        rows, G, _ = xq.shape
         q = self.qvalue[...].astype(jnp.int8)
-        scale = self.scale[...].astype(self.dtype)
         if G == 1:
-            acc = jax.lax.dot_general(xq, q, (((1,), (0,)), ((), ())),
-                                      preferred_element_type=jnp.int32)  # [rows, Out]
-            return acc.astype(self.dtype) * scale
-        acc = jax.lax.dot_general(xq.reshape(rows, G, -1), q.reshape(G, -1, Out),
-                                  (((2,), (1,)), ((1,), (0,))),
-                                  preferred_element_type=jnp.int32)  # [G, rows, Out]
-        return jnp.einsum("GRO,GO->RO", acc.astype(self.dtype), scale)
+            return jax.lax.dot_general(xq[:, 0], q, (((1,), (0,)), ((), ())),
+                                       preferred_element_type=jnp.int32)[None]
+        return jax.lax.dot_general(xq, q.reshape(G, -1, q.shape[1]),
+                                   (((2,), (1,)), ((1,), (0,))),
+                                   preferred_element_type=jnp.int32)  # [G, rows, Out]
 
 
 def round_rows(x: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """``x [R, In]`` -> ``(int8 [R, In], scale [R, 1])``: each row rounded with its absmax / 127
-    (an all-zero row gets scale 1)."""
-    absmax = jnp.max(jnp.abs(x), axis=1, keepdims=True)
+    """``x [..., g]`` -> ``(int8 [..., g], scale [...])``: each row of the last axis rounded with
+    its absmax / 127 (an all-zero row gets scale 1)."""
+    absmax = jnp.max(jnp.abs(x), axis=-1)
     scale = jnp.where(absmax > 0, absmax / 127, 1).astype(x.dtype)
-    return jnp.clip(jnp.round(x / scale), -127, 127).astype(jnp.int8), scale
+    return jnp.clip(jnp.round(x / scale[..., None]), -127, 127).astype(jnp.int8), scale
 
 
-def activation_terms(x: jax.Array, n: int) -> list[tuple[jax.Array, jax.Array]]:
-    """``x [R, In]`` as ``n`` int8 terms ``[(q, scale)]`` with ``x ~ sum q * scale``: term 1 rounds
-    the rows, term 2 the remainder (module docstring). One term is padded to ``INT8_MIN_ROWS``."""
+def activation_terms(x: jax.Array, n: int, groups: int = 1) -> list[tuple[jax.Array, jax.Array]]:
+    """``x [R, In]`` as ``n`` int8 terms ``[(q [rows, groups, In / groups], scale [rows,
+    groups])]`` with ``x ~ sum q * scale``, each group of ``In / groups`` inputs of a row rounded
+    with its own scale: term 1 rounds the groups, term 2 the remainder (module docstring). One
+    term is padded to ``INT8_MIN_ROWS`` rows."""
     rows = max(x.shape[0], INT8_MIN_ROWS) if n == 1 else x.shape[0]
-    rest = jnp.pad(x, ((0, rows - x.shape[0]), (0, 0)))  # [rows, In]
+    rest = jnp.pad(x, ((0, rows - x.shape[0]), (0, 0))).reshape(rows, groups, -1)
     terms = [round_rows(rest)]
     for _ in range(n - 1):
         q, scale = terms[-1]
-        terms.append(round_rows(rest := rest - q.astype(x.dtype) * scale))
+        terms.append(round_rows(rest := rest - q.astype(x.dtype) * scale[..., None]))
     return terms
 
 

@@ -111,11 +111,12 @@ def method(rows: Rows) -> list[str]:
     c = rows[0]["config"]
     lines = [
         f"Reference: {model_text(c)}. Candidates: weights stored int8 (one scale per output "
-        "channel) or int4 in groups (absmax or min-max round to nearest; GPTQ and AWQ "
-        f"calibrated on {c['calibration_windows']} training windows of {c['window_tokens']} "
-        "tokens), each read through a float32, int8 or int4 KV cache; W8A8 also rounds each "
-        "token's input to a projection to int8 with its own scale, W8A8x2 that rounding's "
-        "remainder too (two int8 terms of one integer dot).",
+        "channel, or per block of 32 inputs: g32) or int4 in groups (absmax or min-max round to "
+        f"nearest; GPTQ and AWQ calibrated on {c['calibration_windows']} training windows of "
+        f"{c['window_tokens']} tokens), each read through a float32, int8 or int4 KV cache; "
+        "W8A8 also rounds each token's input to a projection to int8 with a scale per weight "
+        "group (the whole input for one scale per channel), W8A8x2 that rounding's remainder "
+        "too (two int8 terms of one integer dot).",
         "Scoreboard (`dl.compare`, llama.cpp's `--kl-divergence` table): KL(reference || "
         f"candidate) at every position of {c['num_windows']} evenly spaced windows of "
         f"{c['window_tokens']} held-out tokens, mean and p99 in nats; same top %; perplexities; "
