@@ -33,22 +33,22 @@ exception that stays: XLA on CPU converts an int4 array that enters a loop to an
 and its int4 -> float convert is 3 to 4 times slower than int8's, so int4 decodes no faster than
 int8 there.
 
-Integer activations (``activations="int8"``, W8A8). The one formulation that reads integer weights
-without a float copy on CPU is an integer dot: the input of each row (one token) is quantized to
-int8 in the weights' groups, each group of inputs with its own absmax scale (the whole row for one
-scale per output channel; 32 inputs for int8 in blocks of 32, as llama.cpp's Q8_0 x Q8_0 dot),
-``dot_general(int8, int8) -> int32`` sums each group on XLA's integer GEMM (per group: a dot
-batched over the groups), and the input and weight scales multiply the sums (the min-max offsets
-add ``sum of the group's inputs x offset``). It adds the activations' rounding (as llama.cpp does
-for its integer dot products), so it is a different quantization, judged on the scoreboard of its
-own. On CPU, XLA runs a one-row integer dot on a slow path (~10x the two-row one), so a single row
-is padded to ``INT8_MIN_ROWS``. Only one scale per output channel gains speed: int4 is converted to
-an int8 copy first, and the dot batched over blocks of 32 runs each block's ``[rows, 32] x [32,
-Out]`` product on its own (a SmolLM2-shaped stack of 30 layers at batch 1, 8 steps in a loop:
-W8A8 in blocks 2.0x float32's step, W8A8x2 in blocks 1.0x, W8A8x2 per output channel 0.52x).
-Rounding the inputs in the weights' blocks is what keeps W8A8 close: on SmolLM2's scoreboard (16
-windows of 128 tokens) int8 in blocks of 32 has mean KL 0.0055 with W8A8 (llama.cpp's Q8_0:
-0.0058), against 0.052 for int8 per output channel with each row rounded whole.
+Integer activations (``activations="int8"``, W8A8). The input of each row (one token) is rounded
+to int8 in the weights' groups, each group of inputs with its own absmax scale (the whole row for
+one scale per output channel; 32 inputs for int8 in blocks of 32, as llama.cpp's Q8_0 x Q8_0 dot
+rounds them). It adds the activations' rounding, so it is a different quantization, judged on the
+scoreboard of its own; rounding in the weights' blocks is what keeps it close (SmolLM2, 16 windows
+of 128 tokens: int8 in blocks of 32 with W8A8 has mean KL 0.0055, llama.cpp's Q8_0 0.0058,
+against 0.052 for int8 per output channel with each row rounded whole). With one scale per output
+channel the product is an integer dot, the one formulation that reads integer weights without a
+float copy on CPU: ``dot_general(int8, int8) -> int32`` on XLA's integer GEMM, then the input and
+weight scales (the min-max offsets add ``sum of the inputs x offset``). XLA runs a one-row integer
+dot on a slow path (~10x the two-row one), so a single row is padded to ``INT8_MIN_ROWS``. With
+groups, the rounded inputs go through the blocked float matmul above: the same products up to
+float rounding. The integer form would need one int32 sum per group, a dot batched over the
+groups that runs each ``[rows, 32] x [32, Out]`` product on its own; on SmolLM2 it decoded at
+0.50x (W8A8) and 0.67x (W8A8x2) float32's speed at batch 1 and 0.41x and 0.25x at batch 8,
+where the blocked float matmul runs int8 in blocks at 1.0x and 0.94x.
 
 Two int8 terms (``activations="int8x2"``): the fast int8 path. The inputs are rounded as above,
 then their remainder (at most half a step) is rounded the same way, and both terms go through one
@@ -56,7 +56,7 @@ integer dot of ``2 R`` rows: ``x @ W ~ s1 (q1 @ Q) + s2 (q2 @ Q)``. The activati
 is then ~127 times finer than W8A8's (about 15 bits), so the output is the weights' rounding
 alone: on SmolLM2 the mean KL equals float activations' (0.0046 with int8 per output channel,
 0.0019 in blocks of 32), and at batch 1 the second term fills the row W8A8 pads anyway. What
-else was measured, and why it lost: an int16 multiply-and-reduce fusion for the block sums (1.5x
+else was measured for the block sums, and why it lost: an int16 multiply-and-reduce fusion (1.5x
 float32 at batch 1 but 0.4x at batch 8: it is compute-bound) and the float dot batched over blocks
 (0.2x). SmoothQuant's per-channel migration (``input_scale``, alpha 0.5) takes per-channel W8A8
 from 0.059 to 0.020, not to 0.01; GPTQ takes per-channel int8 from 0.0046 to 0.0022 (16 or 64
@@ -218,32 +218,24 @@ class QuantizedEinsum(nnx.Module):
     def _integer_matmul(self, x: jax.Array) -> jax.Array:
         """``x [R, In] @ kernel -> [R, Out]`` with ``x`` quantized per row and weight group
         (module docstring): int8 terms (``"int8"``: one, padded to ``INT8_MIN_ROWS``;
-        ``"int8x2"``: two), an int8 x int8 dot accumulated in int32 per group, then the scales."""
+        ``"int8x2"``: two), an int8 x int8 dot accumulated in int32, then the scales; with
+        groups, the rounded inputs times the kernel dequantized a block at a time."""
         G, Out = self.scale.shape
         terms = activation_terms(x, ACTIVATION_TERMS[self.activations], G)
         rows = terms[0][0].shape[0]
-        xq = jnp.concatenate([q for q, _ in terms])  # [terms * rows, G, g] int8
-        xs = jnp.concatenate([s for _, s in terms])  # [terms * rows, G]
-        acc = self._integer_dot(xq)  # [G, terms * rows, Out] int32
-        y = (acc.astype(self.dtype) * xs.T[:, :, None]
-             * self.scale[...].astype(self.dtype)[:, None, :]).sum(0)  # [terms * rows, Out]
+        if G > 1:  # the rounded inputs through the blocked float matmul (module docstring)
+            rounded = sum(q.astype(self.dtype) * s[..., None] for q, s in terms)
+            return self._blocked_matmul(rounded.reshape(rows, -1))[:x.shape[0]]
+        xq = jnp.concatenate([q[:, 0] for q, _ in terms])  # [terms * rows, In] int8
+        xs = jnp.concatenate([s for _, s in terms])  # [terms * rows, 1]
+        acc = jax.lax.dot_general(xq, self.qvalue[...].astype(jnp.int8), (((1,), (0,)), ((), ())),
+                                  preferred_element_type=jnp.int32)  # [terms * rows, Out]
+        y = acc.astype(self.dtype) * xs * self.scale[...].astype(self.dtype)
         y = y.reshape(len(terms), rows, Out).sum(0)
         if self.offset is not None:
-            group_sums = sum(q.astype(self.dtype).sum(-1) * s for q, s in terms)  # [rows, G]
-            y = y + group_sums @ self.offset[...].astype(self.dtype)
+            row_sums = sum(q.astype(self.dtype).sum(-1) * s for q, s in terms)  # [rows, 1]
+            y = y + row_sums @ self.offset[...].astype(self.dtype)
         return y[:x.shape[0]]
-
-    def _integer_dot(self, xq: jax.Array) -> jax.Array:
-        """``xq [rows, G, g] int8`` times the integer kernel, summed in int32 within each group:
-        ``[G, rows, Out]`` (one scale per output channel: one plain dot, ``G = 1``)."""
-        rows, G, _ = xq.shape
-        q = self.qvalue[...].astype(jnp.int8)
-        if G == 1:
-            return jax.lax.dot_general(xq[:, 0], q, (((1,), (0,)), ((), ())),
-                                       preferred_element_type=jnp.int32)[None]
-        return jax.lax.dot_general(xq, q.reshape(G, -1, q.shape[1]),
-                                   (((2,), (1,)), ((1,), (0,))),
-                                   preferred_element_type=jnp.int32)  # [G, rows, Out]
 
 
 def round_rows(x: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -133,7 +133,8 @@ def method(rows: Rows) -> list[str]:
         "(`decodelab/compress/qlinear.py`) and a block stays in cache; int4 enters the loop as "
         "an int8 copy. W8A8 multiplies int8 by int8 into int32 on XLA's integer GEMM, as "
         "llama.cpp's quantized dots do; batch 1 pads its row to two (XLA's one-row integer dot "
-        "is slow).",
+        "is slow); in blocks of 32, its rounded inputs go through that blocked float matmul "
+        "(XLA's dot batched over the blocks is slower).",
         f"Self-draft row: `speculative_generate` of the reference drafting with its own int4 g32 "
         f"copy (greedy, gamma {c['gamma']}); alpha = accepted / tested proposals.",
     ]
