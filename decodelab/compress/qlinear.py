@@ -52,7 +52,8 @@ where the blocked float matmul runs int8 in blocks at 1.0x and 0.94x.
 
 Two int8 terms (``activations="int8x2"``): the fast int8 path. The inputs are rounded as above,
 then their remainder (at most half a step) is rounded the same way, and both terms go through one
-integer dot of ``2 R`` rows: ``x @ W ~ s1 (q1 @ Q) + s2 (q2 @ Q)``. The activations' rounding
+integer dot of ``2 R`` rows (per output channel; in blocks, their sum through the blocked float
+matmul, as above): ``x @ W ~ s1 (q1 @ Q) + s2 (q2 @ Q)``. The activations' rounding
 is then ~127 times finer than W8A8's (about 15 bits), so the output is the weights' rounding
 alone: on SmolLM2 the mean KL equals float activations' (0.0046 with int8 per output channel,
 0.0019 in blocks of 32), and at batch 1 the second term fills the row W8A8 pads anyway. What
