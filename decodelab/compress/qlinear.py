@@ -221,12 +221,14 @@ class QuantizedEinsum(nnx.Module):
         (module docstring): int8 terms (``"int8"``: one, padded to ``INT8_MIN_ROWS``;
         ``"int8x2"``: two), an int8 x int8 dot accumulated in int32, then the scales; with
         groups, the rounded inputs times the kernel dequantized a block at a time."""
-        G, Out = self.scale.shape
-        terms = activation_terms(x, ACTIVATION_TERMS[self.activations], G)
-        rows = terms[0][0].shape[0]
+        (R, In), (G, Out) = x.shape, self.scale.shape
+        n = ACTIVATION_TERMS[self.activations]
         if G > 1:  # the rounded inputs through the blocked float matmul (module docstring)
-            rounded = sum(q.astype(self.dtype) * s[..., None] for q, s in terms)
-            return self._blocked_matmul(rounded.reshape(rows, -1))[:x.shape[0]]
+            terms = activation_terms(x, n, G)
+            return self._blocked_matmul(
+                sum(q.astype(self.dtype) * s[..., None] for q, s in terms).reshape(R, In))
+        rows = max(R, INT8_MIN_ROWS) if n == 1 else R  # a one-row integer dot is slow
+        terms = activation_terms(jnp.pad(x, ((0, rows - R), (0, 0))), n)
         xq = jnp.concatenate([q[:, 0] for q, _ in terms])  # [terms * rows, In] int8
         xs = jnp.concatenate([s for _, s in terms])  # [terms * rows, 1]
         acc = jax.lax.dot_general(xq, self.qvalue[...].astype(jnp.int8), (((1,), (0,)), ((), ())),
@@ -236,7 +238,7 @@ class QuantizedEinsum(nnx.Module):
         if self.offset is not None:
             row_sums = sum(q.astype(self.dtype).sum(-1) * s for q, s in terms)  # [rows, 1]
             y = y + row_sums @ self.offset[...].astype(self.dtype)
-        return y[:x.shape[0]]
+        return y[:R]
 
 
 def round_rows(x: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -250,10 +252,8 @@ def round_rows(x: jax.Array) -> tuple[jax.Array, jax.Array]:
 def activation_terms(x: jax.Array, n: int, groups: int = 1) -> list[tuple[jax.Array, jax.Array]]:
     """``x [R, In]`` as ``n`` int8 terms ``[(q [rows, groups, In / groups], scale [rows,
     groups])]`` with ``x ~ sum q * scale``, each group of ``In / groups`` inputs of a row rounded
-    with its own scale: term 1 rounds the groups, term 2 the remainder (module docstring). One
-    term is padded to ``INT8_MIN_ROWS`` rows."""
-    rows = max(x.shape[0], INT8_MIN_ROWS) if n == 1 else x.shape[0]
-    rest = jnp.pad(x, ((0, rows - x.shape[0]), (0, 0))).reshape(rows, groups, -1)
+    with its own scale: term 1 rounds the groups, term 2 the remainder (module docstring)."""
+    rest = x.reshape(x.shape[0], groups, -1)
     terms = [round_rows(rest)]
     for _ in range(n - 1):
         q, scale = terms[-1]
