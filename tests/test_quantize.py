@@ -449,3 +449,10 @@ def test_int4_on_an_odd_input_width_is_refused_by_name():
             "even; blocks.0.mlp.down has 65 inputs")):
         dl.quantize(odd, weights="int4")
     assert describe(dl.quantize(odd, weights="int8"))["blocks.0.mlp.down"]["qvalue"] == "int8"
+
+
+@pytest.mark.parametrize("groups", [0, 5, 2.0])
+def test_activation_terms_refuse_groups_that_do_not_divide_the_inputs(groups):
+    with pytest.raises(ValueError, match=re.escape(
+            f"groups must be a positive int dividing x's 64 inputs, got {groups!r}")):
+        qlinear.activation_terms(jnp.ones((2, 64)), 1, groups)

@@ -253,6 +253,9 @@ def activation_terms(x: jax.Array, n: int, groups: int = 1) -> list[tuple[jax.Ar
     """``x [R, In]`` as ``n`` int8 terms ``[(q [rows, groups, In / groups], scale [rows,
     groups])]`` with ``x ~ sum q * scale``, each group of ``In / groups`` inputs of a row rounded
     with its own scale: term 1 rounds the groups, term 2 the remainder (module docstring)."""
+    if not isinstance(groups, int) or groups < 1 or x.shape[-1] % groups:
+        raise ValueError(f"groups must be a positive int dividing x's {x.shape[-1]} inputs, got "
+                         f"{groups!r}")
     rest = x.reshape(x.shape[0], groups, -1)
     terms = [round_rows(rest)]
     for _ in range(n - 1):
