@@ -11,7 +11,8 @@ Render the page with `python -m experiments.report --workdir=runs/quantization -
 On SmolLM2-135M-Instruct (reference: its GGUF file dequantized to float32), plus rows of
 llama.cpp's logits and decode speed from the same file as stored and from llama.cpp's own float32,
 Q8_0, Q4_0 and Q4_K_M conversions of it (where the `llamacpp` extra is installed), and rows of
-decodelab's counterparts of those block formats (int8 and GPTQ int4 in blocks of 32):
+decodelab's counterparts of those block formats (int8 and GPTQ int4 in blocks of 32), and int8
+rows with the head (the tied embedding table) quantized too, as llama.cpp's files store it:
 
     python -m experiments.quantization --config=configs/quantization.py:smollm2-135m \
         --workdir=runs/quantization_smollm2
@@ -51,12 +52,17 @@ WEIGHT_ROWS = (
 # The counterparts of llama.cpp's block formats, on a pretrained model's page (where llama.cpp's
 # own quantizations of the same file are), read through the float32 KV cache: int8 in blocks of
 # 32 as Q8_0, with float inputs, with inputs rounded to int8 in the same blocks (as Q8_0's integer
-# dot) and as two int8 terms; int4 in blocks of 32 calibrated by GPTQ, set against Q4_0.
+# dot) and as two int8 terms; int4 in blocks of 32 calibrated by GPTQ, set against Q4_0. The last
+# element: the tied embedding table (the head) quantized too, as llama.cpp's Q8_0 stores it.
 BLOCK_ROWS = (
-    ("int8", 32, "absmax", "rtn", ""),
-    ("int8", 32, "absmax", "rtn", "int8"),
-    ("int8", 32, "absmax", "rtn", "int8x2"),
-    ("int4", 32, "absmax", "gptq", ""),
+    ("int8", 32, "absmax", "rtn", "", False),
+    ("int8", 32, "absmax", "rtn", "int8", False),
+    ("int8", 32, "absmax", "rtn", "int8x2", False),
+    ("int4", 32, "absmax", "gptq", "", False),
+    ("int8", 32, "absmax", "rtn", "", True),
+    ("int8", 32, "absmax", "rtn", "int8", True),
+    ("int8", 0, "absmax", "rtn", "int8", True),
+    ("int8", 0, "absmax", "rtn", "int8x2", True),
 )
 KV_CACHES = ("f32", "int8", "int4")
 SIXTEEN_BITS = ("bfloat16", "float16")
@@ -87,6 +93,9 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
     # integer dot (W8A8, `dl.quantize(activations="int8")`); "int8x2": the input and its
     # rounding's remainder as two int8 terms of one integer dot (W8A8x2).
     config.activations = ""
+    # True: the head (the tied embedding table, or the output projection) quantized too, as the
+    # block projections are (`dl.quantize(embeddings=True)`).
+    config.embeddings = False
     # KV cache of the candidate: "f32", "int8" or "int4".
     config.kv_cache = "f32"
     # True: the speculative row (the reference drafting with its own int4 g32 copy).
@@ -109,6 +118,9 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
     config.prompt_tokens = 32
     config.new_tokens = 64
     config.repeats = 5
+    # Fields added after rows were kept, at the value those rows ran with: left out of the
+    # config hash at that value, so the kept rows keep their points.
+    config.added_fields = config_dict.ConfigDict(dict(embeddings=False))
     if arg is not None:
         # The pretrained model is the reference (its training section is not used).
         config.tokenizer = config_dict.ConfigDict(dict(pretrained=arg))
@@ -133,6 +145,8 @@ def get_sweep(arg: str | None = None) -> list[dict]:
     pretrained = arg in PRETRAINED_MODELS
     peers = [{"peer": p} for p in PEERS] if pretrained else []
     blocks = [{"weights": weights, "group_size": group, "scheme": scheme, "method": method,
-               "kv_cache": "f32", **({"activations": activations} if activations else {})}
-              for weights, group, scheme, method, activations in BLOCK_ROWS if pretrained]
+               "kv_cache": "f32", **({"activations": activations} if activations else {}),
+               **({"embeddings": True} if embeddings else {})}
+              for weights, group, scheme, method, activations, embeddings in BLOCK_ROWS
+              if pretrained]
     return points + [{"self_draft": True}] + peers + blocks

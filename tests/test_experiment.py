@@ -151,6 +151,33 @@ def test_the_same_config_reached_two_ways_has_one_hash():
     assert experiment.config_hash(a) == experiment.config_hash(b)
 
 
+def test_a_field_added_after_rows_were_kept_leaves_their_hashes_at_its_old_value():
+    before = experiment.expand(toy_config(), [{}, {"eval.length": 32}])
+    grown = toy_config(head=False, added_fields=dict(head=False))
+    after = experiment.expand(grown, [{}, {"eval.length": 32}, {"head": True}])
+    # The kept points keep their hashes; the point that sets the new field is a new one.
+    assert [p.config_hash for p in after[:2]] == [p.config_hash for p in before]
+    assert after[2].config_hash not in {p.config_hash for p in before}
+    # Without the record, the new field is a field like any other.
+    plain = experiment.expand(toy_config(head=False), [{}])
+    assert plain[0].config_hash != before[0].config_hash
+
+
+@pytest.mark.parametrize("added, message", [
+    (dict(missing=False), "names 'missing', which is not a top-level field"),
+    (dict(model=dict(width=8)), "must name a field holding a value"),
+])
+def test_added_fields_must_name_top_level_fields(added, message):
+    with pytest.raises(ValueError, match=message):
+        experiment.expand(toy_config(head=False, added_fields=added), [{}])
+
+
+def test_a_sweep_point_must_not_override_the_record_of_added_fields():
+    with pytest.raises(ValueError, match="must not override 'added_fields.head'"):
+        experiment.expand(toy_config(head=False, added_fields=dict(head=False)),
+                          [{"added_fields.head": True}])
+
+
 def test_expand_refuses_two_points_with_one_config():
     with pytest.raises(ValueError, match="sweep points 0 and 1 give the same config"):
         experiment.expand(toy_config(), [{"model.width": 8}, {}])

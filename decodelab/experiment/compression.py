@@ -77,7 +77,8 @@ def quantization_label(config) -> str:
     extra = {"rtn": "" if config.scheme == "absmax" else " min-max", "gptq": " GPTQ",
              "awq": " AWQ"}[config.method]
     activations = {"": "", "int8": " W8A8", "int8x2": " W8A8x2"}[config.activations]
-    return f"{config.weights}{group}{extra}{activations}"
+    head = " +head" if config.get("embeddings", False) else ""
+    return f"{config.weights}{group}{extra}{activations}{head}"
 
 
 def quantized(config, model, tokenizer):
@@ -87,11 +88,13 @@ def quantized(config, model, tokenizer):
         return model
     calibration = (token_windows(tokenizer, "train", config.calibration_windows,
                                  config.window_tokens) if config.method != "rtn" else None)
-    key = (config.weights, config.group_size, config.scheme, config.method, config.activations)
+    embeddings = config.get("embeddings", False) or None  # None: 16-bit casts refuse a value
+    key = (config.weights, config.group_size, config.scheme, config.method, config.activations,
+           embeddings)
     return swap_candidate(key, lambda: quantize(
         model, weights=config.weights, group_size=config.group_size or None,
         method=config.method, calibration=calibration, scheme=config.scheme,
-        activations=config.activations or None))
+        embeddings=embeddings, activations=config.activations or None))
 
 
 # --- pruning --------------------------------------------------------------------------------------

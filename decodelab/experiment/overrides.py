@@ -4,6 +4,12 @@ A point is identified by its config hash: the first 16 hex digits of the sha256 
 config as canonical JSON (sorted keys). The same resolved config always gets the same hash, however
 it was reached. Every field counts, even one that cannot change a result (an evaluation batch
 size): changing it makes new points.
+
+A field added to an experiment after its rows were kept would change every point's hash, and so
+rerun every point. The base config names such fields in its section ``added_fields`` (top-level
+field -> the value the kept rows ran with); the hash leaves out ``added_fields`` and each of them
+while it holds that value, so the kept rows keep their points and only points that set another
+value are new.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from ml_collections import config_dict
 from decodelab.report.rows import config_leaves
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# The base config's section of fields added after rows were kept (module docstring).
+ADDED_FIELDS = "added_fields"
 
 
 def check_base_config(config: config_dict.ConfigDict) -> None:
@@ -37,11 +45,30 @@ def check_base_config(config: config_dict.ConfigDict) -> None:
     seed = config.get("seed")
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise ValueError(f"config.seed must be an int, got {seed!r}")
+    added = config.get(ADDED_FIELDS)
+    if added is None:
+        return
+    if not isinstance(added, config_dict.ConfigDict):
+        raise ValueError(f"config.{ADDED_FIELDS} must be a section (field -> the value rows kept "
+                         f"before it existed ran with), got {added!r}")
+    for name, value in added.items():
+        if name == ADDED_FIELDS or name not in config:
+            raise ValueError(f"config.{ADDED_FIELDS} names {name!r}, which is not a top-level "
+                             f"field of the config (fields: {sorted(config.keys())})")
+        if isinstance(value, config_dict.ConfigDict) or isinstance(config[name],
+                                                                   config_dict.ConfigDict):
+            raise ValueError(f"config.{ADDED_FIELDS}.{name} must name a field holding a value, "
+                             f"not a section; got {value!r}")
 
 
 def config_hash(config: config_dict.ConfigDict | Mapping[str, Any]) -> str:
-    """First 16 hex digits of the sha256 of ``config`` as canonical JSON (sorted keys, no spaces)."""
+    """First 16 hex digits of the sha256 of ``config`` as canonical JSON (sorted keys, no spaces),
+    leaving out ``added_fields`` and each field it names while at its value (module docstring)."""
     resolved = config.to_dict() if isinstance(config, config_dict.ConfigDict) else dict(config)
+    added = resolved.pop(ADDED_FIELDS, None) or {}
+    for name, value in added.items():
+        if name in resolved and json.dumps(resolved[name]) == json.dumps(value):
+            del resolved[name]
     for key, value in config_leaves(resolved):
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"config field {key} must be a finite number, got {value}")
@@ -67,6 +94,9 @@ def apply_overrides(config: config_dict.ConfigDict, overrides: Mapping[str, Any]
         if key == "experiment":
             raise ValueError("a sweep point must not override 'experiment': every point of a run "
                              "belongs to one experiment")
+        if key.split(".")[0] == ADDED_FIELDS:
+            raise ValueError(f"a sweep point must not override {key!r}: {ADDED_FIELDS} records "
+                             "what kept rows ran with; override the field itself")
         problem = missing_field(result, key)
         if problem is not None:
             raise ValueError(f"override key {key!r} does not exist in the config: {problem}")
