@@ -169,15 +169,17 @@ def dequantized_sizes(step, args) -> list[int]:
             and jnp.issubdtype(e.output_types[0].dtype, jnp.floating)]
 
 
-@pytest.mark.parametrize("weights, group_size, activations", [
-    ("int8", None, None), ("int4", 32, None), ("int8", 32, "int8"), ("int8", 32, "int8x2")])
+@pytest.mark.parametrize("weights, group_size, activations, embeddings", [
+    ("int8", None, None, False), ("int4", 32, None, False), ("int8", 32, "int8", False),
+    ("int8", 32, "int8x2", False), ("int8", 32, None, True)])
 def test_a_decode_step_never_forms_a_float_kernel_larger_than_a_block(
-        cfg, model, weights, group_size, activations):
+        cfg, model, weights, group_size, activations, embeddings):
     """The step dequantizes one block at a time, and its compiled form does not keep the whole
     dequantized kernels either: its temporary bytes are smaller than with one block per kernel by
     more than the largest kernel's float32 bytes. So does W8A8 in blocks of 32 (its rounded
-    inputs go through the same blocked matmul)."""
-    q = dl.quantize(model, weights=weights, group_size=group_size, activations=activations)
+    inputs go through the same blocked matmul), and the head when it is quantized too."""
+    q = dl.quantize(model, weights=weights, group_size=group_size, activations=activations,
+                    embeddings=embeddings)
     blocked = decode_step(cfg, qlinear.with_block_elements(q, SMALL_BLOCK))
     sizes = dequantized_sizes(*blocked)
     assert sizes and max(sizes) <= SMALL_BLOCK
