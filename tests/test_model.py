@@ -9,6 +9,7 @@ argument, so each test case compiles one program per input shape and the tests s
 """
 
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -683,3 +684,34 @@ def test_bad_taps_are_rejected(build, taps):
     with pytest.raises(ValueError, match=r"^taps must be a tuple of distinct layer indices in "
                                          rf"\[0, {m.cfg.n_layers}\], got"):
         m.model(jnp.zeros((B, 4), jnp.int32), taps=taps)
+
+
+def compiled_step_text(model: dl.Transformer) -> str:
+    """The optimized HLO of one decode step (one token per row, a cache of 16 slots)."""
+    graphdef, state = nnx.split(model)
+    step = jax.jit(lambda s, t, c: nnx.merge(graphdef, s)(t, cache=c))
+    cache = dl.KVCache.init(model.config, batch_size=1, max_len=16)
+    return step.lower(state, jnp.zeros((1, 1), jnp.int32), cache).compile().as_text()
+
+
+def kernel_copies(text: str) -> list[str]:
+    """The step's instructions that copy or transpose a projection kernel it takes as a
+    parameter (a weight matrix rewritten at every step)."""
+    entry = text[text.index("ENTRY"):].splitlines()
+    kernels = [line.split("=")[0].strip() for line in entry
+               if "parameter(" in line and "kernel" in line]
+    return [line for line in entry if re.match(r"\s*(ROOT )?%\w*(copy|transpose)", line)
+            and any(re.search(re.escape(k) + r"\b", line.split("=", 1)[1]) for k in kernels)]
+
+
+def test_a_decode_step_reads_each_kernel_as_stored_without_copying_it(tiny_config):
+    """The output projection contracts two kernel axes (heads, head width): jnp.einsum lists
+    them in another order than the kernel's, and XLA then transposed the whole kernel at every
+    step. ``layers.kernel_order_einsum`` contracts them in the kernel's order: no copy."""
+    model = dl.Transformer(tiny_config, rngs=nnx.Rngs(0))
+    assert kernel_copies(compiled_step_text(model)) == []
+    einsum = nnx.clone(model)  # the same model through jnp.einsum: the copies this test sees
+    for _, module in nnx.iter_modules(einsum):
+        if isinstance(module, nnx.Einsum):
+            module.einsum_op = jnp.einsum
+    assert len(kernel_copies(compiled_step_text(einsum))) == tiny_config.n_layers
