@@ -180,8 +180,9 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
     ))
     config.peer = config_dict.ConfigDict(dict(
         # Time transformers' LlamaForCausalLM.generate (needs the `peer` extra; n/a without it;
-        # the max_len and breakdown sweeps skip it; the sampling study times it sampling).
-        enabled=study in ("speed", "sampling") and weights == "random",
+        # the max_len and breakdown sweeps skip it; the sampling study times it sampling, on
+        # the random-weight presets only).
+        enabled=study == "speed" or (study == "sampling" and weights == "random"),
         # Timed runs after a short warm-up call.
         repeats=3,
     ))

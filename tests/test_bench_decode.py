@@ -547,3 +547,11 @@ def test_a_row_keeps_every_peer_repetition_so_the_peer_target_is_judged(tmp_path
     page, _ = render([row], tmp_path)
     assert "| tiny batch 2: decodelab / transformers | " in page
     assert "| tiny batch 2: decodelab / transformers | n/a |" not in page  # judged: a value
+
+
+def test_the_pretrained_speed_rows_time_transformers_and_its_sampling_rows_do_not():
+    module = config_module("bench_decode")
+    assert module.get_config("smollm2-135m").peer.enabled
+    assert module.get_config("tiny").peer.enabled
+    assert module.get_config("sampling").peer.enabled
+    assert not module.get_config("sampling:smollm2-135m").peer.enabled
