@@ -409,7 +409,9 @@ def test_resume_falls_back_from_a_damaged_latest_step_and_writes_it_again(
     with pytest.warns(UserWarning) as caught:
         resumed = train.train(model_cfg, small_run(steps=8, log_every=4), stream,
                               run=checkpointed(tokenizer, path, resume=True))
-    [warning] = [str(w.message) for w in caught]
+    # One warning about the checkpoint (the suite's other threads may warn meanwhile, e.g. of a
+    # fork, which pytest.warns records too).
+    [warning] = [str(w.message) for w in caught if str(w.message).startswith("checkpoint ")]
     assert warning.startswith(f"checkpoint '{path}' step 8 is damaged: its parameters cannot be "
                               f"read from '{file}' (")
     assert warning.endswith("; using step 4, the latest intact one") and "\n" not in warning
