@@ -74,7 +74,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from decodelab.checks import check_int, check_one_of
+from decodelab.checks import check_int, check_one_of, is_int
+from decodelab.model.layers import split_equation
 
 # Float inputs, or inputs quantized per row to int8 terms (module docstring): how many terms each.
 ACTIVATION_TERMS = {"int8": 1, "int8x2": 2}
@@ -86,16 +87,10 @@ INT8_MIN_ROWS = 2
 BLOCK_ELEMENTS = 2**17
 
 
-def _split_equation(equation: str) -> tuple[str, str, str]:
-    inputs, out = equation.replace(" ", "").split("->")
-    lhs, kernel = inputs.split(",")
-    return lhs, kernel, out
-
-
 def contracted_axes(equation: str, kernel_shape: Sequence[int]) -> int:
     """How many leading kernel axes ``equation`` contracts with the input's trailing axes; a
     kernel laid out otherwise cannot be viewed as ``[In, Out]`` and is refused."""
-    lhs, kernel, _ = _split_equation(equation)
+    lhs, kernel, _ = split_equation(equation)
     n = sum(letter in lhs for letter in kernel)
     if kernel[:n] != lhs[len(lhs) - n:] or any(letter in lhs for letter in kernel[n:]):
         raise ValueError(f"equation {equation!r} must contract the kernel's leading axes with the "
@@ -253,7 +248,7 @@ def activation_terms(x: jax.Array, n: int, groups: int = 1) -> list[tuple[jax.Ar
     """``x [R, In]`` as ``n`` int8 terms ``[(q [rows, groups, In / groups], scale [rows,
     groups])]`` with ``x ~ sum q * scale``, each group of ``In / groups`` inputs of a row rounded
     with its own scale: term 1 rounds the groups, term 2 the remainder (module docstring)."""
-    if not isinstance(groups, int) or groups < 1 or x.shape[-1] % groups:
+    if not is_int(groups) or groups < 1 or x.shape[-1] % groups:
         raise ValueError(f"groups must be a positive int dividing x's {x.shape[-1]} inputs, got "
                          f"{groups!r}")
     rest = x.reshape(x.shape[0], groups, -1)

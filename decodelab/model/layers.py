@@ -59,7 +59,7 @@ def kernel_order_einsum(equation: str, x: jax.Array, kernel: jax.Array, *, preci
     ``dot_general`` contracting the axes in the kernel's own order. ``jnp.einsum`` may list them
     in another (``"BTNH,NHD->BTD"`` contracts H before N), and XLA then transposes the kernel to
     that order, a copy of the whole kernel at every call (every decode step, on CPU)."""
-    lhs, rhs, out = _split(equation)
+    lhs, rhs, out = split_equation(equation)
     if out_sharding is not None or set(lhs) & set(rhs) & set(out):
         return jnp.einsum(equation, x, kernel, precision=precision, out_sharding=out_sharding,
                           preferred_element_type=preferred_element_type)
@@ -71,7 +71,8 @@ def kernel_order_einsum(equation: str, x: jax.Array, kernel: jax.Array, *, preci
     return jnp.transpose(y, [produced.index(c) for c in out])
 
 
-def _split(equation: str) -> tuple[str, str, str]:
+def split_equation(equation: str) -> tuple[str, str, str]:
+    """A projection's ``"lhs,kernel->out"`` einsum as its three subscripts, spaces removed."""
     inputs, out = equation.replace(" ", "").split("->")
     lhs, rhs = inputs.split(",")
     return lhs, rhs, out
