@@ -17,9 +17,13 @@ import sys
 
 from xla_flags import set_xla_flags  # tests/, the script's folder
 
-# The suite's XLA flags (xla_flags.py: cheaper compiles) and the fake devices; the environment's
-# flags are dropped.
-set_xla_flags("--xla_force_host_platform_device_count=4", keep_environment=False)
+# The suite's XLA flags (xla_flags.py: cheaper compiles) and the fake devices with a thread pool
+# that their collectives cannot exhaust (fake_cpu_environment); the environment's flags are
+# dropped.
+set_xla_flags(keep_environment=False)
+from decodelab.measure.mesh_timing import fake_cpu_environment  # noqa: E402
+
+fake_cpu_environment(4)
 
 import jax  # noqa: E402  (after XLA_FLAGS)
 import numpy as np  # noqa: E402

@@ -8,6 +8,7 @@ import pathlib
 import subprocess
 import sys
 
+import jax
 import pytest
 from study_config import config_module, synthetic_row
 
@@ -111,11 +112,28 @@ def test_the_claims_and_page_from_synthetic_rows(study, tmp_path):
 
 
 def test_fake_cpu_devices_refuses_a_backend_already_started(monkeypatch):
+    jax.device_count()  # the backend starts here if no test before started it
     monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=0")
+    monkeypatch.delenv("NPROC", raising=False)
     with pytest.raises(ValueError, match="count=64 devices need XLA_FLAGS="):
         mesh_timing.fake_cpu_devices(64)
     assert os.environ["XLA_FLAGS"].split() == ["--xla_backend_optimization_level=0",
                                                "--xla_force_host_platform_device_count=64"]
+    # Four pool threads per device, so that waiting collectives cannot hold them all.
+    assert os.environ["NPROC"] == "256"
+
+
+def test_fake_cpu_environment_keeps_a_larger_thread_pool_and_replaces_the_device_count(
+        monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2 --xla_cpu_ftz")
+    for before, after in (("1000", "1000"), ("8", "32"), ("", "32"), ("many", "32")):
+        monkeypatch.setenv("NPROC", before)
+        mesh_timing.fake_cpu_environment(8)
+        assert os.environ["NPROC"] == after
+    assert os.environ["XLA_FLAGS"].split() == ["--xla_cpu_ftz",
+                                               "--xla_force_host_platform_device_count=8"]
+    with pytest.raises(ValueError, match="count must be an int >= 1, got 0"):
+        mesh_timing.fake_cpu_environment(0)
 
 
 @pytest.mark.slow

@@ -22,6 +22,7 @@ from decodelab.sampling.params import SamplingParams
 
 DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
 ONE_DEVICE = "none"  # the mesh named so: one device, no mesh (the reference)
+THREADS_PER_DEVICE = 4  # XLA CPU pool threads per fake device (``fake_cpu_environment``)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,15 +77,32 @@ def time_mesh(model, prompts: Sequence[Sequence[int]], new_tokens: int, repeats:
     return MeshTiming(shape, first, tuple(times), tokens_digest(out.tokens))
 
 
-def fake_cpu_devices(count: int) -> int:
-    """Ask XLA's CPU backend for ``count`` devices (``DEVICE_COUNT_FLAG`` added to XLA_FLAGS, the
-    other flags kept) and return how many devices JAX has. The count is fixed when the backend
-    starts, so a program calls this before anything asks JAX for devices; ValueError when the
-    backend had already started with fewer."""
+def fake_cpu_environment(count: int) -> None:
+    """Set the environment for ``count`` fake CPU devices; it counts only before JAX's backend
+    starts. ``DEVICE_COUNT_FLAG`` is added to XLA_FLAGS (the other flags kept), and XLA's CPU
+    thread pool gets at least ``THREADS_PER_DEVICE`` threads per device (``NPROC``, which XLA
+    reads for the pool's size; a larger value already set is kept).
+
+    The devices share that one pool, and XLA's CPU runtime runs a device's independent collectives
+    at the same time, each holding a thread while it waits for the other devices. With one thread
+    per device (XLA's size when devices outnumber cores) the waiting collectives can hold every
+    thread while a device that would complete them waits for one: the program deadlocks, and XLA
+    aborts it after 40 s. The sharding study's 2 x 4 mesh did so in about one run of three."""
     check_int("count", count, 1)
     kept = [f for f in os.environ.get("XLA_FLAGS", "").split()
             if not f.startswith(DEVICE_COUNT_FLAG + "=")]
     os.environ["XLA_FLAGS"] = " ".join([*kept, f"{DEVICE_COUNT_FLAG}={count}"])
+    threads = THREADS_PER_DEVICE * count
+    set_threads = os.environ.get("NPROC", "")
+    if not (set_threads.isdigit() and int(set_threads) >= threads):
+        os.environ["NPROC"] = str(threads)
+
+
+def fake_cpu_devices(count: int) -> int:
+    """``fake_cpu_environment(count)``, then return how many devices JAX has. The count is fixed
+    when the backend starts, so a program calls this before anything asks JAX for devices;
+    ValueError when the backend had already started with fewer."""
+    fake_cpu_environment(count)
     found = jax.device_count()
     if found < count:
         raise ValueError(f"count={count} devices need XLA_FLAGS={DEVICE_COUNT_FLAG}={count} "
