@@ -11,7 +11,7 @@ from study_config import config_module
 from decodelab import experiment
 from decodelab.measure import timing, weight_cost
 from decodelab.model import Transformer
-from decodelab.report import speed_tables, speed_targets
+from decodelab.report import speed, speed_tables, speed_targets
 
 
 def test_the_weights_sweep_times_medium_and_a_pretrained_model_at_batch_1_and_8(
@@ -105,6 +105,27 @@ def test_the_largest_cache_is_judged_against_the_smallest_timed_beside_it():
     table = speed_tables.max_len_table(rows)
     assert table.rows[1][5] == pytest.approx(1.0 / 0.95) and table.rows[1][7] == \
         pytest.approx(1.05)
+
+
+def test_programs_timed_in_the_same_rounds_are_resampled_by_round():
+    # The machine slows by up to 2x over the point and both caches follow it, the larger 3% slower
+    # in every round: paired by round the interval is the 3%; resampled on their own it would
+    # span the drift (a row timed at another point is, and its interval is wide).
+    drift = 1 + np.linspace(0, 1, 40) ** 2
+    large = max_len_row(4096, 1.0, 1.0)
+    large["metrics"].update({"generate_reps_s": list(1.03 * drift),
+                             "prefill_reps_s": list(0.01 * 1.03 * drift),
+                             "smallest_generate_reps_s": list(drift),
+                             "smallest_prefill_reps_s": list(0.01 * drift)})
+    rows = [max_len_row(288, 1.0, 1.0), large]
+    metrics = [r["metrics"] for r in rows]
+    for ratio in (speed.max_len_step_ratio(metrics), speed_targets.max_len_whole_ratio(metrics)):
+        assert ratio.value == pytest.approx(1.03)
+        assert ratio.high - ratio.low < 1e-6
+    unpaired = speed.step_ratio(large["metrics"], large["metrics"], "", "smallest_")
+    assert unpaired.value == pytest.approx(1.03) and unpaired.high - unpaired.low > 0.2
+    assert speed.interleaved_step_ratio(large["metrics"], "", "smallest_") == \
+        speed.max_len_step_ratio(metrics)
 
 
 def test_a_capacity_point_times_the_smallest_cache_beside_its_own(tiny_config):

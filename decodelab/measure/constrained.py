@@ -275,7 +275,9 @@ def step_seconds(wholes: np.ndarray, prefills: np.ndarray) -> np.ndarray:
 
 
 def step_ratio(row: Mapping[str, Any]) -> stats.Interval:
-    """A speed row's constrained over free step time, resampling each program's repetitions."""
+    """A speed row's constrained over free step time; the two were timed in the same rounds
+    (``speed_row``), so their repetitions are resampled together by round."""
     return stats.bootstrap_ratio(step_seconds, *((row[f"{name}_generate_reps_s"],
                                                   row[f"{name}_prefill_reps_s"])
-                                                 for name in ("constrained", "free")))
+                                                 for name in ("constrained", "free")),
+                                 paired=True)

@@ -3,8 +3,11 @@
 A row of the decode-speed benchmark keeps every timed run's seconds (``generate_reps_s``,
 ``prefill_reps_s``, ``sampled_*``, ``hf_generate_reps_s``, ``llama[_f32]_generate_reps_s``; see
 ``decodelab.measure.timing``). Its speeds and ratios get 95% intervals by resampling them
-(``decodelab.measure.stats``): the repetitions of two programs are resampled independently, a
-program's whole-call and prefill runs together by repetition index. A row that keeps fewer than 2
+(``decodelab.measure.stats``): a program's whole-call and prefill runs together by repetition
+index; two programs timed in the same rounds (``timing.time_interleaved``: the max_len, sampling,
+samplers, weights and constrained studies) together by round, so that what drifts over a point
+falls on both sides of their ratio; other programs' repetitions (a peer's, the speed study's
+sampled runs after its greedy ones) independently. A row that keeps fewer than 2
 repetitions has no interval, and a claim about it is not judged ("not measured").
 
 A ``Target`` is one of the benchmark's targets as data: what is measured, the threshold and the
@@ -96,10 +99,12 @@ def step_seconds(whole: np.ndarray, prefill: np.ndarray) -> np.ndarray:
 
 
 def step_ratio(a: Mapping[str, Any], b: Mapping[str, Any], a_prefix: str = "",
-               b_prefix: str = "") -> Interval | None:
+               b_prefix: str = "", *, paired: bool = False) -> Interval | None:
     """Step time of row ``a`` (its ``<a_prefix>generate_reps_s`` and ``..prefill_reps_s``) over
-    that of row ``b`` (the same new tokens), each program's repetitions resampled on their own;
-    None without 2 or more repetitions of each, unequal counts, or a step of 0 or less."""
+    that of row ``b`` (the same new tokens). ``paired``: the two were timed in the same rounds
+    (``timing.time_interleaved``) and are resampled together by round; otherwise each program's
+    repetitions are resampled on their own. None without 2 or more repetitions of each, unequal
+    counts, or a step of 0 or less."""
     columns = []
     for m, prefix in ((a, a_prefix), (b, b_prefix)):
         whole = repetitions(m, f"{prefix}generate_reps_s")
@@ -107,14 +112,24 @@ def step_ratio(a: Mapping[str, Any], b: Mapping[str, Any], a_prefix: str = "",
         if whole is None or prefill is None or len(whole) != len(prefill):
             return None
         columns.append((whole, prefill))
+    if paired and len(columns[0][0]) != len(columns[1][0]):
+        return None
     try:
-        return stats.bootstrap_ratio(step_seconds, *columns)
+        return stats.bootstrap_ratio(step_seconds, *columns, paired=paired)
     except ValueError:  # a step of 0 or less: the ratio is undefined
         return None
 
 
+def interleaved_step_ratio(m: Mapping[str, Any], prefix: str, base_prefix: str = ""
+                           ) -> Interval | None:
+    """Row ``m``'s step under ``prefix`` over its step under ``base_prefix``, two programs that
+    one ``timing.time_interleaved`` call timed in the same rounds (resampled by round)."""
+    return step_ratio(m, m, prefix, base_prefix, paired=True)
+
+
 def sampled_over_greedy(m: Mapping[str, Any]) -> Interval | None:
-    """The row's sampled step over its greedy step."""
+    """The row's sampled step over its greedy step (the speed study times its sampled runs after
+    its greedy ones, not interleaved: resampled on their own)."""
     return step_ratio(m, m, "sampled_")
 
 
@@ -139,9 +154,12 @@ def at_largest_cache(metrics: Sequence[Mapping[str, Any]]) -> tuple[Mapping, Map
 
 
 def max_len_step_ratio(metrics: Sequence[Mapping[str, Any]]) -> Interval | None:
-    """The step at the largest cache over the step at the smallest (the same live tokens)."""
+    """The step at the largest cache over the step at the smallest (the same live tokens); paired
+    by round where the largest cache's row timed the smallest beside it."""
     pair = at_largest_cache(metrics)
-    return None if pair is None else step_ratio(pair[0], pair[1], "", pair[2])
+    if pair is None:
+        return None
+    return step_ratio(pair[0], pair[1], "", pair[2], paired=pair[1] is pair[0])
 
 
 def lowest_cache_speedup(metrics: Sequence[Mapping[str, Any]]) -> float | None:
@@ -257,8 +275,9 @@ def answer(groups: Sequence[tuple[Target, Sequence[Claim]]], judged: Sequence[Ju
 
 
 def setting_over_greedy(name: str) -> Callable[[Mapping[str, Any]], Interval | None]:
-    """The row's step under sampling setting ``name`` over its greedy step."""
-    return lambda m: step_ratio(m, m, f"{name}_")
+    """The row's step under sampling setting ``name`` over its greedy step (timed in the same
+    rounds)."""
+    return lambda m: interleaved_step_ratio(m, f"{name}_")
 
 
 def over_peer_sampled(m: Mapping[str, Any]) -> Interval | None:

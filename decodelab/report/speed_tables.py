@@ -98,7 +98,8 @@ def weights_table(rows: Rows) -> Table:
                *[f"{name} {what}" for name in storages for what in ("step / float32", "MB")]]
     body = [[m["preset"], m["batch_size"], m["step_ms"], m["param_bytes"] / 1e6,
              *[value for name in storages
-               for value in (speed.step_ratio(m, m, f"{name}_"), m[f"{name}_param_bytes"] / 1e6)]]
+               for value in (speed.interleaved_step_ratio(m, f"{name}_"),
+                             m[f"{name}_param_bytes"] / 1e6)]]
             for m in speed.metric_rows(rows, "weights")]
     return Table(columns, body)
 
@@ -252,8 +253,9 @@ def method(rows: Rows) -> list[str]:
            "in every row) of the same rows beside it" if sampled.get("enabled") else "") + ".",
         f"Medians of {config['repeats']} timed runs after a warm-up run (no cache: "
         f"{config['nocache']['repeats']} at each length; transformers: "
-        f"{config['peer']['repeats']}); the 95% intervals resample the runs, two programs' runs "
-        "independently; a row keeping fewer than 2 runs is not judged.",
+        f"{config['peer']['repeats']}); the 95% intervals resample the runs: two programs timed in the same "
+        "rounds (the max_len, sampling, samplers, weights and constrained studies) by round, "
+        "others' runs independently; a row keeping fewer than 2 runs is not judged.",
         f"tokens/s = batch x {N} / one whole `generate` call; step = (that call - the prefill "
         f"call) / {N - 1}, the time per output token of each row (`decodelab/measure/timing.py`).",
         "Roofline: the larger of (parameter bytes + KV-cache bytes of the valid positions) / "

@@ -25,7 +25,8 @@ def roofline_threshold(m: Mapping[str, Any]) -> float:
 def max_len_whole_ratio(metrics: Sequence[Mapping[str, Any]]) -> Interval | None:
     """The whole ``generate`` call (prefill and cache set-up included) at the largest cache over
     the call at the smallest (the same live tokens; ``speed.at_largest_cache``): the ratio of
-    their median calls, each program's repetitions resampled on their own."""
+    their median calls, resampled by round where one row timed both in the same rounds, else each
+    program's repetitions on their own."""
     pair = speed.at_largest_cache(metrics)
     if pair is None:
         return None
@@ -33,12 +34,15 @@ def max_len_whole_ratio(metrics: Sequence[Mapping[str, Any]]) -> Interval | None
             speed.repetitions(pair[1], f"{pair[2]}generate_reps_s")]
     if any(r is None for r in reps):
         return None
+    if pair[1] is pair[0] and len(reps[0]) == len(reps[1]):
+        return stats.bootstrap_ratio(stats.median, (reps[0],), (reps[1],), paired=True)
     return stats.bootstrap_ratio(stats.median, (reps[0],), (reps[1],))
 
 
 def storage_over_float32(name: str):
-    """A weights-study row's step with the weights stored as ``name`` over its float32 step."""
-    return lambda m: speed.step_ratio(m, m, f"{name}_")
+    """A weights-study row's step with the weights stored as ``name`` over its float32 step
+    (timed in the same rounds)."""
+    return lambda m: speed.interleaved_step_ratio(m, f"{name}_")
 
 
 TARGETS = (
