@@ -79,17 +79,19 @@ BATCH_SIZES = (1, 8, 32)
 PRETRAINED_BATCH_SIZES = (1, 8)
 # Cache slots of the max_len sweep (288 = prompt_len + new_tokens, the default) on small, batch 8.
 MAX_LENS = (288, 1024, 4096)
-# Timed runs of each cache size and of the smallest beside it (interleaved).
-MAX_LEN_REPEATS = 128
+# Timed runs of each cache size and of the smallest beside it (interleaved): 128 left the
+# step ratio at 4096 undecided against 1.10x (1.04x [0.980, 1.12], about 225 needed).
+MAX_LEN_REPEATS = 256
 # What the config argument names besides a preset: a sweep with its own rows.
 STUDIES = ("max_len", "breakdown", "sampling", "constrained", "weights", "samplers")
 # The weights study's preset (a random model) and batch sizes.
 WEIGHTS_PRESET, WEIGHTS_BATCH_SIZES = "medium", (1, 8)
 # The constrained study's pattern and model: text of letters, spaces and punctuation.
 CONSTRAINED_PATTERN, CONSTRAINED_MODEL = r"[A-Za-z ,.]*", "smollm2-135m"
-# The sampling study's output tokens per row and timed runs (a pretrained model's: fewer).
-SAMPLING_NEW_TOKENS, SAMPLING_REPEATS = {"random": 128, "pretrained": 32}, {"random": 5,
-                                                                            "pretrained": 3}
+# The sampling study's output tokens per row and timed runs (a pretrained model's: fewer; 5 and
+# 3 left 24 of its 66 claims undecided).
+SAMPLING_NEW_TOKENS, SAMPLING_REPEATS = {"random": 128, "pretrained": 32}, {"random": 9,
+                                                                            "pretrained": 5}
 # The samplers study's (llama.cpp's samplers, contrastive search): enough repetitions to decide
 # a ratio within 25% (small's 0.25 ms step left 9 repetitions undecided on every small row).
 SAMPLERS_NEW_TOKENS, SAMPLERS_REPEATS = {"random": 128, "pretrained": 64}, {"random": 31,
