@@ -253,9 +253,10 @@ def method(rows: Rows) -> list[str]:
            "in every row) of the same rows beside it" if sampled.get("enabled") else "") + ".",
         f"Medians of {config['repeats']} timed runs after a warm-up run (no cache: "
         f"{config['nocache']['repeats']} at each length; transformers: "
-        f"{config['peer']['repeats']}); the 95% intervals resample the runs: two programs timed in the same "
-        "rounds (the max_len, sampling, samplers, weights and constrained studies) by round, "
-        "others' runs independently; a row keeping fewer than 2 runs is not judged.",
+        f"{config['peer']['repeats']}); the 95% intervals resample the runs: two programs "
+        "timed in the same rounds (the max_len, sampling, samplers, weights and constrained "
+        "studies) by round, others' runs independently; a row keeping fewer than 2 runs is not "
+        "judged.",
         f"tokens/s = batch x {N} / one whole `generate` call; step = (that call - the prefill "
         f"call) / {N - 1}, the time per output token of each row (`decodelab/measure/timing.py`).",
         "Roofline: the larger of (parameter bytes + KV-cache bytes of the valid positions) / "
