@@ -112,11 +112,9 @@ def step_ratio(a: Mapping[str, Any], b: Mapping[str, Any], a_prefix: str = "",
         if whole is None or prefill is None or len(whole) != len(prefill):
             return None
         columns.append((whole, prefill))
-    if paired and len(columns[0][0]) != len(columns[1][0]):
-        return None
     try:
         return stats.bootstrap_ratio(step_seconds, *columns, paired=paired)
-    except ValueError:  # a step of 0 or less: the ratio is undefined
+    except ValueError:  # a step of 0 or less (the ratio is undefined), or unequal paired counts
         return None
 
 

@@ -34,9 +34,8 @@ def max_len_whole_ratio(metrics: Sequence[Mapping[str, Any]]) -> Interval | None
             speed.repetitions(pair[1], f"{pair[2]}generate_reps_s")]
     if any(r is None for r in reps):
         return None
-    if pair[1] is pair[0] and len(reps[0]) == len(reps[1]):
-        return stats.bootstrap_ratio(stats.median, (reps[0],), (reps[1],), paired=True)
-    return stats.bootstrap_ratio(stats.median, (reps[0],), (reps[1],))
+    paired = pair[1] is pair[0] and len(reps[0]) == len(reps[1])
+    return stats.bootstrap_ratio(stats.median, (reps[0],), (reps[1],), paired=paired)
 
 
 def storage_over_float32(name: str):
